@@ -1,0 +1,15 @@
+"""Cerebro: deep-learning model selection at scale with Model Hopper Parallelism."""
+__version__ = "0.1.0"
+
+from . import metrics
+from .backends import Backend, LocalBackend
+from .data import Dataset
+from .engine import WorkerLostError
+from .report import Result, TrialResult, load
+from .search import (GridSearch, RandomSearch, Searcher, choice, loguniform, quniform, randint,
+                     uniform)
+from .worker import TorchTrainable
+
+__all__ = ["Backend", "Dataset", "GridSearch", "LocalBackend", "RandomSearch", "Result", "Searcher",
+           "TorchTrainable", "TrialResult", "WorkerLostError", "choice", "load", "loguniform",
+           "metrics", "quniform", "randint", "uniform"]

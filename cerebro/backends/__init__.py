@@ -1,0 +1,4 @@
+from ._base import Backend
+from ._local import LocalBackend
+
+__all__ = ["Backend", "LocalBackend"]

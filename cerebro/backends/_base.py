@@ -1,0 +1,32 @@
+"""A backend starts worker processes somewhere; everything else is the engine's job."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class Backend(ABC):
+    """Launches ``workers`` worker processes that connect back to the driver.
+
+    A worker is started as ``python -m cerebro.worker HOST PORT INDEX`` (or by calling
+    :func:`cerebro.worker.run_worker`) with the auth token in its environment; it then
+    speaks the protocol of :mod:`cerebro.worker._protocol`.
+    """
+
+    workers: int
+    threads_per_worker: int
+
+    @abstractmethod
+    def start(self, address: tuple[str, int], authkey: bytes) -> None:
+        """Start the workers, which connect to the driver at ``address``."""
+
+    @abstractmethod
+    def exited(self) -> dict[int, int]:
+        """Workers whose process has ended, as worker index -> exit code."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """End every worker still running; safe to call twice."""
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__

@@ -1,0 +1,90 @@
+"""Partitions on disk: each one a Parquet file per split, written once per run.
+
+Layout under a run's ``data/`` folder::
+
+    meta.json                      shapes and dtypes, row counts per partition
+    train/part-00003.parquet       columns: features (flat float32 list), label
+    val/part-00003.parquet
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._dataset import Dataset
+
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class PartitionLayout:
+    """What ``meta.json`` says: enough to read any partition back with its shapes."""
+
+    num_partitions: int
+    feature_shape: tuple[int, ...]
+    label_shape: tuple[int, ...]
+    label_dtype: str
+    rows: dict[str, list[int]]
+
+    @property
+    def has_validation(self) -> bool:
+        return sum(self.rows["val"]) > 0
+
+
+def _file(data_dir: str, split: str, partition: int) -> str:
+    return os.path.join(data_dir, split, f"part-{partition:05d}.parquet")
+
+
+def _column(array: np.ndarray) -> pa.Array:
+    flat = array.reshape(len(array), -1)
+    if array.ndim == 1:
+        return pa.array(array)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+
+
+def write_partitions(dataset: Dataset, data_dir: str, num_partitions: int) -> PartitionLayout:
+    """Split ``dataset``'s shuffled rows into ``num_partitions`` contiguous slices, per split."""
+    dataset.check_partitions(num_partitions)
+    rows: dict[str, list[int]] = {}
+    for split, (features, label) in zip(SPLITS, (dataset.train_arrays(), dataset.validation_arrays())):
+        os.makedirs(os.path.join(data_dir, split), exist_ok=True)
+        rows[split] = []
+        for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
+            table = pa.table({"features": _column(features[chunk]), "label": _column(label[chunk])})
+            pq.write_table(table, _file(data_dir, split, partition))
+            rows[split].append(len(chunk))
+    layout = PartitionLayout(num_partitions, tuple(dataset.features.shape[1:]),
+                             tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows)
+    with open(os.path.join(data_dir, "meta.json"), "w") as f:
+        json.dump({**layout.__dict__, "feature_shape": list(layout.feature_shape),
+                   "label_shape": list(layout.label_shape)}, f, indent=1)
+    return layout
+
+
+def read_layout(data_dir: str) -> PartitionLayout:
+    with open(os.path.join(data_dir, "meta.json")) as f:
+        meta = json.load(f)
+    return PartitionLayout(meta["num_partitions"], tuple(meta["feature_shape"]),
+                           tuple(meta["label_shape"]), meta["label_dtype"], meta["rows"])
+
+
+def read_partition(data_dir: str, split: str, partition: int,
+                   layout: PartitionLayout | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One partition's ``(features, label)`` arrays, in the order they were written."""
+    layout = layout or read_layout(data_dir)
+    table = pq.read_table(_file(data_dir, split, partition))
+    n = table.num_rows
+
+    def unpack(name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        column = table.column(name).combine_chunks()
+        values = column.flatten() if shape else column
+        # A writable copy: workers turn it into tensors they keep for the whole run.
+        return np.array(values.to_numpy(zero_copy_only=False), dtype=dtype).reshape((n, *shape))
+
+    return unpack("features", layout.feature_shape, "float32"), unpack("label", layout.label_shape,
+                                                                       layout.label_dtype)

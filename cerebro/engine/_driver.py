@@ -1,0 +1,292 @@
+"""The driver loop: owns every trial's latest state and moves it from worker to worker.
+
+It starts the workers through a backend, hands each its partitions, then repeats: ask the
+scheduler what runs next, send those sub-epochs (with the trial's state) to idle workers,
+take back results, and at each trial's epoch end write metrics and a checkpoint and ask the
+searcher whether the trial goes on. Every event goes to the journal as it happens.
+"""
+from __future__ import annotations
+
+import math
+import queue
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener, wait
+
+from ..backends import Backend
+from ..report import Progress
+from ..store import RunStore
+from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, Shutdown, SubEpochDone,
+                                SubEpochFailed)
+from ._interface import Decision, SearchPolicy
+from ._scheduler import TRAIN, MOPScheduler, Task
+from ._seeds import init_seed, subepoch_seed, visit_order
+
+
+class WorkerLostError(RuntimeError):
+    """A worker process ended or stopped answering; the run cannot go on without it."""
+
+
+@dataclass
+class _Trial:
+    trial_id: str
+    config: dict
+    max_epochs: int
+    epoch: int = 0
+    state: bytes | None = None
+    train_sums: dict[int, SubEpochDone] = field(default_factory=dict)
+    eval_sums: dict[int, SubEpochDone] = field(default_factory=dict)
+
+
+@dataclass
+class _Worker:
+    index: int
+    connection: Connection
+    pid: int
+    host: str
+    partitions: list[int]
+    last_seen: float
+    device: str = "?"
+    running: tuple[int, Task, float] | None = None   # (task id, task, start)
+
+    def describe(self) -> str:
+        return f"worker {self.index} (pid {self.pid} on {self.host})"
+
+
+class Driver:
+    """Runs one model selection with MOP; see :func:`cerebro.engine.execute` for its setup."""
+
+    def __init__(self, policy: SearchPolicy, store: RunStore, backend: Backend, *, seed: int,
+                 num_partitions: int, evaluate: bool, build_blob: bytes, progress: Progress,
+                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 60.0,
+                 startup_timeout: float = 300.0) -> None:
+        self.policy, self.store, self.backend = policy, store, backend
+        self.seed, self.num_partitions, self.evaluate = seed, num_partitions, evaluate
+        self.build_blob, self.progress = build_blob, progress
+        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_interval, heartbeat_timeout
+        self.startup_timeout = startup_timeout
+        self._workers: dict[int, _Worker] = {}
+        self._trials: dict[str, _Trial] = {}       # live trials
+        self._created = 0
+        self._next_task_id = 0
+        self._t0 = time.monotonic()
+        self.scheduler = MOPScheduler({w: self._partitions_of(w) for w in range(backend.workers)},
+                                      evaluate=evaluate)
+
+    def _partitions_of(self, worker: int) -> list[int]:
+        return [p for p in range(self.num_partitions) if p % self.backend.workers == worker]
+
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    # --- the run ------------------------------------------------------------------------
+    def run(self) -> None:
+        authkey = secrets.token_bytes(32)
+        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        try:
+            self.backend.start(listener.address, authkey)
+            self._connect(listener)
+            self._t0 = time.monotonic()
+            self.store.append("run_started", workers=self.backend.workers,
+                              devices={w.index: w.device for w in self._workers.values()})
+            self.progress.start(self.store.path, self.backend.workers)
+            self._loop()
+            self.store.append("run_finished", time=self._now())
+        finally:
+            self.progress.finish()
+            for worker in self._workers.values():
+                try:
+                    worker.connection.send(Shutdown())
+                except OSError:
+                    pass
+            self.backend.stop()
+            listener.close()
+
+    def _connect(self, listener: Listener) -> None:
+        accepted: queue.Queue[Connection] = queue.Queue()
+
+        def accept() -> None:
+            while True:
+                try:
+                    accepted.put(listener.accept())
+                except (AuthenticationError, EOFError):   # a stranger, or a peer that left
+                    continue
+                except OSError:                            # the listener closed
+                    return
+
+        threading.Thread(target=accept, daemon=True).start()
+        deadline = time.monotonic() + self.startup_timeout
+        pending: dict[int, _Worker] = {}
+        while len(self._workers) < self.backend.workers:
+            self._check_startup(deadline, pending)
+            try:
+                connection = accepted.get(timeout=0.1)
+            except queue.Empty:
+                connection = None
+            if connection is not None and connection.poll(self.startup_timeout):
+                hello: Hello = connection.recv()
+                if hello.worker in pending or hello.worker in self._workers:
+                    raise WorkerLostError(f"two workers announced index {hello.worker}")
+                worker = _Worker(hello.worker, connection, hello.pid, hello.host,
+                                 self._partitions_of(hello.worker), time.monotonic())
+                connection.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
+                                      self.backend.threads_per_worker, self.heartbeat_interval))
+                pending[worker.index] = worker
+            for ready in wait([w.connection for w in pending.values()], timeout=0):
+                worker = next(w for w in pending.values() if w.connection is ready)
+                message = self._receive(worker)
+                if isinstance(message, Ready):
+                    worker.device, worker.last_seen = message.device, time.monotonic()
+                    self._workers[worker.index] = pending.pop(worker.index)
+
+    def _check_startup(self, deadline: float, pending: dict[int, _Worker]) -> None:
+        for index, code in self.backend.exited().items():
+            raise WorkerLostError(f"worker {index} exited with code {code} while starting; "
+                                  f"see its output above")
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(self.backend.workers)) - set(self._workers))
+            raise WorkerLostError(f"workers {missing} did not become ready within "
+                                  f"{self.startup_timeout:.0f} s")
+
+    def _loop(self) -> None:
+        self._add_trials()
+        while self._trials or any(w.running for w in self._workers.values()):
+            self._dispatch()
+            connections = [w.connection for w in self._workers.values()]
+            for ready in wait(connections, timeout=self.heartbeat_interval):
+                worker = next(w for w in self._workers.values() if w.connection is ready)
+                message = self._receive(worker)
+                if isinstance(message, (SubEpochDone, SubEpochFailed)):
+                    self._finish_task(worker, message)
+            self._check_health()
+            self._add_trials()
+
+    def _receive(self, worker: _Worker) -> object:
+        try:
+            message = worker.connection.recv()
+        except (EOFError, OSError):
+            self._lost(worker, "closed its connection")
+        worker.last_seen = time.monotonic()
+        return message
+
+    def _check_health(self) -> None:
+        for index, code in self.backend.exited().items():
+            if index in self._workers:
+                self._lost(self._workers[index], f"exited with code {code}")
+        now = time.monotonic()
+        for worker in self._workers.values():
+            if now - worker.last_seen > self.heartbeat_timeout:
+                self._lost(worker, f"sent no heartbeat for {now - worker.last_seen:.0f} s")
+
+    def _lost(self, worker: _Worker, what: str) -> None:
+        doing = ""
+        if worker.running is not None:
+            task = worker.running[1]
+            doing = f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
+        self.store.append("worker_lost", worker=worker.index, reason=what, time=self._now())
+        raise WorkerLostError(f"{worker.describe()} {what}{doing}; the run stopped. "
+                              f"Its journal and checkpoints are in {self.store.path}")
+
+    # --- trials -------------------------------------------------------------------------
+    def _add_trials(self) -> None:
+        for request in self.policy.suggest():
+            trial = _Trial(f"t{self._created:04d}", dict(request.config), request.max_epochs)
+            self._created += 1
+            self._trials[trial.trial_id] = trial
+            self.store.write_config(trial.trial_id, trial.config)
+            self.store.append("trial_created", trial_id=trial.trial_id, config=trial.config,
+                              max_epochs=trial.max_epochs, time=self._now())
+            self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
+            self._start_epoch(trial)
+
+    def _start_epoch(self, trial: _Trial) -> None:
+        trial.epoch += 1
+        trial.train_sums, trial.eval_sums = {}, {}
+        self.scheduler.start_epoch(trial.trial_id, trial.epoch,
+                                   visit_order(self.seed, trial.trial_id, trial.epoch, self.num_partitions))
+
+    def _dispatch(self) -> None:
+        idle = [w.index for w in self._workers.values() if w.running is None]
+        for task in self.scheduler.assign(idle):
+            trial = self._trials[task.trial_id]
+            worker = self._workers[task.worker]
+            task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
+            worker.running = (task_id, task, self._now())
+            worker.connection.send(RunSubEpoch(
+                task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
+                init_seed(self.seed, trial.trial_id),
+                subepoch_seed(self.seed, trial.trial_id, task.epoch, task.partition), trial.state))
+
+    def _finish_task(self, worker: _Worker, message: SubEpochDone | SubEpochFailed) -> None:
+        task_id, task, start = worker.running
+        assert message.task_id == task_id, f"{worker.describe()} answered task {message.task_id}, not {task_id}"
+        worker.running = None
+        trial = self._trials.get(task.trial_id)
+        if trial is None:      # an eval visit of a trial that ended meanwhile
+            return
+        self.store.append("sub_epoch", trial_id=task.trial_id, epoch=task.epoch, partition=task.partition,
+                          worker=worker.index, kind=task.kind, start=start, end=self._now(),
+                          compute=getattr(message, "compute_seconds", None))
+        if isinstance(message, SubEpochFailed):
+            self._end(trial, "failed", message.error)
+            return
+        if task.kind == TRAIN:
+            trial.state = message.state
+            trial.train_sums[task.partition] = message
+            if not math.isfinite(message.loss):
+                self._end(trial, "diverged", f"train loss became {message.loss / max(message.rows, 1)} "
+                                             f"in epoch {task.epoch} on partition {task.partition}")
+                return
+        else:
+            trial.eval_sums[task.partition] = message
+        if self.scheduler.complete(task):
+            self._end_epoch(trial)
+
+    def _end_epoch(self, trial: _Trial) -> None:
+        metrics = {**_mean("train", trial.train_sums), **_mean("val", trial.eval_sums)}
+        self.store.write_checkpoint(trial.trial_id, trial.state)
+        self.store.append("epoch_end", trial_id=trial.trial_id, epoch=trial.epoch, metrics=metrics,
+                          time=self._now())
+        self.progress.epoch_end(trial.trial_id, trial.epoch, metrics)
+        bad = [name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])]
+        if bad:
+            self._end(trial, "diverged", f"{bad[0]} is {metrics[bad[0]]} after epoch {trial.epoch}")
+        elif self.policy.report(trial.trial_id, trial.epoch, metrics) is Decision.STOP:
+            self._end(trial, "stopped" if trial.epoch < trial.max_epochs else "completed", None)
+        elif trial.epoch >= trial.max_epochs:
+            self._end(trial, "completed", None)
+        else:
+            self._start_epoch(trial)
+
+    def _end(self, trial: _Trial, status: str, reason: str | None) -> None:
+        del self._trials[trial.trial_id]
+        self.scheduler.remove(trial.trial_id)
+        if reason and status == "failed":
+            self.store.write_error(trial.trial_id, reason)
+        self.store.append("trial_ended", trial_id=trial.trial_id, status=status, reason=reason,
+                          time=self._now())
+        self.progress.trial_ended(trial.trial_id, status, reason)
+        self.policy.trial_ended(trial.trial_id, status)
+
+
+def _mean(prefix: str, sums: dict[int, SubEpochDone]) -> dict[str, float]:
+    """Row-weighted means over partitions, added in partition order so results are bitwise stable."""
+    if not sums:
+        return {}
+    ordered = [sums[p] for p in sorted(sums)]
+    rows = sum(s.rows for s in ordered)
+    if rows == 0:
+        return {}
+    loss = 0.0
+    for s in ordered:
+        loss += s.loss
+    means = {f"{prefix}_loss": loss / rows}
+    for name in ordered[0].metrics:
+        total = 0.0
+        for s in ordered:
+            total += s.metrics[name]
+        means[f"{prefix}_{name}"] = total / rows
+    return means

@@ -1,0 +1,147 @@
+"""``Result``: what a run produced, rebuilt from its run directory at any time."""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import pandas as pd
+import torch
+
+from ..store import RunStore
+from ..worker import TorchTrainable, state_from_bytes
+
+TERMINAL = ("completed", "stopped", "failed", "diverged", "timeout")
+
+
+@dataclass
+class TrialResult:
+    """One trial: its configuration, status, last epoch's metrics and trained weights.
+
+    ``status`` is ``running`` until the trial ends as completed, stopped (by the searcher),
+    failed (its build or training raised: see ``error``), diverged (non-finite loss) or
+    timeout.
+    """
+
+    trial_id: str
+    config: dict[str, Any]
+    status: str = "running"
+    epochs: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    _result: "Result | None" = field(default=None, repr=False, compare=False)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's weights after the trial's last finished epoch, on the CPU."""
+        blob = self._require_result().store.read_checkpoint(self.trial_id)
+        return state_from_bytes(blob)["model"]
+
+    def model(self) -> torch.nn.Module:
+        """The model that ``build(config)`` makes, with the trained weights loaded."""
+        trainable = self._require_result().build(self.config)
+        if not isinstance(trainable, TorchTrainable):
+            raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
+        trainable.model.load_state_dict(self.state_dict())
+        return trainable.model.eval()
+
+    def _require_result(self) -> "Result":
+        if self._result is None:
+            raise RuntimeError(f"trial {self.trial_id} is not attached to a run directory")
+        return self._result
+
+
+class Result:
+    """The outcome of a run: every trial, the best one, the history and the schedule.
+
+    ``cb.load(run_dir)`` builds the same object from a run directory, finished or not.
+    """
+
+    def __init__(self, store: RunStore, build: Callable[[dict], Any] | None = None) -> None:
+        self.store = store
+        self._build = build
+        info = store.read_run_info()
+        self.run_dir = store.path
+        self.seed: int = info["seed"]
+        self.metric: str = info["searcher"]["metric"]
+        self.mode: str = info["searcher"]["mode"]
+        self._trials: dict[str, TrialResult] = {}
+        self._history: list[dict[str, Any]] = []
+        self._schedule: list[dict[str, Any]] = []
+        self.finished = False
+        for event in store.events():
+            self._apply(event)
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "trial_created":
+            self._trials[event["trial_id"]] = TrialResult(event["trial_id"], event["config"], _result=self)
+        elif kind == "epoch_end":
+            trial = self._trials[event["trial_id"]]
+            trial.epochs, trial.metrics = event["epoch"], event["metrics"]
+            self._history.append({"trial_id": trial.trial_id, "epoch": event["epoch"], **event["metrics"]})
+        elif kind == "sub_epoch":
+            self._schedule.append({k: v for k, v in event.items() if k != "event"})
+        elif kind == "trial_ended":
+            trial = self._trials[event["trial_id"]]
+            trial.status, trial.error = event["status"], event.get("reason")
+        elif kind == "run_finished":
+            self.finished = True
+
+    @property
+    def build(self) -> Callable[[dict], Any]:
+        if self._build is None:
+            self._build = cloudpickle.loads(self.store.read_build())
+        return self._build
+
+    @property
+    def trials(self) -> list[TrialResult]:
+        """Every trial, in creation order."""
+        return list(self._trials.values())
+
+    @property
+    def best(self) -> TrialResult:
+        """The completed or stopped trial with the best last-epoch ``metric`` under ``mode``."""
+        scored = [t for t in self._trials.values() if t.status in ("completed", "stopped")
+                  and isinstance(t.metrics.get(self.metric), (int, float))
+                  and math.isfinite(t.metrics[self.metric])]
+        if not scored:
+            statuses = {t.trial_id: t.status for t in self._trials.values()}
+            raise RuntimeError(f"no trial of run {self.run_dir!r} finished with a finite "
+                               f"{self.metric!r}; trial statuses: {statuses}")
+        sign = 1 if self.mode == "min" else -1
+        return min(scored, key=lambda t: sign * t.metrics[self.metric])
+
+    def history(self) -> pd.DataFrame:
+        """One row per (trial_id, epoch): losses, metrics and the trial's config columns."""
+        rows = [{**row, **self._trials[row["trial_id"]].config} for row in self._history]
+        return pd.DataFrame(rows, columns=None if rows else ["trial_id", "epoch"])
+
+    def schedule(self) -> pd.DataFrame:
+        """One row per sub-epoch: trial_id, epoch, partition, worker, kind, start, end
+        (seconds since the run started), and compute (seconds in the training loop)."""
+        columns = ["trial_id", "epoch", "partition", "worker", "kind", "start", "end", "compute"]
+        return pd.DataFrame(self._schedule, columns=columns)
+
+    def summary(self) -> pd.DataFrame:
+        """Trials ranked by ``metric`` (failed and unfinished last), one row each."""
+        rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs,
+                 self.metric: t.metrics.get(self.metric, math.nan), **t.config} for t in self.trials]
+        table = pd.DataFrame(rows)
+        if table.empty:
+            return table
+        return table.sort_values(self.metric, ascending=self.mode == "min", na_position="last",
+                                 kind="stable").reset_index(drop=True)
+
+    def __repr__(self) -> str:
+        return f"Result({self.run_dir!r}, trials={len(self._trials)}, finished={self.finished})"
+
+
+def load(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None) -> Result:
+    """The :class:`Result` of the run in ``run_dir``, finished or not.
+
+    ``build`` replaces the stored, cloudpickled one (e.g. when its module moved).
+    """
+    return Result(RunStore.open(run_dir), build)

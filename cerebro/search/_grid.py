@@ -1,0 +1,51 @@
+"""Grid search: every combination of the ``choice`` values in the space."""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..engine import TrialRequest
+from ._base import Searcher, check_epochs
+from ._space import Distribution, choice
+
+
+class GridSearch(Searcher):
+    """Train one trial per combination of the space's ``cb.choice`` values, each for ``epochs``.
+
+    Constants in the space are passed to every trial as they are; any other primitive
+    (``uniform``, ``loguniform``, ...) cannot be enumerated and is an error. Trials are
+    created in ``itertools.product`` order of the space's keys.
+
+    Example:
+        >>> space = {"lr": cb.choice([1e-3, 1e-2]), "hidden": cb.choice([64, 256])}
+        >>> result = cb.GridSearch(build, space, epochs=5, metric="val_accuracy",
+        ...                        mode="max").fit(data, workers=2)
+    """
+
+    def __init__(self, build: Callable, space: Mapping[str, Any], *, epochs: int = 10,
+                 metric: str = "val_loss", mode: str = "min") -> None:
+        super().__init__(build, space, metric=metric, mode=mode)
+        self.epochs = epochs
+
+    def _check(self) -> None:
+        check_epochs("epochs", self.epochs)
+        for key, value in self.space.items():
+            if isinstance(value, Distribution) and not isinstance(value, choice):
+                raise ValueError(f"GridSearch can only enumerate cb.choice values; space[{key!r}] is "
+                                 f"{value!r}. Use cb.choice([...]) or cb.RandomSearch")
+
+    def _start(self, seed: int) -> None:
+        self._pending = True
+
+    def _settings(self) -> dict[str, Any]:
+        return {"epochs": self.epochs}
+
+    def suggest(self) -> list[TrialRequest]:
+        if not self._pending:
+            return []
+        self._pending = False
+        keys = list(self.space)
+        options = [v.values if isinstance(v, choice) else [v] for v in self.space.values()]
+        return [TrialRequest(dict(zip(keys, combination)), self.epochs)
+                for combination in itertools.product(*options)]

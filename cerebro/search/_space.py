@@ -1,0 +1,137 @@
+"""Search-space primitives: what a configuration value may be.
+
+A space is a dict from name to a primitive (``choice``, ``uniform``, ...) or a plain
+constant, which every trial gets as it is.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+class Distribution(ABC):
+    """One dimension of a search space."""
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator) -> Any:
+        """Draw one value with ``rng``."""
+
+
+def _check_finite(name: str, **bounds: float) -> None:
+    for key, value in bounds.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{name}: {key}={value!r} must be a finite number")
+
+
+def _check_order(name: str, low: float, high: float) -> None:
+    if not low < high:
+        raise ValueError(f"{name}: low={low!r} must be smaller than high={high!r}")
+
+
+class choice(Distribution):
+    """One of ``values``, each equally likely; the only primitive a grid can enumerate.
+
+    >>> cb.choice([32, 64, 128])
+    """
+
+    def __init__(self, values: Sequence[Any]) -> None:
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise ValueError(f"choice: values={values!r} must be a list of options")
+        if len(values) == 0:
+            raise ValueError("choice: values=[] must hold at least one option")
+        self.values = list(values)
+
+    def sample(self, rng: np.random.Generator) -> Any:
+        return self.values[int(rng.integers(len(self.values)))]
+
+    def __repr__(self) -> str:
+        return f"choice({self.values!r})"
+
+
+class uniform(Distribution):
+    """A float drawn uniformly from [low, high)."""
+
+    def __init__(self, low: float, high: float) -> None:
+        _check_finite("uniform", low=low, high=high)
+        _check_order("uniform", low, high)
+        self.low, self.high = low, high
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+    def __repr__(self) -> str:
+        return f"uniform({self.low!r}, {self.high!r})"
+
+
+class loguniform(Distribution):
+    """A float whose logarithm is uniform on [log(low), log(high)); for learning rates."""
+
+    def __init__(self, low: float, high: float) -> None:
+        _check_finite("loguniform", low=low, high=high)
+        if low <= 0:
+            raise ValueError(f"loguniform: low={low!r} must be greater than 0")
+        _check_order("loguniform", low, high)
+        self.low, self.high = low, high
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
+
+    def __repr__(self) -> str:
+        return f"loguniform({self.low!r}, {self.high!r})"
+
+
+class randint(Distribution):
+    """An integer drawn uniformly from [low, high), as ``numpy`` and Ray Tune do."""
+
+    def __init__(self, low: int, high: int) -> None:
+        for key, value in (("low", low), ("high", high)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+                raise ValueError(f"randint: {key}={value!r} must be an integer")
+        _check_order("randint", low, high)
+        self.low, self.high = int(low), int(high)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        return int(rng.integers(self.low, self.high))
+
+    def __repr__(self) -> str:
+        return f"randint({self.low!r}, {self.high!r})"
+
+
+class quniform(Distribution):
+    """A float drawn uniformly from [low, high] and rounded to a multiple of ``q``."""
+
+    def __init__(self, low: float, high: float, q: float) -> None:
+        _check_finite("quniform", low=low, high=high, q=q)
+        if q <= 0:
+            raise ValueError(f"quniform: q={q!r} must be greater than 0")
+        _check_order("quniform", low, high)
+        self.low, self.high, self.q = low, high, q
+
+    def sample(self, rng: np.random.Generator) -> float:
+        value = round(rng.uniform(self.low, self.high) / self.q) * self.q
+        return float(min(max(value, self.low), self.high))
+
+    def __repr__(self) -> str:
+        return f"quniform({self.low!r}, {self.high!r}, {self.q!r})"
+
+
+def check_space(space: Any) -> Mapping[str, Any]:
+    """Validate that ``space`` is a dict with string keys."""
+    if not isinstance(space, Mapping):
+        raise TypeError(f"space={space!r} must be a dict from parameter name to a value or primitive")
+    if not space:
+        raise ValueError("space={} must name at least one parameter")
+    for key in space:
+        if not isinstance(key, str):
+            raise TypeError(f"space key {key!r} must be a string")
+    return space
+
+
+def sample_config(space: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
+    """Draw one configuration; keys are sampled in the space's order, so a seed fixes it."""
+    return {key: value.sample(rng) if isinstance(value, Distribution) else value
+            for key, value in space.items()}

@@ -1,0 +1,3 @@
+from ._run_store import RunStore
+
+__all__ = ["RunStore"]

@@ -1,0 +1,80 @@
+"""Narrow waist 2: the messages between the driver and a worker, for every backend.
+
+A backend starts a worker process anywhere and gives it the driver's address, an auth
+token and its worker index. The worker connects back over an authenticated
+``multiprocessing.connection`` (HMAC challenge on the token) and then::
+
+    worker -> Hello          driver -> Setup (its partitions, the pickled build)
+    worker -> Ready          (partitions loaded into memory, once, for the whole run)
+    driver -> RunSubEpoch    worker -> SubEpochDone | SubEpochFailed     (repeated)
+    worker -> Heartbeat      (every heartbeat_interval seconds, from a side thread)
+    driver -> Shutdown
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+AUTHKEY_ENV = "CEREBRO_AUTHKEY"
+
+
+@dataclass
+class Hello:
+    worker: int
+    pid: int
+    host: str
+
+
+@dataclass
+class Setup:
+    partitions: list[int]
+    data_dir: str
+    build: bytes                 # cloudpickle of the user's build(config)
+    threads: int                 # torch intra-op threads
+    heartbeat_interval: float
+
+
+@dataclass
+class Ready:
+    worker: int
+    device: str
+    rows: dict[int, tuple[int, int]]     # partition -> (train rows, validation rows)
+
+
+@dataclass
+class RunSubEpoch:
+    task_id: int
+    trial_id: str
+    config: dict[str, Any]
+    kind: str                    # "train" | "eval"
+    epoch: int
+    partition: int
+    init_seed: int               # builds the model the first time (state is None)
+    seed: int                    # the sub-epoch's batch order and randomness
+    state: bytes | None          # the trial's latest state; None before its first sub-epoch
+
+
+@dataclass
+class SubEpochDone:
+    task_id: int
+    rows: int
+    loss: float
+    metrics: dict[str, float]
+    compute_seconds: float       # time spent in the training or evaluation loop
+    state: bytes | None = None   # the new state after a train sub-epoch
+
+
+@dataclass
+class SubEpochFailed:
+    task_id: int
+    error: str                   # the formatted traceback
+
+
+@dataclass
+class Heartbeat:
+    worker: int
+
+
+@dataclass
+class Shutdown:
+    reason: str = field(default="run finished")

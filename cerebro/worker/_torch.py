@@ -1,0 +1,127 @@
+"""The PyTorch trainer: what a trial is on a worker, and how it trains one sub-epoch."""
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class TorchTrainable:
+    """A model with how to train it; the user's ``build(config)`` returns one.
+
+    Args:
+        model: the ``torch.nn.Module`` to train.
+        optimizer: an optimizer over ``model``'s parameters.
+        loss: ``loss(outputs, targets)`` -> the mean loss of a batch, as a scalar tensor.
+        batch_size: rows per mini-batch.
+        metrics: name -> ``metric(outputs, targets)``, each logged per epoch for training
+            (``train_<name>``) and validation (``val_<name>``).
+
+    Example:
+        >>> def build(config):
+        ...     model = torch.nn.Linear(64, 10)
+        ...     return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config["lr"]),
+        ...                              torch.nn.functional.cross_entropy, batch_size=32,
+        ...                              metrics={"accuracy": cb.metrics.accuracy})
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    batch_size: int
+    metrics: Mapping[str, Metric] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module; got {type(self.model).__name__}")
+        if not isinstance(self.optimizer, torch.optim.Optimizer):
+            raise TypeError(f"optimizer must be a torch.optim.Optimizer; got {type(self.optimizer).__name__}")
+        if not callable(self.loss):
+            raise TypeError(f"loss={self.loss!r} must be callable as loss(outputs, targets)")
+        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size!r} must be a positive integer")
+        self.metrics = dict(self.metrics or {})
+        for name, metric in self.metrics.items():
+            if not callable(metric):
+                raise TypeError(f"metric {name!r}={metric!r} must be callable as metric(outputs, targets)")
+
+    # --- the state that hops ------------------------------------------------------------
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state(self, state: Mapping) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    # --- sub-epochs ---------------------------------------------------------------------
+    def train_partition(self, features: torch.Tensor, label: torch.Tensor, seed: int) -> "Sums":
+        """Plain mini-batch SGD over one partition, batches in an order fixed by ``seed``.
+
+        Stops early, with non-finite sums, as soon as the loss stops being finite.
+        """
+        generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)  # dropout and any other randomness inside the model
+        order = torch.randperm(len(features), generator=generator).to(features.device)
+        sums = Sums.empty(self.metrics)
+        self.model.train()
+        for start in range(0, len(features), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            inputs, targets = features[rows], label[rows]
+            self.optimizer.zero_grad(set_to_none=True)
+            outputs = self.model(inputs)
+            loss = self.loss(outputs, targets)
+            loss.backward()
+            self.optimizer.step()
+            sums.add(loss, outputs.detach(), targets, self.metrics)
+            if not math.isfinite(sums.loss):
+                break
+        return sums
+
+    @torch.no_grad()
+    def evaluate_partition(self, features: torch.Tensor, label: torch.Tensor) -> "Sums":
+        """Loss and metrics over one partition, in batches of ``batch_size``."""
+        sums = Sums.empty(self.metrics)
+        self.model.eval()
+        for start in range(0, len(features), self.batch_size):
+            inputs, targets = features[start:start + self.batch_size], label[start:start + self.batch_size]
+            outputs = self.model(inputs)
+            sums.add(self.loss(outputs, targets), outputs, targets, self.metrics)
+        return sums
+
+
+@dataclass
+class Sums:
+    """Row-weighted sums of a sub-epoch's loss and metrics; added up per epoch in partition order."""
+
+    rows: int
+    loss: float
+    metrics: dict[str, float]
+
+    @classmethod
+    def empty(cls, metrics: Mapping[str, Metric]) -> "Sums":
+        return cls(0, 0.0, {name: 0.0 for name in metrics})
+
+    def add(self, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
+            metrics: Mapping[str, Metric]) -> None:
+        n = len(targets)
+        self.rows += n
+        self.loss += float(loss.detach()) * n
+        with torch.no_grad():
+            for name, metric in metrics.items():
+                self.metrics[name] += float(metric(outputs, targets)) * n
+
+
+def state_to_bytes(state: Mapping) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def state_from_bytes(blob: bytes, device: torch.device | str = "cpu") -> dict:
+    return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)
