@@ -41,9 +41,9 @@ def _file(data_dir: str, split: str, partition: int) -> str:
 
 
 def _column(array: np.ndarray) -> pa.Array:
-    flat = array.reshape(len(array), -1)
     if array.ndim == 1:
         return pa.array(array)
+    flat = array.reshape(len(array), int(np.prod(array.shape[1:])))
     return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
 
 

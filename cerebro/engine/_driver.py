@@ -13,14 +13,15 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from multiprocessing import AuthenticationError
-from multiprocessing.connection import Connection, Listener, wait
+import socket
+from multiprocessing.connection import wait
 
 from ..backends import Backend
 from ..report import Progress
 from ..store import RunStore
 from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, Shutdown, SubEpochDone,
                                 SubEpochFailed)
+from ..worker._wire import Channel, accept
 from ._interface import Decision, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed, visit_order
@@ -36,7 +37,7 @@ class _Trial:
     config: dict
     max_epochs: int
     epoch: int = 0
-    state: bytes | None = None
+    state: object = None                                   # packed, as it came from the worker
     train_sums: dict[int, SubEpochDone] = field(default_factory=dict)
     eval_sums: dict[int, SubEpochDone] = field(default_factory=dict)
 
@@ -44,7 +45,7 @@ class _Trial:
 @dataclass
 class _Worker:
     index: int
-    connection: Connection
+    channel: Channel
     pid: int
     host: str
     partitions: list[int]
@@ -85,10 +86,10 @@ class Driver:
     # --- the run ------------------------------------------------------------------------
     def run(self) -> None:
         authkey = secrets.token_bytes(32)
-        listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        server = socket.create_server(("127.0.0.1", 0))
         try:
-            self.backend.start(listener.address, authkey)
-            self._connect(listener)
+            self.backend.start(server.getsockname()[:2], authkey)
+            self._connect(server, authkey)
             self._t0 = time.monotonic()
             self.store.append("run_started", workers=self.backend.workers,
                               devices={w.index: w.device for w in self._workers.values()})
@@ -99,44 +100,48 @@ class Driver:
             self.progress.finish()
             for worker in self._workers.values():
                 try:
-                    worker.connection.send(Shutdown())
+                    worker.channel.send(Shutdown())
                 except OSError:
                     pass
             self.backend.stop()
-            listener.close()
+            server.close()
 
-    def _connect(self, listener: Listener) -> None:
-        accepted: queue.Queue[Connection] = queue.Queue()
+    def _connect(self, server: socket.socket, authkey: bytes) -> None:
+        accepted: queue.Queue[Channel] = queue.Queue()
 
-        def accept() -> None:
+        def accept_workers() -> None:
             while True:
                 try:
-                    accepted.put(listener.accept())
-                except (AuthenticationError, EOFError):   # a stranger, or a peer that left
+                    accepted.put(accept(server, authkey))
+                except (PermissionError, EOFError, TimeoutError):  # a stranger, or a peer that left
                     continue
-                except OSError:                            # the listener closed
+                except OSError:                                     # the server closed
                     return
 
-        threading.Thread(target=accept, daemon=True).start()
+        threading.Thread(target=accept_workers, daemon=True).start()
         deadline = time.monotonic() + self.startup_timeout
         pending: dict[int, _Worker] = {}
         while len(self._workers) < self.backend.workers:
             self._check_startup(deadline, pending)
             try:
-                connection = accepted.get(timeout=0.1)
+                channel = accepted.get(timeout=0.1)
             except queue.Empty:
-                connection = None
-            if connection is not None and connection.poll(self.startup_timeout):
-                hello: Hello = connection.recv()
+                channel = None
+            if channel is not None:
+                try:
+                    hello: Hello = channel.recv()
+                except (EOFError, OSError):
+                    continue  # it died right after connecting; _check_startup names it
+
                 if hello.worker in pending or hello.worker in self._workers:
                     raise WorkerLostError(f"two workers announced index {hello.worker}")
-                worker = _Worker(hello.worker, connection, hello.pid, hello.host,
+                worker = _Worker(hello.worker, channel, hello.pid, hello.host,
                                  self._partitions_of(hello.worker), time.monotonic())
-                connection.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
+                channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
                                       self.backend.threads_per_worker, self.heartbeat_interval))
                 pending[worker.index] = worker
-            for ready in wait([w.connection for w in pending.values()], timeout=0):
-                worker = next(w for w in pending.values() if w.connection is ready)
+            for ready in wait([w.channel for w in pending.values()], timeout=0):
+                worker = next(w for w in pending.values() if w.channel is ready)
                 message = self._receive(worker)
                 if isinstance(message, Ready):
                     worker.device, worker.last_seen = message.device, time.monotonic()
@@ -155,9 +160,9 @@ class Driver:
         self._add_trials()
         while self._trials or any(w.running for w in self._workers.values()):
             self._dispatch()
-            connections = [w.connection for w in self._workers.values()]
-            for ready in wait(connections, timeout=self.heartbeat_interval):
-                worker = next(w for w in self._workers.values() if w.connection is ready)
+            channels = [w.channel for w in self._workers.values()]
+            for ready in wait(channels, timeout=self.heartbeat_interval):
+                worker = next(w for w in self._workers.values() if w.channel is ready)
                 message = self._receive(worker)
                 if isinstance(message, (SubEpochDone, SubEpochFailed)):
                     self._finish_task(worker, message)
@@ -166,7 +171,7 @@ class Driver:
 
     def _receive(self, worker: _Worker) -> object:
         try:
-            message = worker.connection.recv()
+            message = worker.channel.recv()
         except (EOFError, OSError):
             self._lost(worker, "closed its connection")
         worker.last_seen = time.monotonic()
@@ -215,7 +220,7 @@ class Driver:
             worker = self._workers[task.worker]
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
             worker.running = (task_id, task, self._now())
-            worker.connection.send(RunSubEpoch(
+            worker.channel.send(RunSubEpoch(
                 task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
                 init_seed(self.seed, trial.trial_id),
                 subepoch_seed(self.seed, trial.trial_id, task.epoch, task.partition), trial.state))

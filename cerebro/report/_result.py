@@ -11,8 +11,8 @@ import cloudpickle
 import pandas as pd
 import torch
 
-from ..store import RunStore
-from ..worker import TorchTrainable, state_from_bytes
+from ..store import RunStore, unpack_tensors
+from ..worker import TorchTrainable
 
 TERMINAL = ("completed", "stopped", "failed", "diverged", "timeout")
 
@@ -36,8 +36,7 @@ class TrialResult:
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's weights after the trial's last finished epoch, on the CPU."""
-        blob = self._require_result().store.read_checkpoint(self.trial_id)
-        return state_from_bytes(blob)["model"]
+        return unpack_tensors(self._require_result().store.read_checkpoint(self.trial_id)["model"])
 
     def model(self) -> torch.nn.Module:
         """The model that ``build(config)`` makes, with the trained weights loaded."""

@@ -7,7 +7,7 @@
     build.pkl                the user's build(config), cloudpickled
     data/                    the partitions (see cerebro.data)
     trials/t0000/config.json
-    trials/t0000/checkpoint.pt   the latest epoch's model and optimizer state
+    trials/t0000/checkpoint.state  the latest epoch's model and optimizer state
     trials/t0000/error.txt       the traceback of a failed trial
     history.csv, schedule.csv    written when the run finishes
 """
@@ -18,6 +18,8 @@ import os
 from typing import Any, Iterator
 
 import pandas as pd
+
+from ._state_codec import read_message, write_message
 
 
 class RunStore:
@@ -88,16 +90,22 @@ class RunStore:
         self._write_atomic(os.path.join("trials", trial_id, "config.json"),
                            json.dumps(config, indent=1).encode())
 
-    def write_checkpoint(self, trial_id: str, state: bytes) -> None:
-        self._write_atomic(os.path.join("trials", trial_id, "checkpoint.pt"), state)
+    def write_checkpoint(self, trial_id: str, state: Any) -> None:
+        """Save a trial's packed state (see :func:`pack_tensors`), replacing the previous one."""
+        path = self.file("trials", trial_id, "checkpoint.state")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "wb") as f:
+            write_message(f, state)
+        os.replace(path + ".tmp", path)
 
-    def read_checkpoint(self, trial_id: str) -> bytes:
-        path = self.file("trials", trial_id, "checkpoint.pt")
+    def read_checkpoint(self, trial_id: str) -> Any:
+        """A trial's latest packed state; :func:`unpack_tensors` turns it into tensors."""
+        path = self.file("trials", trial_id, "checkpoint.state")
         if not os.path.exists(path):
             raise FileNotFoundError(f"trial {trial_id} has no checkpoint in {self.path!r}: "
                                     f"it never finished an epoch")
         with open(path, "rb") as f:
-            return f.read()
+            return read_message(f)
 
     def write_error(self, trial_id: str, error: str) -> None:
         self._write_atomic(os.path.join("trials", trial_id, "error.txt"), error.encode())

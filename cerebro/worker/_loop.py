@@ -6,27 +6,21 @@ import socket
 import threading
 import time
 import traceback
-from multiprocessing.connection import Client, Connection
+from collections import OrderedDict
+from typing import Any, Callable
 
 import cloudpickle
 import torch
 
 from ..data import read_layout, read_partition
-from ._protocol import (Heartbeat, Hello, Ready, RunSubEpoch, Setup, Shutdown, SubEpochDone,
-                        SubEpochFailed)
-from ._torch import TorchTrainable, state_from_bytes, state_to_bytes
+from ..store import pack_tensors, unpack_tensors
+from ._protocol import Heartbeat, Hello, Ready, RunSubEpoch, Setup, Shutdown, SubEpochDone, SubEpochFailed
+from ._torch import TorchTrainable
+from ._wire import Channel, connect
 
-
-class _Channel:
-    """A connection that the loop and the heartbeat thread both send on."""
-
-    def __init__(self, connection: Connection) -> None:
-        self.connection = connection
-        self._lock = threading.Lock()
-
-    def send(self, message: object) -> None:
-        with self._lock:
-            self.connection.send(message)
+# Built trainables kept per worker, so a trial that comes back is not built again: building
+# initialises every weight, which costs more than the hop itself for large models.
+TRAINABLE_CACHE_BYTES = 1 << 30
 
 
 def _device(worker: int) -> torch.device:
@@ -35,21 +29,47 @@ def _device(worker: int) -> torch.device:
     return torch.device("cpu")
 
 
+class _Trainables:
+    """The trainables this worker built, least recently used first, within a byte budget."""
+
+    def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int) -> None:
+        self.build, self.device, self.budget = build, device, budget
+        self._cache: OrderedDict[str, tuple[TorchTrainable, int]] = OrderedDict()
+
+    def get(self, task: RunSubEpoch) -> TorchTrainable:
+        """``task``'s trial with its latest state loaded; built with the init seed if new here."""
+        cached = self._cache.pop(task.trial_id, None)
+        if cached is None or task.state is None:
+            torch.manual_seed(task.init_seed)
+            trainable = self.build(task.config)
+            if not isinstance(trainable, TorchTrainable):
+                raise TypeError(f"build(config) must return a cerebro.TorchTrainable; "
+                                f"got {type(trainable).__name__}")
+            trainable.model.to(self.device)
+        else:
+            trainable = cached[0]
+        if task.state is not None:
+            trainable.load_state(unpack_tensors(task.state))
+        size = sum(t.numel() * t.element_size() for t in trainable.model.state_dict().values())
+        self._cache[task.trial_id] = (trainable, 3 * size)   # weights + optimizer moments, roughly
+        while sum(s for _, s in self._cache.values()) > self.budget and len(self._cache) > 1:
+            self._cache.popitem(last=False)
+        return trainable
+
+
 def run_worker(address: tuple[str, int], authkey: bytes, worker: int) -> None:
     """Connect to the driver at ``address`` and serve it until ``Shutdown`` or disconnect."""
-    channel = _Channel(Client(address, authkey=authkey))
+    channel = connect(address, authkey)
     channel.send(Hello(worker, os.getpid(), socket.gethostname()))
-    setup: Setup = channel.connection.recv()
+    setup: Setup = channel.recv()
     torch.set_num_threads(setup.threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
     device = _device(worker)
-    build = cloudpickle.loads(setup.build)
     layout = read_layout(setup.data_dir)
-    data = {}
-    for partition in setup.partitions:
-        data[partition] = {split: tuple(torch.from_numpy(a).to(device)
-                                        for a in read_partition(setup.data_dir, split, partition, layout))
-                           for split in ("train", "val")}
+    data = {partition: {split: tuple(torch.from_numpy(a).to(device)
+                                     for a in read_partition(setup.data_dir, split, partition, layout))
+                        for split in ("train", "val")}
+            for partition in setup.partitions}
+    trainables = _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES)
     channel.send(Ready(worker, str(device), {p: (len(d["train"][0]), len(d["val"][0]))
                                               for p, d in data.items()}))
     stop = threading.Event()
@@ -58,17 +78,18 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int) -> None:
     try:
         while True:
             try:
-                message = channel.connection.recv()
+                message = channel.recv()
             except (EOFError, OSError):
                 return  # the driver is gone: nothing left to do
             if isinstance(message, Shutdown):
                 return
-            channel.send(_run(message, build, data, device))
+            channel.send(_run(message, trainables, data))
     finally:
         stop.set()
+        channel.close()
 
 
-def _beat(channel: _Channel, worker: int, interval: float, stop: threading.Event) -> None:
+def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
     while not stop.wait(interval):
         try:
             channel.send(Heartbeat(worker))
@@ -76,25 +97,17 @@ def _beat(channel: _Channel, worker: int, interval: float, stop: threading.Event
             return
 
 
-def _run(task: RunSubEpoch, build, data: dict, device: torch.device) -> SubEpochDone | SubEpochFailed:
+def _run(task: RunSubEpoch, trainables: _Trainables, data: dict) -> SubEpochDone | SubEpochFailed:
     try:
-        torch.manual_seed(task.init_seed)
-        trainable = build(task.config)
-        if not isinstance(trainable, TorchTrainable):
-            raise TypeError(f"build(config) must return a cerebro.TorchTrainable; "
-                            f"got {type(trainable).__name__}")
-        trainable.model.to(device)
-        if task.state is not None:
-            trainable.load_state(state_from_bytes(task.state, device))
-        split = "train" if task.kind == "train" else "val"
-        features, label = data[task.partition][split]
+        trainable = trainables.get(task)
+        features, label = data[task.partition]["train" if task.kind == "train" else "val"]
         started = time.perf_counter()
         if task.kind == "train":
             sums = trainable.train_partition(features, label, task.seed)
         else:
             sums = trainable.evaluate_partition(features, label)
         compute = time.perf_counter() - started
-        state = state_to_bytes(trainable.state()) if task.kind == "train" else None
+        state = pack_tensors(trainable.state()) if task.kind == "train" else None
         return SubEpochDone(task.task_id, sums.rows, sums.loss, sums.metrics, compute, state)
     except Exception:
         return SubEpochFailed(task.task_id, traceback.format_exc())

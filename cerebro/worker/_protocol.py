@@ -1,8 +1,8 @@
 """Narrow waist 2: the messages between the driver and a worker, for every backend.
 
 A backend starts a worker process anywhere and gives it the driver's address, an auth
-token and its worker index. The worker connects back over an authenticated
-``multiprocessing.connection`` (HMAC challenge on the token) and then::
+token and its worker index. The worker connects back over an authenticated channel
+(:mod:`cerebro.worker._wire`: an HMAC challenge on the token each way) and then::
 
     worker -> Hello          driver -> Setup (its partitions, the pickled build)
     worker -> Ready          (partitions loaded into memory, once, for the whole run)
@@ -51,7 +51,7 @@ class RunSubEpoch:
     partition: int
     init_seed: int               # builds the model the first time (state is None)
     seed: int                    # the sub-epoch's batch order and randomness
-    state: bytes | None          # the trial's latest state; None before its first sub-epoch
+    state: Any                   # the trial's latest packed state; None before its first sub-epoch
 
 
 @dataclass
@@ -61,7 +61,7 @@ class SubEpochDone:
     loss: float
     metrics: dict[str, float]
     compute_seconds: float       # time spent in the training or evaluation loop
-    state: bytes | None = None   # the new state after a train sub-epoch
+    state: Any = None            # the new packed state after a train sub-epoch
 
 
 @dataclass

@@ -1,7 +1,6 @@
 """The PyTorch trainer: what a trial is on a worker, and how it trains one sub-epoch."""
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -115,13 +114,3 @@ class Sums:
         with torch.no_grad():
             for name, metric in metrics.items():
                 self.metrics[name] += float(metric(outputs, targets)) * n
-
-
-def state_to_bytes(state: Mapping) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
-
-
-def state_from_bytes(blob: bytes, device: torch.device | str = "cpu") -> dict:
-    return torch.load(io.BytesIO(blob), map_location=device, weights_only=True)

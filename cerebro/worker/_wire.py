@@ -1,0 +1,80 @@
+"""The wire under the worker protocol: authenticated, framed messages on a TCP socket.
+
+Messages are framed by :mod:`cerebro.store._state_codec`, so tensors travel without copies.
+
+Both ends prove they hold the run's auth token with an HMAC challenge before anything is
+unpickled, so only the driver's own workers can talk to it.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import socket
+import threading
+from typing import Any
+
+from ..store import frames, parse, read_exactly
+
+
+class Channel:
+    """One end of a driver-worker connection; ``send`` is safe from several threads."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, message: Any) -> None:
+        parts = frames(message)
+        with self._lock:
+            for frame in parts:
+                self.sock.sendall(frame)
+
+    def recv(self) -> Any:
+        return parse(self.sock.recv_into)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # --- authentication: an HMAC challenge each way -----------------------------------
+    def _challenge(self, authkey: bytes) -> None:
+        nonce = os.urandom(32)
+        self.sock.sendall(nonce)
+        answer = read_exactly(self.sock.recv_into, 32)
+        if not hmac.compare_digest(answer, hmac.new(authkey, nonce, hashlib.sha256).digest()):
+            raise PermissionError("peer failed authentication")
+        self.sock.sendall(b"ok")
+
+    def _answer(self, authkey: bytes) -> None:
+        nonce = read_exactly(self.sock.recv_into, 32)
+        self.sock.sendall(hmac.new(authkey, bytes(nonce), hashlib.sha256).digest())
+        if bytes(read_exactly(self.sock.recv_into, 2)) != b"ok":
+            raise PermissionError("peer failed authentication")
+
+
+def connect(address: tuple[str, int], authkey: bytes, timeout: float = 60.0) -> Channel:
+    """A worker's channel to the driver at ``address``, both sides authenticated."""
+    channel = Channel(socket.create_connection(address, timeout=timeout))
+    channel._answer(authkey)
+    channel._challenge(authkey)
+    channel.sock.settimeout(None)
+    return channel
+
+
+def accept(server: socket.socket, authkey: bytes, timeout: float = 10.0) -> Channel:
+    """The driver's channel to the next worker that connects to ``server`` and authenticates."""
+    sock, _ = server.accept()
+    sock.settimeout(timeout)
+    channel = Channel(sock)
+    try:
+        channel._challenge(authkey)
+        channel._answer(authkey)
+    except (OSError, EOFError, PermissionError):
+        sock.close()
+        raise
+    sock.settimeout(None)
+    return channel
