@@ -114,8 +114,9 @@ class Result:
         return min(scored, key=lambda t: sign * t.metrics[self.metric])
 
     def history(self) -> pd.DataFrame:
-        """One row per (trial_id, epoch): losses, metrics and the trial's config columns."""
-        rows = [{**row, **self._trials[row["trial_id"]].config} for row in self._history]
+        """One row per (trial_id, epoch), in that order: losses, metrics and the trial's config."""
+        rows = sorted(({**row, **self._trials[row["trial_id"]].config} for row in self._history),
+                      key=lambda row: (row["trial_id"], row["epoch"]))
         return pd.DataFrame(rows, columns=None if rows else ["trial_id", "epoch"])
 
     def schedule(self) -> pd.DataFrame:

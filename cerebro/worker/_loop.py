@@ -1,6 +1,7 @@
 """The worker loop: load my partitions once, then run sub-epochs until told to stop."""
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import threading
@@ -63,6 +64,9 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int) -> None:
     channel.send(Hello(worker, os.getpid(), socket.gethostname()))
     setup: Setup = channel.recv()
     torch.set_num_threads(setup.threads)
+    # torch.optim imports torch._dynamo when the first optimizer is built (seconds): pay
+    # that at start-up rather than inside some trial's first sub-epoch.
+    importlib.import_module("torch._dynamo")
     device = _device(worker)
     layout = read_layout(setup.data_dir)
     data = {partition: {split: tuple(torch.from_numpy(a).to(device)

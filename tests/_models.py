@@ -1,0 +1,42 @@
+"""Small data and build functions shared by the tests (importable by the workers too)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+
+import cerebro as cb
+
+
+def digits(partitions: int | None = 4, rows: int | None = 600, validation: float = 0.2) -> cb.Dataset:
+    features, label = load_digits(return_X_y=True)
+    features, label = features[:rows] / 16.0, label[:rows]
+    return cb.Dataset.from_numpy(features.astype(np.float32), label, validation=validation,
+                                 partitions=partitions, seed=0)
+
+
+def make_model(architecture: str, hidden: int = 32) -> torch.nn.Module:
+    if architecture == "mlp":
+        return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+    return torch.nn.Sequential(torch.nn.Unflatten(1, (1, 8, 8)), torch.nn.Conv2d(1, 4, 3, padding=1),
+                               torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Flatten(),
+                               torch.nn.Linear(256, 10))
+
+
+def build(config: dict) -> cb.TorchTrainable:
+    """MLP or CNN with Adam; ``fail`` raises, ``diverge`` makes the loss NaN, ``crash`` kills the worker."""
+    if config.get("fail"):
+        raise ValueError("boom: this configuration cannot be built")
+    model = make_model(config.get("architecture", "mlp"), config.get("hidden", 32))
+
+    def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if config.get("crash"):
+            os._exit(3)
+        value = torch.nn.functional.cross_entropy(outputs, targets)
+        return value * float("nan") if config.get("diverge") else value
+
+    return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=config.get("lr", 1e-2)),
+                             loss=loss, batch_size=config.get("batch_size", 32),
+                             metrics={"accuracy": cb.metrics.accuracy})

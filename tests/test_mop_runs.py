@@ -1,0 +1,121 @@
+"""Invariants 1 and 2 of DESIGN.md, proven on real runs with local worker processes.
+
+One grid (MLP and CNN with dropout, two learning rates) runs on 1, 2 and 4 workers with
+``partitions=4`` and the same seed, and once more on 2 workers; every run must produce the
+same weights and histories bit for bit, and every schedule must be a valid MOP schedule.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import cerebro as cb
+from cerebro.engine import visit_order
+
+from _models import build, digits
+
+pytestmark = pytest.mark.slow
+
+SEED = 7
+SPACE = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.choice([1e-2, 3e-3])}
+EPOCHS = 3
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, cb.Result]:
+    search = cb.GridSearch(build, SPACE, epochs=EPOCHS, metric="val_accuracy", mode="max")
+    out = {}
+    for name, workers in (("1", 1), ("2", 2), ("4", 4), ("2-rerun", 2)):
+        # Convolutions add up in a thread-count dependent order, so threads stay equal.
+        backend = cb.LocalBackend(workers=workers, threads_per_worker=1)
+        out[name] = search.fit(digits(partitions=4), backend=backend, seed=SEED, verbose=0,
+                               store=tmp_path_factory.mktemp("runs") / f"w{name}")
+    return out
+
+
+@pytest.mark.parametrize("name", ["1", "2", "4"])
+def test_every_trial_trains_on_every_partition_once_per_epoch_in_seeded_order(runs, name):
+    result = runs[name]
+    schedule = result.schedule()
+    assert len(result.trials) == 4 and all(t.status == "completed" for t in result.trials)
+    for kind in ("train", "eval"):
+        visits = schedule[schedule.kind == kind].groupby(["trial_id", "epoch", "partition"]).size()
+        assert len(visits) == 4 * EPOCHS * 4 and (visits == 1).all()
+    for (trial_id, epoch), rows in schedule[schedule.kind == "train"].groupby(["trial_id", "epoch"]):
+        assert rows.sort_values("start").partition.tolist() == visit_order(SEED, trial_id, epoch, 4)
+
+
+@pytest.mark.parametrize("name", ["1", "2", "4"])
+def test_no_worker_runs_two_sub_epochs_and_no_trial_is_on_two_workers(runs, name):
+    schedule = runs[name].schedule()
+    workers = int(name)
+    assert (schedule.worker == schedule.partition % workers).all()  # data never moves
+    for _, rows in schedule.groupby("worker"):
+        rows = rows.sort_values("start")
+        assert (rows.start.to_numpy()[1:] >= rows.end.to_numpy()[:-1]).all()
+    for trial_id, rows in schedule.groupby("trial_id"):
+        rows = rows.sort_values("start").reset_index(drop=True)
+        for i, a in rows.iterrows():
+            for _, b in rows.iloc[i + 1:].iterrows():
+                overlap = a.start < b.end and b.start < a.end
+                # only eval visits of one trial, with frozen weights, may run side by side
+                assert not overlap or (a.kind == b.kind == "eval"), (trial_id, a.to_dict(), b.to_dict())
+        # an epoch's evals come after its training, and the next epoch after its evals
+        for epoch in range(1, EPOCHS + 1):
+            train = rows[(rows.epoch == epoch) & (rows.kind == "train")]
+            evals = rows[(rows.epoch == epoch) & (rows.kind == "eval")]
+            later = rows[rows.epoch == epoch + 1]
+            assert train.end.max() <= evals.start.min()
+            assert later.empty or evals.end.max() <= later.start.min()
+
+
+@pytest.mark.parametrize("other", ["2", "4", "2-rerun"])
+def test_same_seed_gives_bitwise_identical_weights_and_histories_on_any_worker_count(runs, other):
+    reference, result = runs["1"], runs[other]
+    pd.testing.assert_frame_equal(reference.history(), result.history(), check_exact=True)
+    for a, b in zip(reference.trials, result.trials):
+        assert a.config == b.config
+        state_a, state_b = a.state_dict(), b.state_dict()
+        assert state_a.keys() == state_b.keys()
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+
+
+def test_load_rebuilds_the_same_result(runs):
+    result = runs["2"]
+    loaded = cb.load(result.run_dir)
+    assert loaded.finished
+    assert loaded.best.trial_id == result.best.trial_id
+    assert loaded.best.metrics == result.best.metrics
+    pd.testing.assert_frame_equal(loaded.history(), result.history(), check_exact=True)
+    pd.testing.assert_frame_equal(loaded.schedule(), result.schedule(), check_exact=True)
+    model = loaded.best.model()
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in result.best.state_dict().items())
+
+
+def test_best_honours_metric_and_mode(runs):
+    result = runs["2"]
+    last = result.history().groupby("trial_id").last()
+    assert result.best.trial_id == last.val_accuracy.idxmax()
+    assert result.summary().trial_id.tolist()[0] == result.best.trial_id
+
+
+def test_run_directory_holds_settings_journal_checkpoints_history_and_schedule(runs):
+    result = runs["4"]
+    import json
+    import os
+    info = json.load(open(os.path.join(result.run_dir, "run.json")))
+    assert info["seed"] == SEED and info["workers"] == 4 and info["data"]["partitions"] == 4
+    assert info["searcher"] == {"class": "GridSearch", "metric": "val_accuracy", "mode": "max",
+                                "space": {"architecture": "choice(['mlp', 'cnn'])",
+                                          "lr": "choice([0.01, 0.003])"}, "epochs": EPOCHS}
+    assert info["data"]["fingerprint"] == runs["1"].store.read_run_info()["data"]["fingerprint"]
+    for trial in result.trials:
+        assert json.load(open(os.path.join(result.run_dir, "trials", trial.trial_id, "config.json"))) == trial.config
+        assert os.path.exists(os.path.join(result.run_dir, "trials", trial.trial_id, "checkpoint.state"))
+    history = pd.read_csv(os.path.join(result.run_dir, "history.csv"))
+    assert len(history) == 4 * EPOCHS
+    schedule = pd.read_csv(os.path.join(result.run_dir, "schedule.csv"))
+    assert len(schedule) == 4 * EPOCHS * 8
+    assert set(result.history().columns) >= {"trial_id", "epoch", "train_loss", "train_accuracy",
+                                              "val_loss", "val_accuracy", "architecture", "lr"}
