@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 from collections.abc import Sequence
 from typing import Any, Union
@@ -19,6 +20,9 @@ def _as_features(features: Any) -> np.ndarray:
     if array.ndim < 2:
         raise ValueError(f"features must have shape (rows, ...) with at least 2 dimensions; "
                          f"got shape {array.shape}")
+    _check_finite("features", array)   # before float32, where huge values would become inf
+    if np.issubdtype(array.dtype, np.floating) and array.size and np.abs(array).max() > np.finfo(np.float32).max:
+        raise ValueError(f"features hold values beyond float32's range (max |x| = {np.abs(array).max():.3g})")
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
@@ -33,10 +37,10 @@ def _as_label(label: Any) -> np.ndarray:
 
 
 def _check_finite(name: str, array: np.ndarray) -> None:
-    if np.issubdtype(array.dtype, np.floating):
+    if np.issubdtype(array.dtype, np.floating) and array.size:
         bad = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
         if bad.any():
-            raise ValueError(f"{name} contain NaN or infinite values in {int(bad.sum())} rows "
+            raise ValueError(f"{name}: {int(bad.sum())} rows hold NaN or infinite values "
                              f"(first at row {int(np.argmax(bad))})")
 
 
@@ -73,7 +77,6 @@ class Dataset:
                              f"{len(self.label)}; they must have the same number of rows")
         if len(self.features) == 0:
             raise ValueError("data is empty: features and label have 0 rows")
-        _check_finite("features", self.features)
         _check_finite("label", self.label)
         _check_partitions(partitions)
         if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
@@ -131,10 +134,10 @@ class Dataset:
     # --- the split ----------------------------------------------------------------------
     def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, "Dataset | None"]:
         rows = np.random.default_rng(self.seed).permutation(len(self.features))
-        if validation is None or (isinstance(validation, (int, float)) and not isinstance(validation, bool)
-                                  and validation == 0):
+        is_number = isinstance(validation, numbers.Real) and not isinstance(validation, (bool, np.bool_))
+        if validation is None or (is_number and validation == 0):
             return rows, rows[:0], None
-        if isinstance(validation, (float, int)) and not isinstance(validation, bool):
+        if is_number:
             if not 0 < validation < 1:
                 raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), "
                                  f"a Dataset or a (features, label) pair")

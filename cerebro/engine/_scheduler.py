@@ -38,7 +38,10 @@ class _Epoch:
     eval_todo: set[int] = field(default_factory=set)
     evaluating: set[int] = field(default_factory=set)
 
-    def steps_done(self) -> int:
+    def steps_done(self, evaluate: bool) -> int:
+        """Train and eval visits started; evals count only once training is over."""
+        if self.trained < len(self.order) or not evaluate:
+            return self.trained
         return self.trained + len(self.order) - len(self.eval_todo) - len(self.evaluating)
 
     def finished(self) -> bool:
@@ -62,6 +65,8 @@ class MOPScheduler:
                     raise ValueError(f"partition {partition} is held by workers "
                                      f"{self._owner[partition]} and {worker}; it must be held by one")
                 self._owner[partition] = worker
+        if not self._owner:
+            raise ValueError("workers hold no partitions; at least one partition is needed")
         if sorted(self._owner) != list(range(len(self._owner))):
             raise ValueError(f"partitions {sorted(self._owner)} must be 0..{len(self._owner) - 1}")
         self.num_partitions = len(self._owner)
@@ -113,7 +118,7 @@ class MOPScheduler:
         for trial_id, state in self._epochs.items():
             task = self._next_for(trial_id, state, worker)
             if task is not None:
-                key = (state.number, state.steps_done(), trial_id)
+                key = (state.number, state.steps_done(self._evaluate), trial_id)
                 if best is None or key < best[0]:
                     best = (key, task)
         return None if best is None else best[1]

@@ -42,7 +42,7 @@ class choice(Distribution):
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
             raise ValueError(f"choice: values={values!r} must be a list of options")
         if len(values) == 0:
-            raise ValueError("choice: values=[] must hold at least one option")
+            raise ValueError(f"choice: values={values!r} must hold at least one option")
         self.values = list(values)
 
     def sample(self, rng: np.random.Generator) -> Any:
@@ -102,18 +102,21 @@ class randint(Distribution):
 
 
 class quniform(Distribution):
-    """A float drawn uniformly from [low, high] and rounded to a multiple of ``q``."""
+    """A float drawn uniformly from [low, high] and rounded to a multiple of ``q`` in that range."""
 
     def __init__(self, low: float, high: float, q: float) -> None:
         _check_finite("quniform", low=low, high=high, q=q)
         if q <= 0:
             raise ValueError(f"quniform: q={q!r} must be greater than 0")
         _check_order("quniform", low, high)
+        if math.floor(high / q) < math.ceil(low / q):
+            raise ValueError(f"quniform: no multiple of q={q!r} lies in [{low!r}, {high!r}]")
         self.low, self.high, self.q = low, high, q
 
     def sample(self, rng: np.random.Generator) -> float:
-        value = round(rng.uniform(self.low, self.high) / self.q) * self.q
-        return float(min(max(value, self.low), self.high))
+        steps = round(rng.uniform(self.low, self.high) / self.q)
+        steps = min(max(steps, math.ceil(self.low / self.q)), math.floor(self.high / self.q))
+        return float(steps * self.q)
 
     def __repr__(self) -> str:
         return f"quniform({self.low!r}, {self.high!r}, {self.q!r})"

@@ -37,7 +37,7 @@ def pack_tensors(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: pack_tensors(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(pack_tensors(v) for v in value)
+        return _same_sequence(value, [pack_tensors(v) for v in value])
     return value
 
 
@@ -48,8 +48,15 @@ def unpack_tensors(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: unpack_tensors(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(unpack_tensors(v) for v in value)
+        return _same_sequence(value, [unpack_tensors(v) for v in value])
     return value
+
+
+def _same_sequence(like: list | tuple, items: list) -> list | tuple:
+    """``items`` as the type of ``like``: list, tuple or namedtuple."""
+    if hasattr(like, "_fields"):
+        return type(like)(*items)
+    return type(like)(items)
 
 
 def frames(message: Any) -> list[memoryview | bytes]:

@@ -59,8 +59,12 @@ class Channel:
 def connect(address: tuple[str, int], authkey: bytes, timeout: float = 60.0) -> Channel:
     """A worker's channel to the driver at ``address``, both sides authenticated."""
     channel = Channel(socket.create_connection(address, timeout=timeout))
-    channel._answer(authkey)
-    channel._challenge(authkey)
+    try:
+        channel._answer(authkey)
+        channel._challenge(authkey)
+    except (OSError, EOFError, PermissionError):
+        channel.close()
+        raise
     channel.sock.settimeout(None)
     return channel
 

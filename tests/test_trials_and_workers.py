@@ -1,0 +1,86 @@
+"""Trials that fail or diverge end alone; a worker that dies stops the run at once, clearly;
+with one partition a trial is exactly a plain torch training loop."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import cerebro as cb
+from cerebro.data import read_partition
+from cerebro.engine import init_seed, subepoch_seed
+
+from _models import build, digits
+
+pytestmark = pytest.mark.slow
+
+
+def test_failed_and_diverged_trials_end_while_the_others_finish(tmp_path):
+    space = {"fail": cb.choice([False, True]), "diverge": cb.choice([False, True])}
+    result = cb.GridSearch(build, space, epochs=2).fit(digits(partitions=2), workers=2, seed=0,
+                                                       store=tmp_path / "run", verbose=0)
+    by_config = {(t.config["fail"], t.config["diverge"]): t for t in result.trials}
+    healthy = by_config[(False, False)]
+    assert healthy.status == "completed" and healthy.epochs == 2
+    for key in ((True, False), (True, True)):
+        failed = by_config[key]
+        assert failed.status == "failed" and failed.epochs == 0
+        assert "ValueError: boom: this configuration cannot be built" in failed.error
+        with open(tmp_path / "run" / "trials" / failed.trial_id / "error.txt") as f:
+            assert f.read() == failed.error
+    diverged = by_config[(False, True)]
+    assert diverged.status == "diverged"
+    assert diverged.error.startswith("train loss became nan in epoch 1 on partition")
+    assert result.best.trial_id == healthy.trial_id
+    assert result.finished
+
+
+def test_a_worker_that_dies_stops_the_run_with_a_clear_error(tmp_path):
+    space = {"crash": cb.choice([False, True])}
+    with pytest.raises(cb.WorkerLostError) as error:
+        cb.GridSearch(build, space, epochs=3).fit(digits(partitions=2), workers=2, seed=0,
+                                                  store=tmp_path / "run", verbose=0)
+    message = str(error.value)
+    assert "t0001 train epoch 1" in message
+    assert "closed its connection" in message or "exited with code 3" in message
+    assert f"Its journal and checkpoints are in {tmp_path / 'run'}" in message
+    loaded = cb.load(tmp_path / "run")
+    assert not loaded.finished
+    assert {t.trial_id: t.status for t in loaded.trials}["t0001"] == "running"
+
+
+def test_with_one_partition_a_trial_equals_a_plain_torch_loop(tmp_path):
+    torch.set_num_threads(1)
+    config, seed, epochs = {"architecture": "cnn", "lr": 3e-3, "batch_size": 16}, 11, 3
+    search = cb.GridSearch(build, {k: cb.choice([v]) for k, v in config.items()}, epochs=epochs)
+    result = search.fit(digits(partitions=1), backend=cb.LocalBackend(1, threads_per_worker=1),
+                        seed=seed, store=tmp_path / "run", verbose=0)
+    features, label = (torch.from_numpy(a) for a in read_partition(str(tmp_path / "run" / "data"), "train", 0))
+
+    torch.manual_seed(init_seed(seed, "t0000"))
+    plain = build(config)
+    for epoch in range(1, epochs + 1):
+        batch_seed = subepoch_seed(seed, "t0000", epoch, 0)
+        torch.manual_seed(batch_seed)
+        order = torch.randperm(len(features), generator=torch.Generator().manual_seed(batch_seed))
+        plain.model.train()
+        for start in range(0, len(features), config["batch_size"]):
+            rows = order[start:start + config["batch_size"]]
+            plain.optimizer.zero_grad()
+            plain.loss(plain.model(features[rows]), label[rows]).backward()
+            plain.optimizer.step()
+
+    trained = result.trials[0].state_dict()
+    assert trained.keys() == plain.model.state_dict().keys()
+    for name, tensor in plain.model.state_dict().items():
+        assert torch.equal(trained[name], tensor), name
+
+
+def test_run_directory_is_never_overwritten(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "something").write_text("mine")
+    with pytest.raises(FileExistsError, match="is a directory that is not empty"):
+        cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(
+            digits(partitions=2), workers=2, store=tmp_path / "run", verbose=0)
+    assert os.listdir(tmp_path / "run") == ["something"]
