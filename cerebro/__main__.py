@@ -1,0 +1,4 @@
+"""``python -m cerebro`` is the ``cerebro`` command."""
+from .cli import main
+
+main()

@@ -1,0 +1,114 @@
+"""Invariant 4: bad input to ``fit`` fails with a message naming the problem, before any
+worker starts or anything is written to the store."""
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+
+import cerebro as cb
+
+from _models import build, digits
+
+SPACE = {"lr": cb.choice([1e-2, 1e-3])}
+
+
+def fails_before_work(tmp_path, search, message, error=ValueError, data=None, **fit):
+    store = tmp_path / "run"
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        search.fit(digits(partitions=None) if data is None else data, store=store, verbose=0, **fit)
+    assert not store.exists()
+
+
+def test_grid_rejects_primitives_it_cannot_enumerate(tmp_path):
+    search = cb.GridSearch(build, {"lr": cb.loguniform(1e-4, 1e-1), "hidden": cb.choice([8])})
+    fails_before_work(tmp_path, search, "GridSearch can only enumerate cb.choice values; space['lr'] is "
+                                        "loguniform(0.0001, 0.1). Use cb.choice([...]) or cb.RandomSearch")
+
+
+@pytest.mark.parametrize("epochs", [0, -1, 2.5, True])
+def test_epochs_must_be_at_least_one(tmp_path, epochs):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE, epochs=epochs),
+                      f"epochs={epochs!r} must be an integer >= 1")
+
+
+def test_random_search_needs_trials(tmp_path):
+    fails_before_work(tmp_path, cb.RandomSearch(build, SPACE, num_trials=0),
+                      "num_trials=0 must be an integer >= 1")
+
+
+def test_unknown_metric_names_the_logged_ones(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE, metric="val_acc"),
+                      "metric='val_acc' is not logged; logged metrics are "
+                      "['train_loss', 'train_accuracy', 'val_loss', 'val_accuracy']")
+
+
+def test_validation_metric_without_validation_data(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE), "metric='val_loss' is not logged (the data "
+                      "has no validation split); logged metrics are ['train_loss', 'train_accuracy']",
+                      data=digits(partitions=2, validation=0))
+
+
+def test_mode_must_be_min_or_max(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE, mode="maximize"),
+                      "mode='maximize' must be 'min' or 'max'")
+
+
+def test_build_that_cannot_be_pickled(tmp_path):
+    lock = threading.Lock()
+
+    def unpicklable(config):
+        with lock:
+            return build(config)
+
+    fails_before_work(tmp_path, cb.GridSearch(unpicklable, SPACE),
+                      f"build={unpicklable!r} cannot be pickled to send to the workers: "
+                      f"TypeError: cannot pickle '_thread.lock' object", error=TypeError)
+
+
+def test_build_must_return_a_trainable(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(lambda config: "a model", SPACE),
+                      "build(config) must return a cerebro.TorchTrainable; got str", error=TypeError)
+
+
+def test_more_partitions_than_training_rows(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE),
+                      "partitions=16 is more than the 8 training rows; every partition needs at least one row",
+                      data=digits(partitions=None, rows=10), workers=16)
+
+
+def test_data_must_be_a_dataset(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE),
+                      "data must be a cerebro.Dataset (e.g. cb.Dataset.from_numpy(X, y)); got list",
+                      error=TypeError, data=[[1.0], [2.0]])
+
+
+def test_backend_must_be_known(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE),
+                      "backend='spark' must be 'local' or a Backend instance such as cb.LocalBackend(workers=4)",
+                      backend="spark")
+
+
+def test_workers_must_agree_with_the_backend(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE),
+                      "workers=3 differs from the backend's workers=2; give the number of workers to the backend only",
+                      backend=cb.LocalBackend(workers=2), workers=3)
+
+
+@pytest.mark.parametrize("workers", [0, -2, 1.5])
+def test_workers_must_be_positive(tmp_path, workers):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE), f"workers={workers!r} must be a positive integer",
+                      workers=workers)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "0"])
+def test_seed_must_be_a_non_negative_integer(tmp_path, seed):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE),
+                      f"seed={seed!r} must be a non-negative integer or None", seed=seed)
+
+
+def test_space_must_be_a_dict(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, [("lr", 0.1)]),
+                      "space=[('lr', 0.1)] must be a dict from parameter name to a value or primitive",
+                      error=TypeError)
