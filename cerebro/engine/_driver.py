@@ -19,12 +19,13 @@ from multiprocessing.connection import wait
 from ..backends import Backend
 from ..report import Progress
 from ..store import RunStore
-from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, Shutdown, SubEpochDone,
-                                SubEpochFailed)
+from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing,
+                                SubEpochDone, SubEpochFailed)
 from ..worker._wire import Channel, accept
 from ._interface import Decision, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed, visit_order
+from ._writer import BackgroundWriter
 
 
 class WorkerLostError(RuntimeError):
@@ -37,7 +38,9 @@ class _Trial:
     config: dict
     max_epochs: int
     epoch: int = 0
-    state: object = None                                   # packed, as it came from the worker
+    state: object = None          # packed, as it came from the worker
+    version: int = 0              # train sub-epochs the state has seen
+    holders: set[int] = field(default_factory=set)         # workers holding this version
     train_sums: dict[int, SubEpochDone] = field(default_factory=dict)
     eval_sums: dict[int, SubEpochDone] = field(default_factory=dict)
 
@@ -74,6 +77,7 @@ class Driver:
         self._created = 0
         self._next_task_id = 0
         self._t0 = time.monotonic()
+        self._writer = BackgroundWriter()
         self.scheduler = MOPScheduler({w: self._partitions_of(w) for w in range(backend.workers)},
                                       evaluate=evaluate)
 
@@ -83,6 +87,10 @@ class Driver:
     def _now(self) -> float:
         return time.monotonic() - self._t0
 
+    def _write(self, method: str, *args: object, **kwargs: object) -> None:
+        """A RunStore call, done in order on the writer thread so the loop never waits on disk."""
+        self._writer.submit(getattr(self.store, method), *args, **kwargs)
+
     # --- the run ------------------------------------------------------------------------
     def run(self) -> None:
         authkey = secrets.token_bytes(32)
@@ -91,12 +99,13 @@ class Driver:
             self.backend.start(server.getsockname()[:2], authkey)
             self._connect(server, authkey)
             self._t0 = time.monotonic()
-            self.store.append("run_started", workers=self.backend.workers,
-                              devices={w.index: w.device for w in self._workers.values()})
+            self._write("append", "run_started", workers=self.backend.workers,
+                        devices={w.index: w.device for w in self._workers.values()})
             self.progress.start(self.store.path, self.backend.workers)
             self._loop()
-            self.store.append("run_finished", time=self._now())
+            self._write("append", "run_finished", time=self._now())
         finally:
+            self._writer.close()
             self.progress.finish()
             for worker in self._workers.values():
                 try:
@@ -164,7 +173,9 @@ class Driver:
             for ready in wait(channels, timeout=self.heartbeat_interval):
                 worker = next(w for w in self._workers.values() if w.channel is ready)
                 message = self._receive(worker)
-                if isinstance(message, (SubEpochDone, SubEpochFailed)):
+                if isinstance(message, StateMissing):
+                    self._resend_with_state(worker)
+                elif isinstance(message, (SubEpochDone, SubEpochFailed)):
                     self._finish_task(worker, message)
             self._check_health()
             self._add_trials()
@@ -191,7 +202,7 @@ class Driver:
         if worker.running is not None:
             task = worker.running[1]
             doing = f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
-        self.store.append("worker_lost", worker=worker.index, reason=what, time=self._now())
+        self._write("append", "worker_lost", worker=worker.index, reason=what, time=self._now())
         raise WorkerLostError(f"{worker.describe()} {what}{doing}; the run stopped. "
                               f"Its journal and checkpoints are in {self.store.path}")
 
@@ -201,8 +212,8 @@ class Driver:
             trial = _Trial(f"t{self._created:04d}", dict(request.config), request.max_epochs)
             self._created += 1
             self._trials[trial.trial_id] = trial
-            self.store.write_config(trial.trial_id, trial.config)
-            self.store.append("trial_created", trial_id=trial.trial_id, config=trial.config,
+            self._write("write_config", trial.trial_id, trial.config)
+            self._write("append", "trial_created", trial_id=trial.trial_id, config=trial.config,
                               max_epochs=trial.max_epochs, time=self._now())
             self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
             self._start_epoch(trial)
@@ -220,10 +231,26 @@ class Driver:
             worker = self._workers[task.worker]
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
             worker.running = (task_id, task, self._now())
-            worker.channel.send(RunSubEpoch(
-                task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
-                init_seed(self.seed, trial.trial_id),
-                subepoch_seed(self.seed, trial.trial_id, task.epoch, task.partition), trial.state))
+            self._send_task(worker, task_id, task, trial)
+
+    def _send_task(self, worker: _Worker, task_id: int, task: Task, trial: _Trial) -> None:
+        """Send ``task``, leaving the state out where the worker already holds this version."""
+        held = worker.index in trial.holders
+        worker.channel.send(RunSubEpoch(
+            task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
+            init_seed(self.seed, trial.trial_id),
+            subepoch_seed(self.seed, trial.trial_id, task.epoch, task.partition),
+            trial.version, None if held else trial.state))
+        trial.holders.add(worker.index)
+
+    def _resend_with_state(self, worker: _Worker) -> None:
+        _, task, _ = worker.running
+        trial = self._trials.get(task.trial_id)
+        if trial is None:      # it ended meanwhile: nothing left to run
+            worker.running = None
+            return
+        trial.holders.discard(worker.index)
+        self._send_task(worker, worker.running[0], task, trial)
 
     def _finish_task(self, worker: _Worker, message: SubEpochDone | SubEpochFailed) -> None:
         task_id, task, start = worker.running
@@ -232,14 +259,14 @@ class Driver:
         trial = self._trials.get(task.trial_id)
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
-        self.store.append("sub_epoch", trial_id=task.trial_id, epoch=task.epoch, partition=task.partition,
+        self._write("append", "sub_epoch", trial_id=task.trial_id, epoch=task.epoch, partition=task.partition,
                           worker=worker.index, kind=task.kind, start=start, end=self._now(),
                           compute=getattr(message, "compute_seconds", None))
         if isinstance(message, SubEpochFailed):
             self._end(trial, "failed", message.error)
             return
         if task.kind == TRAIN:
-            trial.state = message.state
+            trial.state, trial.version, trial.holders = message.state, trial.version + 1, {worker.index}
             trial.train_sums[task.partition] = message
             if not math.isfinite(message.loss):
                 self._end(trial, "diverged", f"train loss became {message.loss / max(message.rows, 1)} "
@@ -252,8 +279,8 @@ class Driver:
 
     def _end_epoch(self, trial: _Trial) -> None:
         metrics = {**_mean("train", trial.train_sums), **_mean("val", trial.eval_sums)}
-        self.store.write_checkpoint(trial.trial_id, trial.state)
-        self.store.append("epoch_end", trial_id=trial.trial_id, epoch=trial.epoch, metrics=metrics,
+        self._write("write_checkpoint", trial.trial_id, trial.state)
+        self._write("append", "epoch_end", trial_id=trial.trial_id, epoch=trial.epoch, metrics=metrics,
                           time=self._now())
         self.progress.epoch_end(trial.trial_id, trial.epoch, metrics)
         bad = [name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])]
@@ -270,8 +297,8 @@ class Driver:
         del self._trials[trial.trial_id]
         self.scheduler.remove(trial.trial_id)
         if reason and status == "failed":
-            self.store.write_error(trial.trial_id, reason)
-        self.store.append("trial_ended", trial_id=trial.trial_id, status=status, reason=reason,
+            self._write("write_error", trial.trial_id, reason)
+        self._write("append", "trial_ended", trial_id=trial.trial_id, status=status, reason=reason,
                           time=self._now())
         self.progress.trial_ended(trial.trial_id, status, reason)
         self.policy.trial_ended(trial.trial_id, status)

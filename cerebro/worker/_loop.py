@@ -15,7 +15,8 @@ import torch
 
 from ..data import read_layout, read_partition
 from ..store import pack_tensors, unpack_tensors
-from ._protocol import Heartbeat, Hello, Ready, RunSubEpoch, Setup, Shutdown, SubEpochDone, SubEpochFailed
+from ._protocol import (Heartbeat, Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing, SubEpochDone,
+                        SubEpochFailed)
 from ._torch import TorchTrainable
 from ._wire import Channel, connect
 
@@ -31,31 +32,38 @@ def _device(worker: int) -> torch.device:
 
 
 class _Trainables:
-    """The trainables this worker built, least recently used first, within a byte budget."""
+    """Trials this worker has built, with the state version each holds, least recently used
+    first, within a byte budget. A trial that comes back is neither built nor sent again."""
 
     def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int) -> None:
         self.build, self.device, self.budget = build, device, budget
-        self._cache: OrderedDict[str, tuple[TorchTrainable, int]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[TorchTrainable, int, int]] = OrderedDict()
 
-    def get(self, task: RunSubEpoch) -> TorchTrainable:
-        """``task``'s trial with its latest state loaded; built with the init seed if new here."""
+    def take(self, task: RunSubEpoch) -> TorchTrainable | None:
+        """``task``'s trainable at the task's state version; None if that state is not here."""
         cached = self._cache.pop(task.trial_id, None)
-        if cached is None or task.state is None:
+        if task.version == 0:
             torch.manual_seed(task.init_seed)
             trainable = self.build(task.config)
             if not isinstance(trainable, TorchTrainable):
                 raise TypeError(f"build(config) must return a cerebro.TorchTrainable; "
                                 f"got {type(trainable).__name__}")
             trainable.model.to(self.device)
-        else:
-            trainable = cached[0]
-        if task.state is not None:
-            trainable.load_state(unpack_tensors(task.state))
-        size = sum(t.numel() * t.element_size() for t in trainable.model.state_dict().values())
-        self._cache[task.trial_id] = (trainable, 3 * size)   # weights + optimizer moments, roughly
-        while sum(s for _, s in self._cache.values()) > self.budget and len(self._cache) > 1:
-            self._cache.popitem(last=False)
+            return trainable
+        if task.state is None:
+            return cached[0] if cached is not None and cached[1] == task.version else None
+        trainable = cached[0] if cached is not None else None
+        if trainable is None:
+            trainable = self.build(task.config)
+            trainable.model.to(self.device)
+        trainable.load_state(unpack_tensors(task.state))
         return trainable
+
+    def keep(self, trial_id: str, trainable: TorchTrainable, version: int) -> None:
+        size = 3 * sum(t.numel() * t.element_size() for t in trainable.model.state_dict().values())
+        self._cache[trial_id] = (trainable, version, size)   # size: weights + optimizer moments, roughly
+        while sum(entry[2] for entry in self._cache.values()) > self.budget and len(self._cache) > 1:
+            self._cache.popitem(last=False)
 
 
 def run_worker(address: tuple[str, int], authkey: bytes, worker: int) -> None:
@@ -101,9 +109,12 @@ def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event)
             return
 
 
-def _run(task: RunSubEpoch, trainables: _Trainables, data: dict) -> SubEpochDone | SubEpochFailed:
+def _run(task: RunSubEpoch, trainables: _Trainables,
+         data: dict) -> SubEpochDone | SubEpochFailed | StateMissing:
     try:
-        trainable = trainables.get(task)
+        trainable = trainables.take(task)
+        if trainable is None:
+            return StateMissing(task.task_id)
         features, label = data[task.partition]["train" if task.kind == "train" else "val"]
         started = time.perf_counter()
         if task.kind == "train":
@@ -112,6 +123,7 @@ def _run(task: RunSubEpoch, trainables: _Trainables, data: dict) -> SubEpochDone
             sums = trainable.evaluate_partition(features, label)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if task.kind == "train" else None
+        trainables.keep(task.trial_id, trainable, task.version + (task.kind == "train"))
         return SubEpochDone(task.task_id, sums.rows, sums.loss, sums.metrics, compute, state)
     except Exception:
         return SubEpochFailed(task.task_id, traceback.format_exc())

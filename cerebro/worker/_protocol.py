@@ -7,6 +7,8 @@ token and its worker index. The worker connects back over an authenticated chann
     worker -> Hello          driver -> Setup (its partitions, the pickled build)
     worker -> Ready          (partitions loaded into memory, once, for the whole run)
     driver -> RunSubEpoch    worker -> SubEpochDone | SubEpochFailed     (repeated)
+                             worker -> StateMissing: it no longer holds the state version the
+                                       driver left out; the driver sends the task again with it
     worker -> Heartbeat      (every heartbeat_interval seconds, from a side thread)
     driver -> Shutdown
 """
@@ -49,9 +51,10 @@ class RunSubEpoch:
     kind: str                    # "train" | "eval"
     epoch: int
     partition: int
-    init_seed: int               # builds the model the first time (state is None)
+    init_seed: int               # builds the model the first time (version 0)
     seed: int                    # the sub-epoch's batch order and randomness
-    state: Any                   # the trial's latest packed state; None before its first sub-epoch
+    version: int                 # train sub-epochs the state has seen; 0: build the model anew
+    state: Any                   # the packed state; None when version is 0 or the worker holds it
 
 
 @dataclass
@@ -62,6 +65,11 @@ class SubEpochDone:
     metrics: dict[str, float]
     compute_seconds: float       # time spent in the training or evaluation loop
     state: Any = None            # the new packed state after a train sub-epoch
+
+
+@dataclass
+class StateMissing:
+    task_id: int
 
 
 @dataclass
