@@ -3,6 +3,7 @@ with one partition a trial is exactly a plain torch training loop."""
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -84,3 +85,26 @@ def test_run_directory_is_never_overwritten(tmp_path):
         cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(
             digits(partitions=2), workers=2, store=tmp_path / "run", verbose=0)
     assert os.listdir(tmp_path / "run") == ["something"]
+
+
+def test_a_worker_that_hangs_is_lost_after_its_heartbeat_timeout(tmp_path):
+    space = {"hang": cb.choice([False, True])}
+    backend = cb.LocalBackend(workers=2, heartbeat_timeout=3)
+    with pytest.raises(cb.WorkerLostError, match=r"sent no heartbeat for \d+ s while running t0001 train epoch 1"):
+        cb.GridSearch(hanging_build, space, epochs=2).fit(digits(partitions=2), backend=backend, seed=0,
+                                                         store=tmp_path / "run", verbose=0)
+    events = list(cb.load(tmp_path / "run").store.events())
+    assert events[-1]["event"] == "worker_lost" and events[-1]["worker"] == 1
+    for worker in events[0]["workers"].values():   # stop() ended every worker, the frozen one too
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker["pid"], 0)
+
+
+def hanging_build(config: dict) -> cb.TorchTrainable:
+    """A trainable whose first loss freezes its worker process (SIGSTOP): no more heartbeats."""
+    trainable = build({})
+    if config["hang"]:
+        def freeze(outputs, targets):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        trainable.loss = freeze
+    return trainable

@@ -14,6 +14,7 @@ class Backend(ABC):
 
     workers: int
     threads_per_worker: int
+    heartbeat_timeout: float   # a worker silent this many seconds is lost
 
     @abstractmethod
     def start(self, address: tuple[str, int], authkey: bytes) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -23,16 +24,23 @@ class LocalBackend(Backend):
         threads_per_worker: torch intra-op threads per worker; default: cores // workers.
             Some CPU kernels (convolutions) add up in a thread-count dependent order, so for
             bitwise-equal results across worker counts keep this equal, e.g. 1.
+        heartbeat_timeout: seconds without a heartbeat (sent every second) after which a
+            worker counts as lost, e.g. when it hangs or its machine stops answering.
 
     Example:
         >>> search.fit(data, backend=cb.LocalBackend(workers=4), store="runs/exp1")
     """
 
-    def __init__(self, workers: int = 2, threads_per_worker: int | None = None) -> None:
+    def __init__(self, workers: int = 2, threads_per_worker: int | None = None,
+                 heartbeat_timeout: float = 60.0) -> None:
         self.workers = _check_positive("workers", workers)
         if threads_per_worker is None:
             threads_per_worker = max(1, (os.cpu_count() or 1) // workers)
         self.threads_per_worker = _check_positive("threads_per_worker", threads_per_worker)
+        if not isinstance(heartbeat_timeout, (int, float)) or isinstance(heartbeat_timeout, bool) \
+                or not heartbeat_timeout > 1:
+            raise ValueError(f"heartbeat_timeout={heartbeat_timeout!r} must be a number of seconds > 1")
+        self.heartbeat_timeout = float(heartbeat_timeout)
         self._processes: list[subprocess.Popen] = []
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
@@ -54,6 +62,7 @@ class LocalBackend(Backend):
         for process in self._processes:
             if process.poll() is None:
                 process.terminate()
+                os.kill(process.pid, signal.SIGCONT)   # a stopped (hung) worker must see it too
         for process in self._processes:
             try:
                 process.wait(timeout=10)

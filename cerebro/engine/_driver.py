@@ -65,12 +65,11 @@ class Driver:
 
     def __init__(self, policy: SearchPolicy, store: RunStore, backend: Backend, *, seed: int,
                  num_partitions: int, evaluate: bool, build_blob: bytes, progress: Progress,
-                 heartbeat_interval: float = 1.0, heartbeat_timeout: float = 60.0,
-                 startup_timeout: float = 300.0) -> None:
+                 heartbeat_interval: float = 1.0, startup_timeout: float = 300.0) -> None:
         self.policy, self.store, self.backend = policy, store, backend
         self.seed, self.num_partitions, self.evaluate = seed, num_partitions, evaluate
         self.build_blob, self.progress = build_blob, progress
-        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_interval, heartbeat_timeout
+        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_interval, backend.heartbeat_timeout
         self.startup_timeout = startup_timeout
         self._workers: dict[int, _Worker] = {}
         self._trials: dict[str, _Trial] = {}       # live trials
@@ -99,8 +98,9 @@ class Driver:
             self.backend.start(server.getsockname()[:2], authkey)
             self._connect(server, authkey)
             self._t0 = time.monotonic()
-            self._write("append", "run_started", workers=self.backend.workers,
-                        devices={w.index: w.device for w in self._workers.values()})
+            self._write("append", "run_started", workers={
+                w.index: {"pid": w.pid, "host": w.host, "device": w.device, "partitions": w.partitions}
+                for w in sorted(self._workers.values(), key=lambda w: w.index)})
             self.progress.start(self.store.path, self.backend.workers)
             self._loop()
             self._write("append", "run_finished", time=self._now())
