@@ -6,6 +6,7 @@ import runpy
 import sys
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -15,9 +16,10 @@ from .report import Result, load
 def print_summary(result: Result, console: Console) -> None:
     """The trials ranked by the run's metric, as a table."""
     summary = result.summary()
-    table = Table(title=f"{result.run_dir}: trials ranked by {result.metric} ({result.mode})")
+    table = Table(title=f"trials ranked by {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
     for column in summary.columns:
-        table.add_column(str(column), justify="right" if column != "status" else "left")
+        table.add_column(str(column), justify="left" if column in ("trial_id", "status") else "right")
     for row in summary.itertuples(index=False):
         table.add_row(*(f"{v:.4f}" if isinstance(v, float) and not math.isnan(v) and not v.is_integer()
                         else str(v) for v in row))

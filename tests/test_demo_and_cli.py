@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def test_best_demo_trial_converges_like_sequential_sgd(demo_result):
 def test_status_prints_the_ranked_trials(demo_result):
     output = CliRunner().invoke(main, ["status", demo_result.run_dir], terminal_width=200).output
     assert "finished: 8 of 8 trials ended" in output
-    ranked = [line.split("│")[1].strip() for line in output.splitlines() if line.startswith("│")]
+    ranked = re.findall(r"^ ?(t\d{4}) ", output, flags=re.MULTILINE)
     assert ranked == demo_result.summary().trial_id.tolist()
     assert ranked[0] == demo_result.best.trial_id
 
