@@ -97,7 +97,7 @@ def test_check_space_returns_a_valid_space_unchanged():
 # --------------------------------------------------------------------------------------------
 
 def test_choice_samples_only_given_values_and_reaches_each():
-    values = [32, "x", None, (1, 2)]
+    values = [32, "x", None, [1, 2]]
     samples = draws(cb.choice(values))
     assert all(any(s is v or s == v for v in values) for s in samples)
     assert {repr(s) for s in samples} == {repr(v) for v in values}
@@ -181,7 +181,7 @@ def test_config_has_space_keys_in_order_and_constants_unchanged():
     assert list(config) == list(SPACE)
     assert config["optimizer"] == "adam"
     assert config["epochs_hint"] == 3
-    assert config["sizes"] is SPACE["sizes"]                # passed through, not copied or sampled
+    assert config["sizes"] == SPACE["sizes"]                # passed through as plain data, not sampled
 
 
 def test_config_of_only_constants_draws_nothing():
@@ -222,3 +222,18 @@ def test_quniform_stays_on_multiples_inside_bounds_that_are_not_multiples():
     assert values == {0.2, 0.4, 0.6000000000000001, 0.8}
     with pytest.raises(ValueError, match=re.escape("quniform: no multiple of q=1 lies in [0.2, 0.8]")):
         cb.quniform(0.2, 0.8, 1)
+
+
+def test_choice_values_become_plain_json_data():
+    assert cb.choice(np.arange(1, 3)).values == [1, 2] and type(cb.choice(np.arange(1, 3)).values[0]) is int
+    assert cb.choice([(64, 64), [32]]).values == [[64, 64], [32]]
+
+
+@pytest.mark.parametrize("value", [object, float("nan"), {"a": 1}])
+def test_values_that_cannot_be_stored_are_rejected_early(value):
+    with pytest.raises(ValueError, match=re.escape(f"choice: {value!r} cannot be stored as a configuration value; "
+                                                   "use numbers, strings, booleans, None or lists of them "
+                                                   "(map names to objects inside build)")):
+        cb.choice([value])
+    with pytest.raises(ValueError, match=re.escape(f"space['act']: {value!r} cannot be stored")):
+        check_space({"act": value})

@@ -1,7 +1,12 @@
 """The worker's side of a sub-epoch, in-process: building, the trainable cache and state versions."""
 from __future__ import annotations
 
+import re
+
+import pytest
 import torch
+
+import cerebro as cb
 
 from cerebro.worker._loop import _run, _Trainables
 from cerebro.worker._protocol import RunSubEpoch, StateMissing, SubEpochDone, SubEpochFailed
@@ -60,3 +65,11 @@ def test_eval_leaves_the_state_version_alone():
     evaluated = _run(task("t0000", 1, kind="eval"), trainables, DATA)
     assert isinstance(evaluated, SubEpochDone) and evaluated.state is None and evaluated.rows == 8
     assert isinstance(_run(task("t0000", 1), trainables, DATA), SubEpochDone)   # version 1 still held
+
+
+def test_a_metric_may_not_be_called_loss():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=re.escape("metric name 'loss' must be a non-empty string other than "
+                                                   "'loss', which is always logged")):
+        cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.mse_loss,
+                          batch_size=4, metrics={"loss": cb.metrics.mean_squared_error})

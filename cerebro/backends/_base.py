@@ -27,7 +27,3 @@ class Backend(ABC):
     @abstractmethod
     def stop(self) -> None:
         """End every worker still running; safe to call twice."""
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__

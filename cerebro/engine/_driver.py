@@ -21,7 +21,8 @@ from ..report import Progress
 from ..store import RunStore
 from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing,
                                 SubEpochDone, SubEpochFailed)
-from ..worker._wire import Channel, accept
+from ..worker import Sums
+from ..worker._wire import Channel, authenticate
 from ._interface import Decision, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed, visit_order
@@ -41,8 +42,8 @@ class _Trial:
     state: object = None          # packed, as it came from the worker
     version: int = 0              # train sub-epochs the state has seen
     holders: set[int] = field(default_factory=set)         # workers holding this version
-    train_sums: dict[int, SubEpochDone] = field(default_factory=dict)
-    eval_sums: dict[int, SubEpochDone] = field(default_factory=dict)
+    train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
+    eval_sums: dict[int, Sums] = field(default_factory=dict)
 
 
 @dataclass
@@ -74,6 +75,7 @@ class Driver:
         self._workers: dict[int, _Worker] = {}
         self._trials: dict[str, _Trial] = {}       # live trials
         self._created = 0
+        self._suggest_due = True
         self._next_task_id = 0
         self._t0 = time.monotonic()
         self._writer = BackgroundWriter()
@@ -94,9 +96,14 @@ class Driver:
     def run(self) -> None:
         authkey = secrets.token_bytes(32)
         server = socket.create_server(("127.0.0.1", 0))
+        stopping = threading.Event()
+        accepted: queue.Queue[Channel] = queue.Queue()
+        acceptor = threading.Thread(target=self._accept_workers, args=(server, authkey, accepted, stopping),
+                                    name="cerebro-accept", daemon=True)
         try:
+            acceptor.start()
             self.backend.start(server.getsockname()[:2], authkey)
-            self._connect(server, authkey)
+            self._connect(accepted)
             self._t0 = time.monotonic()
             self._write("append", "run_started", workers={
                 w.index: {"pid": w.pid, "host": w.host, "device": w.device, "partitions": w.partitions}
@@ -104,34 +111,61 @@ class Driver:
             self.progress.start(self.store.path, self.backend.workers)
             self._loop()
             self._write("append", "run_finished", time=self._now())
-        finally:
-            self._writer.close()
-            self.progress.finish()
-            for worker in self._workers.values():
-                try:
-                    worker.channel.send(Shutdown())
-                except OSError:
-                    pass
+        except BaseException:
+            self._tear_down(server, acceptor, accepted, stopping)
+            try:
+                self._writer.close()
+            except RuntimeError:
+                pass    # the error already on its way is the one to report
+            raise
+        self._tear_down(server, acceptor, accepted, stopping)
+        self._writer.close()
+
+    def _tear_down(self, server: socket.socket, acceptor: threading.Thread,
+                   accepted: queue.Queue[Channel], stopping: threading.Event) -> None:
+        """Stop the workers and close every socket; each step runs even if one before fails."""
+        self.progress.finish()
+        for worker in self._workers.values():
+            try:
+                worker.channel.send(Shutdown())
+            except OSError:
+                pass
+        try:
             self.backend.stop()
+        finally:
+            stopping.set()
+            try:
+                server.shutdown(socket.SHUT_RDWR)   # wakes the acceptor blocked in accept()
+            except OSError:
+                pass
             server.close()
+            acceptor.join(timeout=10)
+            for worker in self._workers.values():
+                worker.channel.close()
+            while not accepted.empty():
+                accepted.get().close()
 
-    def _connect(self, server: socket.socket, authkey: bytes) -> None:
-        accepted: queue.Queue[Channel] = queue.Queue()
+    def _accept_workers(self, server: socket.socket, authkey: bytes, accepted: queue.Queue[Channel],
+                        stopping: threading.Event) -> None:
+        while not stopping.is_set():
+            try:
+                sock, _ = server.accept()
+            except ConnectionAbortedError:
+                continue
+            except OSError:            # the server closed
+                return
+            try:
+                channel = authenticate(sock, authkey)
+            except (OSError, EOFError, PermissionError):   # a stranger, or a peer that left
+                continue
+            channel.sock.settimeout(self.heartbeat_timeout)   # no send or receive may block forever
+            accepted.put(channel)
 
-        def accept_workers() -> None:
-            while True:
-                try:
-                    accepted.put(accept(server, authkey))
-                except (PermissionError, EOFError, TimeoutError):  # a stranger, or a peer that left
-                    continue
-                except OSError:                                     # the server closed
-                    return
-
-        threading.Thread(target=accept_workers, daemon=True).start()
+    def _connect(self, accepted: queue.Queue[Channel]) -> None:
         deadline = time.monotonic() + self.startup_timeout
         pending: dict[int, _Worker] = {}
         while len(self._workers) < self.backend.workers:
-            self._check_startup(deadline, pending)
+            self._check_startup(deadline)
             try:
                 channel = accepted.get(timeout=0.1)
             except queue.Empty:
@@ -139,24 +173,26 @@ class Driver:
             if channel is not None:
                 try:
                     hello: Hello = channel.recv()
+                    if hello.worker in pending or hello.worker in self._workers:
+                        raise WorkerLostError(f"two workers announced index {hello.worker}")
+                    worker = _Worker(hello.worker, channel, hello.pid, hello.host,
+                                     self._partitions_of(hello.worker), time.monotonic())
+                    channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
+                                       self.backend.threads_per_worker, self.heartbeat_interval))
+                    pending[worker.index] = worker
                 except (EOFError, OSError):
-                    continue  # it died right after connecting; _check_startup names it
-
-                if hello.worker in pending or hello.worker in self._workers:
-                    raise WorkerLostError(f"two workers announced index {hello.worker}")
-                worker = _Worker(hello.worker, channel, hello.pid, hello.host,
-                                 self._partitions_of(hello.worker), time.monotonic())
-                channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
-                                      self.backend.threads_per_worker, self.heartbeat_interval))
-                pending[worker.index] = worker
+                    channel.close()   # it died right after connecting; _check_startup names it
             for ready in wait([w.channel for w in pending.values()], timeout=0):
                 worker = next(w for w in pending.values() if w.channel is ready)
                 message = self._receive(worker)
                 if isinstance(message, Ready):
+                    if sorted(message.rows) != worker.partitions:
+                        raise WorkerLostError(f"{worker.describe()} announced partitions {sorted(message.rows)}; "
+                                              f"it was given {worker.partitions}")
                     worker.device, worker.last_seen = message.device, time.monotonic()
                     self._workers[worker.index] = pending.pop(worker.index)
 
-    def _check_startup(self, deadline: float, pending: dict[int, _Worker]) -> None:
+    def _check_startup(self, deadline: float) -> None:
         for index, code in self.backend.exited().items():
             raise WorkerLostError(f"worker {index} exited with code {code} while starting; "
                                   f"see its output above")
@@ -183,10 +219,20 @@ class Driver:
     def _receive(self, worker: _Worker) -> object:
         try:
             message = worker.channel.recv()
+        except TimeoutError:
+            self._lost(worker, f"stopped in the middle of a message for {self.heartbeat_timeout:.0f} s")
         except (EOFError, OSError):
             self._lost(worker, "closed its connection")
         worker.last_seen = time.monotonic()
         return message
+
+    def _send(self, worker: _Worker, message: object) -> None:
+        try:
+            worker.channel.send(message)
+        except TimeoutError:
+            self._lost(worker, f"took no data for {self.heartbeat_timeout:.0f} s")
+        except OSError as error:
+            self._lost(worker, f"could not be reached ({error})")
 
     def _check_health(self) -> None:
         for index, code in self.backend.exited().items():
@@ -208,13 +254,17 @@ class Driver:
 
     # --- trials -------------------------------------------------------------------------
     def _add_trials(self) -> None:
+        """Ask the searcher for trials at the start and after an epoch or a trial ended."""
+        if not self._suggest_due:
+            return
+        self._suggest_due = False
         for request in self.policy.suggest():
             trial = _Trial(f"t{self._created:04d}", dict(request.config), request.max_epochs)
             self._created += 1
             self._trials[trial.trial_id] = trial
             self._write("write_config", trial.trial_id, trial.config)
             self._write("append", "trial_created", trial_id=trial.trial_id, config=trial.config,
-                              max_epochs=trial.max_epochs, time=self._now())
+                        max_epochs=trial.max_epochs, time=self._now())
             self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
             self._start_epoch(trial)
 
@@ -236,7 +286,7 @@ class Driver:
     def _send_task(self, worker: _Worker, task_id: int, task: Task, trial: _Trial) -> None:
         """Send ``task``, leaving the state out where the worker already holds this version."""
         held = worker.index in trial.holders
-        worker.channel.send(RunSubEpoch(
+        self._send(worker, RunSubEpoch(
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(self.seed, trial.trial_id),
             subepoch_seed(self.seed, trial.trial_id, task.epoch, task.partition),
@@ -256,24 +306,25 @@ class Driver:
         task_id, task, start = worker.running
         assert message.task_id == task_id, f"{worker.describe()} answered task {message.task_id}, not {task_id}"
         worker.running = None
+        self._write("append", "sub_epoch", trial_id=task.trial_id, epoch=task.epoch, partition=task.partition,
+                    worker=worker.index, kind=task.kind, start=start, end=self._now(),
+                    compute=getattr(message, "compute_seconds", None))
         trial = self._trials.get(task.trial_id)
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
-        self._write("append", "sub_epoch", trial_id=task.trial_id, epoch=task.epoch, partition=task.partition,
-                          worker=worker.index, kind=task.kind, start=start, end=self._now(),
-                          compute=getattr(message, "compute_seconds", None))
         if isinstance(message, SubEpochFailed):
             self._end(trial, "failed", message.error)
             return
+        sums = Sums(message.rows, message.loss, message.metrics)
         if task.kind == TRAIN:
             trial.state, trial.version, trial.holders = message.state, trial.version + 1, {worker.index}
-            trial.train_sums[task.partition] = message
+            trial.train_sums[task.partition] = sums
             if not math.isfinite(message.loss):
                 self._end(trial, "diverged", f"train loss became {message.loss / max(message.rows, 1)} "
                                              f"in epoch {task.epoch} on partition {task.partition}")
                 return
         else:
-            trial.eval_sums[task.partition] = message
+            trial.eval_sums[task.partition] = sums
         if self.scheduler.complete(task):
             self._end_epoch(trial)
 
@@ -281,7 +332,8 @@ class Driver:
         metrics = {**_mean("train", trial.train_sums), **_mean("val", trial.eval_sums)}
         self._write("write_checkpoint", trial.trial_id, trial.state)
         self._write("append", "epoch_end", trial_id=trial.trial_id, epoch=trial.epoch, metrics=metrics,
-                          time=self._now())
+                    time=self._now())
+        self._suggest_due = True
         self.progress.epoch_end(trial.trial_id, trial.epoch, metrics)
         bad = [name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])]
         if bad:
@@ -296,15 +348,16 @@ class Driver:
     def _end(self, trial: _Trial, status: str, reason: str | None) -> None:
         del self._trials[trial.trial_id]
         self.scheduler.remove(trial.trial_id)
+        self._suggest_due = True
         if reason and status == "failed":
             self._write("write_error", trial.trial_id, reason)
         self._write("append", "trial_ended", trial_id=trial.trial_id, status=status, reason=reason,
-                          time=self._now())
+                    time=self._now())
         self.progress.trial_ended(trial.trial_id, status, reason)
         self.policy.trial_ended(trial.trial_id, status)
 
 
-def _mean(prefix: str, sums: dict[int, SubEpochDone]) -> dict[str, float]:
+def _mean(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:
     """Row-weighted means over partitions, added in partition order so results are bitwise stable."""
     if not sums:
         return {}

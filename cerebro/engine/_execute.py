@@ -1,36 +1,63 @@
-"""Set up a run directory and drive a run to its end."""
+"""``fit``'s HOW: check the run's settings, set up its run directory, drive it to its end."""
 from __future__ import annotations
 
+import os
 import platform
+import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
+import cloudpickle
 import numpy as np
 import torch
 
-from ..backends import Backend
+from ..backends import Backend, LocalBackend
 from ..data import Dataset, write_partitions
-from ..report import Progress, Result
+from ..report import ConsoleProgress, NoProgress, Result
 from ..store import RunStore
+from ..worker import TorchTrainable
 from ._driver import Driver
 from ._interface import SearchPolicy
 
 
-def execute(policy: SearchPolicy, *, build: Any, build_blob: bytes, data: Dataset,
-            num_partitions: int, backend: Backend, store: str, seed: int,
-            searcher: dict[str, Any], progress: Progress) -> Result:
-    """Write the partitions and settings into ``store``, run ``policy`` to the end, return the Result.
+def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_config: dict[str, Any],
+            metric: str, mode: str, settings: dict[str, Any], data: Dataset,
+            backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
+            seed: int | None, verbose: int) -> Result:
+    """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
-    Everything given here has been checked already: this is where work starts.
+    ``example_config`` is one configuration of the space, built once on the driver to learn
+    the metrics the trainable logs.
     """
+    if not isinstance(data, Dataset):
+        raise TypeError(f"data must be a cerebro.Dataset (e.g. cb.Dataset.from_numpy(X, y)); "
+                        f"got {type(data).__name__}")
+    backend = _resolve_backend(backend, workers)
+    num_partitions = data.partitions or backend.workers
+    data.check_partitions(num_partitions)
+    if num_partitions < backend.workers:
+        raise ValueError(f"partitions={num_partitions} is fewer than the {backend.workers} workers; "
+                         f"every worker needs a partition, so use more partitions or fewer workers")
+    if seed is None:
+        seed = secrets.randbelow(2**31)
+    elif not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed={seed!r} must be a non-negative integer or None")
+    if verbose not in (0, 1):
+        raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
+    build_blob = _pickle_build(build)
+    _check_metric(build, example_config, metric, data.has_validation)
+    if store is None:
+        store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
+                                             f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     run_store = RunStore.create(store)
     layout = write_partitions(data, run_store.data_dir, num_partitions)
     run_store.write_build(build_blob)
     from .. import __version__
     run_store.write_run_info({
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seed": seed,
-        "searcher": searcher,
+        "seed": int(seed),
+        "searcher": settings,
         "backend": repr(backend),
         "workers": backend.workers,
         "threads_per_worker": backend.threads_per_worker,
@@ -41,9 +68,57 @@ def execute(policy: SearchPolicy, *, build: Any, build_blob: bytes, data: Datase
         "versions": {"cerebro": __version__, "torch": torch.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
     })
-    Driver(policy, run_store, backend, seed=seed, num_partitions=num_partitions,
+    policy.start(int(seed))
+    progress = ConsoleProgress(metric, mode) if verbose else NoProgress()
+    Driver(policy, run_store, backend, seed=int(seed), num_partitions=num_partitions,
            evaluate=layout.has_validation, build_blob=build_blob, progress=progress).run()
     result = Result(run_store, build)
     run_store.write_table("history", result.history())
     run_store.write_table("schedule", result.schedule())
     return result
+
+
+def _resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
+    if isinstance(backend, Backend):
+        if workers is not None and workers != backend.workers:
+            raise ValueError(f"workers={workers!r} differs from the backend's workers={backend.workers}; "
+                             f"give the number of workers to the backend only")
+        return backend
+    if backend != "local":
+        raise ValueError(f"backend={backend!r} must be 'local' or a Backend instance such as "
+                         f"cb.LocalBackend(workers=4)")
+    return LocalBackend(workers=workers if workers is not None else (os.cpu_count() or 1))
+
+
+def _pickle_build(build: Callable) -> bytes:
+    try:
+        return cloudpickle.dumps(build)
+    except Exception as error:
+        raise TypeError(f"build={build!r} cannot be pickled to send to the workers: "
+                        f"{type(error).__name__}: {error}") from None
+
+
+def _check_metric(build: Callable, config: dict[str, Any], metric: str, has_validation: bool) -> None:
+    """``metric`` must be one the trainable logs; learned from one build on the driver.
+
+    The build runs on the meta device (no memory, no init) when the user's code allows it,
+    else on the CPU. If it fails both ways, that trial will fail on its worker with its
+    traceback, and the check is skipped.
+    """
+    trainable = None
+    for device in ("meta", "cpu"):
+        try:
+            with torch.device(device):
+                trainable = build(config)
+            break
+        except Exception:
+            continue
+    if trainable is None:
+        return
+    if not isinstance(trainable, TorchTrainable):
+        raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
+    prefixes = ("train", "val") if has_validation else ("train",)
+    logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metrics)]
+    if metric not in logged:
+        hint = "" if has_validation else " (the data has no validation split)"
+        raise ValueError(f"metric={metric!r} is not logged{hint}; logged metrics are {logged}")

@@ -28,6 +28,9 @@ class TrialRequest:
 
 
 class SearchPolicy(Protocol):
+    def start(self, seed: int) -> None:
+        """Reset for a new run whose seed is ``seed``."""
+
     def suggest(self) -> list[TrialRequest]:
         """Trials to start now (possibly none)."""
 

@@ -15,8 +15,8 @@ class BackgroundWriter:
     """
 
     def __init__(self) -> None:
-        # Each item is a write (call, args, kwargs), a threading.Event to set, or None to stop.
-        self._calls: queue.Queue[tuple[Callable[..., Any], tuple, dict] | threading.Event | None] = queue.Queue()
+        # Each item is a write (call, args, kwargs), or None to stop.
+        self._calls: queue.Queue[tuple[Callable[..., Any], tuple, dict] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._work, name="cerebro-store-writer", daemon=True)
         self._thread.start()
@@ -24,13 +24,6 @@ class BackgroundWriter:
     def submit(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         self._raise_error()
         self._calls.put((call, args, kwargs))
-
-    def flush(self) -> None:
-        """Wait until every submitted write is done."""
-        done = threading.Event()
-        self._calls.put(done)
-        done.wait()
-        self._raise_error()
 
     def close(self) -> None:
         """Finish every submitted write and stop the thread."""
@@ -40,9 +33,7 @@ class BackgroundWriter:
 
     def _work(self) -> None:
         while (item := self._calls.get()) is not None:
-            if isinstance(item, threading.Event):
-                item.set()
-            elif self._error is None:   # after a failure, later writes would leave a torn run
+            if self._error is None:   # after a failure, later writes would leave a torn run
                 call, args, kwargs = item
                 try:
                     call(*args, **kwargs)

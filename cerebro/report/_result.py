@@ -14,9 +14,6 @@ import torch
 from ..store import RunStore, unpack_tensors
 from ..worker import TorchTrainable
 
-TERMINAL = ("completed", "stopped", "failed", "diverged", "timeout")
-
-
 @dataclass
 class TrialResult:
     """One trial: its configuration, status, last epoch's metrics and trained weights.

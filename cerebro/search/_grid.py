@@ -35,7 +35,7 @@ class GridSearch(Searcher):
                 raise ValueError(f"GridSearch can only enumerate cb.choice values; space[{key!r}] is "
                                  f"{value!r}. Use cb.choice([...]) or cb.RandomSearch")
 
-    def _start(self, seed: int) -> None:
+    def start(self, seed: int) -> None:
         self._pending = True
 
     def _settings(self) -> dict[str, Any]:

@@ -30,7 +30,7 @@ class RandomSearch(Searcher):
         check_epochs("num_trials", self.num_trials)
         check_epochs("epochs", self.epochs)
 
-    def _start(self, seed: int) -> None:
+    def start(self, seed: int) -> None:
         self._rng = search_rng(seed)
         self._pending = True
 

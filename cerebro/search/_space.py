@@ -39,11 +39,11 @@ class choice(Distribution):
     """
 
     def __init__(self, values: Sequence[Any]) -> None:
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
             raise ValueError(f"choice: values={values!r} must be a list of options")
         if len(values) == 0:
             raise ValueError(f"choice: values={values!r} must hold at least one option")
-        self.values = list(values)
+        self.values = [plain_value(v, "choice") for v in values]
 
     def sample(self, rng: np.random.Generator) -> Any:
         return self.values[int(rng.integers(len(self.values)))]
@@ -122,19 +122,34 @@ class quniform(Distribution):
         return f"quniform({self.low!r}, {self.high!r}, {self.q!r})"
 
 
+def plain_value(value: Any, where: str) -> Any:
+    """``value`` as plain JSON data (numpy scalars become Python numbers, tuples lists), so a
+    configuration reads back from the run directory exactly as it was trained."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, (list, tuple)):
+        return [plain_value(v, where) for v in value]
+    if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    raise ValueError(f"{where}: {value!r} cannot be stored as a configuration value; use numbers, "
+                     f"strings, booleans, None or lists of them (map names to objects inside build)")
+
+
 def check_space(space: Any) -> Mapping[str, Any]:
-    """Validate that ``space`` is a dict with string keys."""
+    """Validate that ``space`` is a dict with string keys and storable constants."""
     if not isinstance(space, Mapping):
         raise TypeError(f"space={space!r} must be a dict from parameter name to a value or primitive")
     if not space:
         raise ValueError("space={} must name at least one parameter")
-    for key in space:
+    for key, value in space.items():
         if not isinstance(key, str):
             raise TypeError(f"space key {key!r} must be a string")
+        if not isinstance(value, Distribution):
+            plain_value(value, f"space[{key!r}]")
     return space
 
 
 def sample_config(space: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """Draw one configuration; keys are sampled in the space's order, so a seed fixes it."""
-    return {key: value.sample(rng) if isinstance(value, Distribution) else value
+    return {key: value.sample(rng) if isinstance(value, Distribution) else plain_value(value, key)
             for key, value in space.items()}

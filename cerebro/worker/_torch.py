@@ -47,6 +47,9 @@ class TorchTrainable:
             raise ValueError(f"batch_size={self.batch_size!r} must be a positive integer")
         self.metrics = dict(self.metrics or {})
         for name, metric in self.metrics.items():
+            if not isinstance(name, str) or not name or name == "loss":
+                raise ValueError(f"metric name {name!r} must be a non-empty string other than 'loss', "
+                                 f"which is always logged")
             if not callable(metric):
                 raise TypeError(f"metric {name!r}={metric!r} must be callable as metric(outputs, targets)")
 
