@@ -6,6 +6,8 @@ same weights and histories bit for bit, and every schedule must be a valid MOP s
 """
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 import pytest
 import torch
@@ -119,3 +121,25 @@ def test_run_directory_holds_settings_journal_checkpoints_history_and_schedule(r
     assert len(schedule) == 4 * EPOCHS * 8
     assert set(result.history().columns) >= {"trial_id", "epoch", "train_loss", "train_accuracy",
                                               "val_loss", "val_accuracy", "architecture", "lr"}
+
+
+def design_example_build(config: dict) -> cb.TorchTrainable:
+    """The API example of DESIGN.md: an MLP with Adam."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, config["hidden"]), torch.nn.ReLU(),
+                                torch.nn.Linear(config["hidden"], 10))
+    return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=config["lr"]),
+                             loss=torch.nn.functional.cross_entropy, batch_size=config["batch_size"],
+                             metrics={"accuracy": cb.metrics.accuracy})
+
+
+def test_default_backend_is_bitwise_reproducible_across_worker_counts_for_mlps(tmp_path):
+    """With default threads (cores // workers), matrix-multiply models still agree bit for bit."""
+    space = {"lr": cb.loguniform(1e-3, 1e-1), "batch_size": cb.choice([32, 64]), "hidden": cb.choice([64, 256])}
+    search = cb.RandomSearch(design_example_build, space, num_trials=3, epochs=2, metric="val_accuracy", mode="max")
+    one, four = (search.fit(digits(partitions=4), workers=w, seed=3, store=tmp_path / f"w{w}", verbose=0)
+                 for w in (1, 4))
+    if (os.cpu_count() or 1) >= 2:   # then the thread counts differ, and still nothing else does
+        assert one.store.read_run_info()["threads_per_worker"] > four.store.read_run_info()["threads_per_worker"]
+    pd.testing.assert_frame_equal(one.history(), four.history(), check_exact=True)
+    for a, b in zip(one.trials, four.trials):
+        assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())

@@ -6,6 +6,11 @@ each epoch end it calls :meth:`SearchPolicy.report` with the epoch's metrics; th
 says whether the trial trains another epoch. A trial that reaches its ``max_epochs`` is
 completed; one the searcher stops earlier is stopped. The run ends when no trial is live
 and ``suggest`` returns nothing.
+
+Reports arrive in the order trials finish their epochs, which depends on timing. Grid and
+random search decide each trial on its own metrics, so their decisions are reproducible;
+a searcher that compares trials must make its decisions independent of that order (for
+example, decide a rung only once every trial in it has reported) to keep invariant 2.
 """
 from __future__ import annotations
 
