@@ -473,9 +473,11 @@ def trainer_speed(quick: bool) -> dict[str, Any]:
         for rep in range(settings["repetitions"]):
             seed = rep + 1
             if rep % 2 == 0:                                          # alternate who goes first
-                bare_s.append(timed(bare, seed)); trainable_s.append(timed(run_trainable, seed))
+                bare_s.append(timed(bare, seed))
+                trainable_s.append(timed(run_trainable, seed))
             else:
-                trainable_s.append(timed(run_trainable, seed)); bare_s.append(timed(bare, seed))
+                trainable_s.append(timed(run_trainable, seed))
+                bare_s.append(timed(bare, seed))
         # Same seed, same init, same batches: the two loops must have trained identically.
         same = all(torch.equal(p, q) for p, q in zip(model.parameters(), bare_model.parameters()))
     finally:

@@ -6,8 +6,7 @@ from .backends import Backend, LocalBackend
 from .data import Dataset
 from .engine import WorkerLostError
 from .report import Result, TrialResult, load
-from .search import (GridSearch, RandomSearch, Searcher, choice, loguniform, quniform, randint,
-                     uniform)
+from .search import GridSearch, RandomSearch, Searcher, choice, loguniform, quniform, randint, uniform
 from .worker import TorchTrainable
 
 __all__ = ["Backend", "Dataset", "GridSearch", "LocalBackend", "RandomSearch", "Result", "Searcher",

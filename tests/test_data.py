@@ -346,7 +346,8 @@ def assert_bitwise(got: np.ndarray, expected: np.ndarray):
     (*numbered(23, width=5), 4),                                                        # 2-D, int label
     (np.random.default_rng(2).normal(size=(30, 1, 8, 8)),
      np.random.default_rng(3).normal(size=(30, 3)), 3),                                  # N-D, 2-D float label
-    (np.random.default_rng(4).normal(size=(9, 2, 3)), np.arange(9) % 2 == 0, 6),          # bool label, some empty val partitions
+    # bool label, some empty validation partitions
+    (np.random.default_rng(4).normal(size=(9, 2, 3)), np.arange(9) % 2 == 0, 6),
 ])
 def test_partitions_read_back_exactly(tmp_path, features, label, partitions):
     data = cb.Dataset.from_numpy(features, label, validation=0.3, seed=11)

@@ -78,7 +78,7 @@ def test_cerebro_demo_command_runs_a_model_selection(tmp_path):
 
 def test_run_command_executes_an_experiment_script(tmp_path):
     script = tmp_path / "experiment.py"
-    script.write_text(f"""
+    script.write_text("""
 import sys
 import cerebro as cb
 from cerebro import demo

@@ -6,10 +6,9 @@ import re
 import threading
 
 import pytest
+from _models import build, digits
 
 import cerebro as cb
-
-from _models import build, digits
 
 SPACE = {"lr": cb.choice([1e-2, 1e-3])}
 

@@ -11,11 +11,10 @@ import os
 import pandas as pd
 import pytest
 import torch
+from _models import build, digits
 
 import cerebro as cb
 from cerebro.engine import visit_order
-
-from _models import build, digits
 
 pytestmark = pytest.mark.slow
 

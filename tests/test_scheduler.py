@@ -243,7 +243,7 @@ class Outcome:
                       for t, s, e in self.schedule)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _order(seed: int, trial_id: str, epoch: int, partitions: int) -> tuple[int, ...]:
     return tuple(visit_order(seed, trial_id, epoch, partitions))
 
@@ -428,7 +428,7 @@ def check_schedule(case: Case, out: Outcome) -> None:
         evals = [r for r in runs if r[2].kind == EVAL]
 
         # a trial trains on one worker at a time, and never trains while it is evaluated
-        for (s1, e1, t1), (s2, e2, t2) in zip(trains, trains[1:]):
+        for (_, e1, t1), (s2, _, t2) in zip(trains, trains[1:]):
             assert e1 <= s2, f"{tid} trained {t1} and {t2} at once"
         for s1, e1, t1 in trains:
             for s2, e2, t2 in evals:

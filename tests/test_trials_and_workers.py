@@ -7,12 +7,11 @@ import signal
 
 import pytest
 import torch
+from _models import build, digits
 
 import cerebro as cb
 from cerebro.data import read_partition
 from cerebro.engine import init_seed, subepoch_seed
-
-from _models import build, digits
 
 pytestmark = pytest.mark.slow
 

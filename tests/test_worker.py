@@ -5,13 +5,11 @@ import re
 
 import pytest
 import torch
+from _models import build
 
 import cerebro as cb
-
 from cerebro.worker._loop import _run, _Trainables
 from cerebro.worker._protocol import RunSubEpoch, StateMissing, SubEpochDone, SubEpochFailed
-
-from _models import build
 
 FEATURES = torch.rand(40, 64)
 LABEL = torch.randint(0, 10, (40,))

@@ -91,14 +91,14 @@ class Dataset:
     # --- constructors -------------------------------------------------------------------
     @classmethod
     def from_numpy(cls, features: Any, label: Any, *, validation: Validation = 0.2,
-                   partitions: int | None = None, seed: int = 0) -> "Dataset":
+                   partitions: int | None = None, seed: int = 0) -> Dataset:
         """From a feature array of shape (rows, ...) and a label array of shape (rows, ...)."""
         return cls(features, label, validation=validation, partitions=partitions, seed=seed)
 
     @classmethod
     def from_pandas(cls, df: pd.DataFrame, *, features: Sequence[str] | None = None,
                     label: str, validation: Validation = 0.2, partitions: int | None = None,
-                    seed: int = 0) -> "Dataset":
+                    seed: int = 0) -> Dataset:
         """From a DataFrame: ``features`` names numeric columns or array/list columns
         (concatenated in order; default: every column but the label), ``label`` one column."""
         if not isinstance(df, pd.DataFrame):
@@ -123,7 +123,7 @@ class Dataset:
     @classmethod
     def from_parquet(cls, path: str | os.PathLike, *, features: Sequence[str] | None = None,
                      label: str, validation: Validation = 0.2, partitions: int | None = None,
-                     seed: int = 0) -> "Dataset":
+                     seed: int = 0) -> Dataset:
         """From a Parquet file or directory, with the columns of :meth:`from_pandas`."""
         if not os.path.exists(path):
             raise FileNotFoundError(f"Parquet path {str(path)!r} does not exist")
@@ -132,7 +132,7 @@ class Dataset:
                                label=label, validation=validation, partitions=partitions, seed=seed)
 
     # --- the split ----------------------------------------------------------------------
-    def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, "Dataset | None"]:
+    def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, Dataset | None]:
         rows = np.random.default_rng(self.seed).permutation(len(self.features))
         is_number = isinstance(validation, numbers.Real) and not isinstance(validation, (bool, np.bool_))
         if validation is None or (is_number and validation == 0):

@@ -10,18 +10,17 @@ from __future__ import annotations
 import math
 import queue
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
-import socket
 from multiprocessing.connection import wait
 
 from ..backends import Backend
 from ..report import Progress
 from ..store import RunStore
-from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing,
-                                SubEpochDone, SubEpochFailed)
 from ..worker import Sums
+from ..worker._protocol import Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing, SubEpochDone, SubEpochFailed
 from ..worker._wire import Channel, authenticate
 from ._interface import Decision, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task

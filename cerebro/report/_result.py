@@ -14,6 +14,7 @@ import torch
 from ..store import RunStore, unpack_tensors
 from ..worker import TorchTrainable
 
+
 @dataclass
 class TrialResult:
     """One trial: its configuration, status, last epoch's metrics and trained weights.
@@ -29,7 +30,7 @@ class TrialResult:
     epochs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
-    _result: "Result | None" = field(default=None, repr=False, compare=False)
+    _result: Result | None = field(default=None, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's weights after the trial's last finished epoch, on the CPU."""
@@ -43,7 +44,7 @@ class TrialResult:
         trainable.model.load_state_dict(self.state_dict())
         return trainable.model.eval()
 
-    def _require_result(self) -> "Result":
+    def _require_result(self) -> Result:
         if self._result is None:
             raise RuntimeError(f"trial {self.trial_id} is not attached to a run directory")
         return self._result

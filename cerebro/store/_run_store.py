@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pandas as pd
 
@@ -29,7 +30,7 @@ class RunStore:
         self.path = os.path.abspath(os.fspath(path))
 
     @classmethod
-    def create(cls, path: str | os.PathLike) -> "RunStore":
+    def create(cls, path: str | os.PathLike) -> RunStore:
         """A new, empty run directory; an existing run is never overwritten."""
         store = cls(path)
         if os.path.exists(os.path.join(store.path, "run.json")):
@@ -42,7 +43,7 @@ class RunStore:
         return store
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "RunStore":
+    def open(cls, path: str | os.PathLike) -> RunStore:
         store = cls(path)
         if not os.path.exists(os.path.join(store.path, "run.json")):
             raise FileNotFoundError(f"{store.path!r} is not a Cerebro run directory (no run.json)")

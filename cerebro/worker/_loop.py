@@ -8,15 +8,15 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import cloudpickle
 import torch
 
 from ..data import read_layout, read_partition
 from ..store import pack_tensors, unpack_tensors
-from ._protocol import (Heartbeat, Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing, SubEpochDone,
-                        SubEpochFailed)
+from ._protocol import Heartbeat, Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing, SubEpochDone, SubEpochFailed
 from ._torch import TorchTrainable
 from ._wire import Channel, connect
 

@@ -62,7 +62,7 @@ class TorchTrainable:
         self.optimizer.load_state_dict(state["optimizer"])
 
     # --- sub-epochs ---------------------------------------------------------------------
-    def train_partition(self, features: torch.Tensor, label: torch.Tensor, seed: int) -> "Sums":
+    def train_partition(self, features: torch.Tensor, label: torch.Tensor, seed: int) -> Sums:
         """Plain mini-batch SGD over one partition, batches in an order fixed by ``seed``.
 
         Stops early, with non-finite sums, as soon as the loss stops being finite.
@@ -86,7 +86,7 @@ class TorchTrainable:
         return sums
 
     @torch.no_grad()
-    def evaluate_partition(self, features: torch.Tensor, label: torch.Tensor) -> "Sums":
+    def evaluate_partition(self, features: torch.Tensor, label: torch.Tensor) -> Sums:
         """Loss and metrics over one partition, in batches of ``batch_size``."""
         sums = Sums.empty(self.metrics)
         self.model.eval()
@@ -106,7 +106,7 @@ class Sums:
     metrics: dict[str, float]
 
     @classmethod
-    def empty(cls, metrics: Mapping[str, Metric]) -> "Sums":
+    def empty(cls, metrics: Mapping[str, Metric]) -> Sums:
         return cls(0, 0.0, {name: 0.0 for name in metrics})
 
     def add(self, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
