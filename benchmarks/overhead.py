@@ -198,7 +198,7 @@ class OneAtATime(cb.Searcher):
                                  "batch_size": configs[0]["batch_size"]}, metric="train_loss")
         self.configs, self.epochs = configs, epochs
 
-    def _start(self, seed: int) -> None:
+    def start(self, seed: int) -> None:
         self._queue, self._live = list(self.configs), False
 
     def suggest(self) -> list[TrialRequest]:
