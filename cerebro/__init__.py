@@ -2,13 +2,13 @@
 __version__ = "0.1.0"
 
 from . import metrics
-from .backends import Backend, LocalBackend
+from .backends import Backend, LocalBackend, SparkBackend
 from .data import Dataset
 from .engine import WorkerLostError
 from .report import Result, TrialResult, load
 from .search import GridSearch, RandomSearch, Searcher, choice, loguniform, quniform, randint, uniform
 from .worker import TorchTrainable
 
-__all__ = ["Backend", "Dataset", "GridSearch", "LocalBackend", "RandomSearch", "Result", "Searcher",
+__all__ = ["Backend", "Dataset", "GridSearch", "LocalBackend", "RandomSearch", "Result", "Searcher", "SparkBackend",
            "TorchTrainable", "TrialResult", "WorkerLostError", "choice", "load", "loguniform",
            "metrics", "quniform", "randint", "uniform"]

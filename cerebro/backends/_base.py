@@ -16,13 +16,17 @@ class Backend(ABC):
     threads_per_worker: int
     heartbeat_timeout: float   # a worker silent this many seconds is lost
 
+    def driver_address(self) -> tuple[str, int]:
+        """Where the driver listens for its workers: (host, port); port 0 picks a free one."""
+        return ("127.0.0.1", 0)
+
     @abstractmethod
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
         """Start the workers, which connect to the driver at ``address``."""
 
     @abstractmethod
-    def exited(self) -> dict[int, int]:
-        """Workers whose process has ended, as worker index -> exit code."""
+    def exited(self) -> dict[int, str]:
+        """Workers known to have ended, as worker index -> what happened (for error messages)."""
 
     @abstractmethod
     def stop(self) -> None:

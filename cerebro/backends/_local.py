@@ -54,8 +54,8 @@ class LocalBackend(Backend):
                               str(worker)], env=env, stdin=subprocess.DEVNULL)
             for worker in range(self.workers)]
 
-    def exited(self) -> dict[int, int]:
-        return {worker: process.returncode for worker, process in enumerate(self._processes)
+    def exited(self) -> dict[int, str]:
+        return {worker: f"exited with code {process.returncode}" for worker, process in enumerate(self._processes)
                 if process.poll() is not None}
 
     def stop(self) -> None:

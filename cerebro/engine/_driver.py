@@ -20,7 +20,8 @@ from ..backends import Backend
 from ..report import Progress
 from ..store import RunStore
 from ..worker import Sums
-from ..worker._protocol import Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing, SubEpochDone, SubEpochFailed
+from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, SetupFailed, Shutdown, StateMissing,
+                                SubEpochDone, SubEpochFailed)
 from ..worker._wire import Channel, authenticate
 from ._interface import Decision, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task
@@ -53,6 +54,7 @@ class _Worker:
     host: str
     partitions: list[int]
     last_seen: float
+    launched_by: str = ""
     device: str = "?"
     running: tuple[int, Task, float] | None = None   # (task id, task, start)
 
@@ -94,7 +96,7 @@ class Driver:
     # --- the run ------------------------------------------------------------------------
     def run(self) -> None:
         authkey = secrets.token_bytes(32)
-        server = socket.create_server(("127.0.0.1", 0))
+        server = socket.create_server(self.backend.driver_address())
         stopping = threading.Event()
         accepted: queue.Queue[Channel] = queue.Queue()
         acceptor = threading.Thread(target=self._accept_workers, args=(server, authkey, accepted, stopping),
@@ -105,7 +107,8 @@ class Driver:
             self._connect(accepted)
             self._t0 = time.monotonic()
             self._write("append", "run_started", workers={
-                w.index: {"pid": w.pid, "host": w.host, "device": w.device, "partitions": w.partitions}
+                w.index: {"pid": w.pid, "host": w.host, "launched_by": w.launched_by, "device": w.device,
+                          "partitions": w.partitions}
                 for w in sorted(self._workers.values(), key=lambda w: w.index)})
             self.progress.start(self.store.path, self.backend.workers)
             self._loop()
@@ -175,7 +178,7 @@ class Driver:
                     if hello.worker in pending or hello.worker in self._workers:
                         raise WorkerLostError(f"two workers announced index {hello.worker}")
                     worker = _Worker(hello.worker, channel, hello.pid, hello.host,
-                                     self._partitions_of(hello.worker), time.monotonic())
+                                     self._partitions_of(hello.worker), time.monotonic(), hello.launched_by)
                     channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
                                        self.backend.threads_per_worker, self.heartbeat_interval))
                     pending[worker.index] = worker
@@ -184,6 +187,9 @@ class Driver:
             for ready in wait([w.channel for w in pending.values()], timeout=0):
                 worker = next(w for w in pending.values() if w.channel is ready)
                 message = self._receive(worker)
+                if isinstance(message, SetupFailed):
+                    raise WorkerLostError(f"{worker.describe()} could not start: "
+                                          f"{message.error.strip().splitlines()[-1]}\n{message.error}")
                 if isinstance(message, Ready):
                     if sorted(message.rows) != worker.partitions:
                         raise WorkerLostError(f"{worker.describe()} announced partitions {sorted(message.rows)}; "
@@ -192,9 +198,8 @@ class Driver:
                     self._workers[worker.index] = pending.pop(worker.index)
 
     def _check_startup(self, deadline: float) -> None:
-        for index, code in self.backend.exited().items():
-            raise WorkerLostError(f"worker {index} exited with code {code} while starting; "
-                                  f"see its output above")
+        for index, what in self.backend.exited().items():
+            raise WorkerLostError(f"worker {index} {what} while starting; see its output above")
         if time.monotonic() > deadline:
             missing = sorted(set(range(self.backend.workers)) - set(self._workers))
             raise WorkerLostError(f"workers {missing} did not become ready within "
@@ -234,9 +239,9 @@ class Driver:
             self._lost(worker, f"could not be reached ({error})")
 
     def _check_health(self) -> None:
-        for index, code in self.backend.exited().items():
+        for index, what in self.backend.exited().items():
             if index in self._workers:
-                self._lost(self._workers[index], f"exited with code {code}")
+                self._lost(self._workers[index], what)
         now = time.monotonic()
         for worker in self._workers.values():
             if now - worker.last_seen > self.heartbeat_timeout:

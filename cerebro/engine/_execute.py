@@ -4,7 +4,10 @@ from __future__ import annotations
 import os
 import platform
 import secrets
+import sys
+import sysconfig
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -91,11 +94,29 @@ def _resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
 
 
 def _pickle_build(build: Callable) -> bytes:
+    """``build`` for the workers; the user's own module goes by value, so workers on other
+    hosts (Spark executors) need not have it on their path."""
+    module = sys.modules.get(getattr(build, "__module__", None) or "")
+    by_value = module is not None and _is_users_module(module)
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(build)
     except Exception as error:
         raise TypeError(f"build={build!r} cannot be pickled to send to the workers: "
                         f"{type(error).__name__}: {error}") from None
+    finally:
+        if by_value:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _is_users_module(module: types.ModuleType) -> bool:
+    """Not __main__ (pickled by value anyway), not installed, not the standard library."""
+    path = getattr(module, "__file__", None)
+    if module.__name__ == "__main__" or path is None or module.__name__.split(".")[0] == "cerebro":
+        return False
+    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib", "platstdlib")}
+    return not any(os.path.abspath(path).startswith(os.path.abspath(p) + os.sep) for p in installed)
 
 
 def _check_metric(build: Callable, config: dict[str, Any], metric: str, has_validation: bool) -> None:

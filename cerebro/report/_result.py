@@ -68,6 +68,7 @@ class Result:
         self._history: list[dict[str, Any]] = []
         self._schedule: list[dict[str, Any]] = []
         self.finished = False
+        self.workers: dict[int, dict[str, Any]] = {}   # index -> pid, host, launched_by, device, partitions
         for event in store.events():
             self._apply(event)
 
@@ -84,6 +85,8 @@ class Result:
         elif kind == "trial_ended":
             trial = self._trials[event["trial_id"]]
             trial.status, trial.error = event["status"], event.get("reason")
+        elif kind == "run_started":
+            self.workers = {int(index): info for index, info in event["workers"].items()}
         elif kind == "run_finished":
             self.finished = True
 
@@ -119,9 +122,12 @@ class Result:
 
     def schedule(self) -> pd.DataFrame:
         """One row per sub-epoch: trial_id, epoch, partition, worker, kind, start, end
-        (seconds since the run started), and compute (seconds in the training loop)."""
-        columns = ["trial_id", "epoch", "partition", "worker", "kind", "start", "end", "compute"]
-        return pd.DataFrame(self._schedule, columns=columns)
+        (seconds since the run started), compute (seconds in the training loop), and the
+        worker's host and pid."""
+        columns = ["trial_id", "epoch", "partition", "worker", "kind", "start", "end", "compute", "host", "pid"]
+        rows = [{**row, "host": self.workers.get(row["worker"], {}).get("host"),
+                 "pid": self.workers.get(row["worker"], {}).get("pid")} for row in self._schedule]
+        return pd.DataFrame(rows, columns=columns)
 
     def summary(self) -> pd.DataFrame:
         """Trials ranked by ``metric`` (failed and unfinished last), one row each."""

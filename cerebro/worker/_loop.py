@@ -66,22 +66,17 @@ class _Trainables:
             self._cache.popitem(last=False)
 
 
-def run_worker(address: tuple[str, int], authkey: bytes, worker: int) -> None:
+def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_by: str = "local process") -> None:
     """Connect to the driver at ``address`` and serve it until ``Shutdown`` or disconnect."""
     channel = connect(address, authkey)
-    channel.send(Hello(worker, os.getpid(), socket.gethostname()))
+    channel.send(Hello(worker, os.getpid(), socket.gethostname(), launched_by))
     setup: Setup = channel.recv()
-    torch.set_num_threads(setup.threads)
-    # torch.optim imports torch._dynamo when the first optimizer is built (seconds): pay
-    # that at start-up rather than inside some trial's first sub-epoch.
-    importlib.import_module("torch._dynamo")
-    device = _device(worker)
-    layout = read_layout(setup.data_dir)
-    data = {partition: {split: tuple(torch.from_numpy(a).to(device)
-                                     for a in read_partition(setup.data_dir, split, partition, layout))
-                        for split in ("train", "val")}
-            for partition in setup.partitions}
-    trainables = _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES)
+    try:
+        trainables, data, device = _set_up(setup, worker)
+    except Exception:
+        channel.send(SetupFailed(worker, traceback.format_exc()))
+        channel.close()
+        return
     channel.send(Ready(worker, str(device), {p: (len(d["train"][0]), len(d["val"][0]))
                                               for p, d in data.items()}))
     stop = threading.Event()
@@ -99,6 +94,21 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int) -> None:
     finally:
         stop.set()
         channel.close()
+
+
+def _set_up(setup: Setup, worker: int) -> tuple[_Trainables, dict, torch.device]:
+    """Load this worker's partitions into memory, once, and unpickle the user's build."""
+    torch.set_num_threads(setup.threads)
+    # torch.optim imports torch._dynamo when the first optimizer is built (seconds): pay
+    # that at start-up rather than inside some trial's first sub-epoch.
+    importlib.import_module("torch._dynamo")
+    device = _device(worker)
+    layout = read_layout(setup.data_dir)
+    data = {partition: {split: tuple(torch.from_numpy(a).to(device)
+                                     for a in read_partition(setup.data_dir, split, partition, layout))
+                        for split in ("train", "val")}
+            for partition in setup.partitions}
+    return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES), data, device
 
 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:

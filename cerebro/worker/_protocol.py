@@ -6,6 +6,7 @@ token and its worker index. The worker connects back over an authenticated chann
 
     worker -> Hello          driver -> Setup (its partitions, the pickled build)
     worker -> Ready          (partitions loaded into memory, once, for the whole run)
+              | SetupFailed  (it could not load them or unpickle the build: the run stops)
     driver -> RunSubEpoch    worker -> SubEpochDone | SubEpochFailed     (repeated)
                              worker -> StateMissing: it no longer holds the state version the
                                        driver left out; the driver sends the task again with it
@@ -25,6 +26,7 @@ class Hello:
     worker: int
     pid: int
     host: str
+    launched_by: str             # e.g. "local process", "spark task 3 of stage 0, attempt 0"
 
 
 @dataclass
@@ -41,6 +43,12 @@ class Ready:
     worker: int
     device: str
     rows: dict[int, tuple[int, int]]     # partition -> (train rows, validation rows)
+
+
+@dataclass
+class SetupFailed:
+    worker: int
+    error: str                   # the formatted traceback
 
 
 @dataclass

@@ -1,0 +1,129 @@
+"""``SparkBackend``: the workers are the tasks of one barrier-mode Spark job."""
+from __future__ import annotations
+
+import functools
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ._base import Backend
+
+
+def _check_positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[Any]) -> Iterator[int]:
+    """One barrier task: the same worker loop as a local worker process, for the whole run."""
+    from pyspark import BarrierTaskContext
+
+    from ..worker import run_worker
+    context = BarrierTaskContext.get()
+    worker = context.partitionId()
+    run_worker(address, bytes.fromhex(authkey_hex), worker,
+               f"spark task {worker} of stage {context.stageId()}, attempt {context.attemptNumber()}")
+    yield worker
+
+
+class SparkBackend(Backend):
+    """``workers`` long-running tasks of one barrier-mode Spark job, each a Cerebro worker.
+
+    Every task loads its partitions from the store once and keeps them in memory; only model
+    state moves, over the same protocol as local workers, to the driver at
+    ``spark.driver.host``. Executors must reach the store (a shared or distributed file
+    system) and the driver's port.
+
+    Args:
+        spark: a SparkSession; default: the active one.
+        workers: barrier tasks to run; default: every task slot of the cluster.
+        threads_per_worker: torch threads per task; default: ``spark.task.cpus``.
+        heartbeat_timeout: seconds without a heartbeat after which a worker counts as lost.
+        driver_port: the port the driver listens on for its workers (0: any free port).
+        slot_wait: seconds to wait for executors to register before deciding there are
+            too few task slots.
+
+    Example:
+        >>> spark = SparkSession.builder.master("spark://host:7077").getOrCreate()
+        >>> search.fit(data, backend=cb.SparkBackend(spark, workers=4), store="/shared/runs/exp1")
+    """
+
+    def __init__(self, spark: Any = None, workers: int | None = None, threads_per_worker: int | None = None,
+                 heartbeat_timeout: float = 60.0, driver_port: int = 0, slot_wait: float = 10.0) -> None:
+        if spark is None:
+            from pyspark.sql import SparkSession
+            spark = SparkSession.getActiveSession()
+            if spark is None:
+                raise ValueError("spark=None needs an active SparkSession; create one with "
+                                 "SparkSession.builder...getOrCreate() or pass it")
+        self.spark = spark
+        context = spark.sparkContext
+        slots = self._slots(workers, slot_wait)
+        self.workers = _check_positive("workers", workers if workers is not None else slots)
+        if self.workers > slots:
+            raise ValueError(f"workers={self.workers} needs {self.workers} task slots but the Spark cluster at "
+                             f"{context.master} has {slots}; use workers <= {slots} or add executors")
+        task_cpus = int(context.getConf().get("spark.task.cpus", "1"))
+        self.threads_per_worker = _check_positive("threads_per_worker", threads_per_worker or task_cpus)
+        if not isinstance(heartbeat_timeout, (int, float)) or isinstance(heartbeat_timeout, bool) \
+                or not heartbeat_timeout > 1:
+            raise ValueError(f"heartbeat_timeout={heartbeat_timeout!r} must be a number of seconds > 1")
+        self.heartbeat_timeout = float(heartbeat_timeout)
+        if not isinstance(driver_port, int) or not 0 <= driver_port < 65536:
+            raise ValueError(f"driver_port={driver_port!r} must be a port number, or 0 for any free port")
+        self.driver_port = driver_port
+        self._job: threading.Thread | None = None
+        self._job_error: BaseException | None = None
+        self._group = ""
+
+    def _slots(self, wanted: int | None, wait: float) -> int:
+        """Task slots the cluster has now; executors of a fresh session may still be registering."""
+        context = self.spark.sparkContext._jsc.sc()
+        profile = context.resourceProfileManager().defaultResourceProfile()
+        deadline = time.monotonic() + wait
+        while True:
+            slots = int(context.maxNumConcurrentTasks(profile))
+            if (slots > 0 and wanted is None) or (wanted is not None and slots >= wanted) \
+                    or time.monotonic() > deadline:
+                return slots
+            time.sleep(0.5)
+
+    def driver_address(self) -> tuple[str, int]:
+        return (self.spark.sparkContext.getConf().get("spark.driver.host"), self.driver_port)
+
+    def start(self, address: tuple[str, int], authkey: bytes) -> None:
+        context = self.spark.sparkContext
+        self._group = f"cerebro-{secrets.token_hex(4)}"
+        self._job_error = None
+        task = functools.partial(_spark_task, address, authkey.hex())
+
+        def run_job() -> None:
+            context.setJobGroup(self._group, "Cerebro MOP workers", interruptOnCancel=True)
+            try:
+                context.parallelize(range(self.workers), self.workers).barrier().mapPartitions(task).collect()
+            except BaseException as error:   # reported through exited()
+                self._job_error = error
+
+        self._job = threading.Thread(target=run_job, name="cerebro-spark-job", daemon=True)
+        self._job.start()
+
+    def exited(self) -> dict[int, str]:
+        if self._job is None or self._job.is_alive():
+            return {}
+        what = "ended with its Spark job" if self._job_error is None else \
+            f"ended with its Spark job, which failed: {str(self._job_error).splitlines()[0]}"
+        return {worker: what for worker in range(self.workers)}
+
+    def stop(self) -> None:
+        if self._job is not None:
+            if self._job.is_alive():
+                self.spark.sparkContext.cancelJobGroup(self._group)
+            self._job.join(timeout=60)
+            self._job = None
+
+    def __repr__(self) -> str:
+        return (f"SparkBackend(master={self.spark.sparkContext.master!r}, workers={self.workers}, "
+                f"threads_per_worker={self.threads_per_worker})")

@@ -1,0 +1,77 @@
+"""The Spark backend: the same model selection in Spark tasks, bit for bit, on local mode and
+on a real standalone cluster on 127.0.0.1; clear errors when the cluster is too small."""
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pandas as pd
+import pytest
+import torch
+
+import cerebro as cb
+
+from _models import build, digits
+from _spark import session, standalone_cluster
+
+pytestmark = pytest.mark.slow
+
+SPACE = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.choice([1e-2, 3e-3])}
+SEED = 5
+
+
+def search() -> cb.GridSearch:
+    return cb.GridSearch(build, SPACE, epochs=2, metric="val_accuracy", mode="max")
+
+
+@pytest.fixture(scope="module")
+def local_result(tmp_path_factory) -> cb.Result:
+    return search().fit(digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=SEED,
+                        store=tmp_path_factory.mktemp("local") / "run", verbose=0)
+
+
+def assert_same_results(a: cb.Result, b: cb.Result) -> None:
+    pd.testing.assert_frame_equal(a.history(), b.history(), check_exact=True)
+    for x, y in zip(a.trials, b.trials):
+        assert x.config == y.config
+        assert all(torch.equal(x.state_dict()[k], v) for k, v in y.state_dict().items())
+
+
+def assert_ran_in_spark_tasks(result: cb.Result, workers: int) -> None:
+    assert sorted(result.workers) == list(range(workers))
+    for index, info in result.workers.items():
+        assert re.fullmatch(rf"spark task {index} of stage \d+, attempt 0", info["launched_by"])
+        assert info["pid"] != os.getpid()
+    schedule = result.schedule()
+    assert set(schedule.pid) == {info["pid"] for info in result.workers.values()}
+
+
+def test_local_mode_gives_the_local_backends_results_bit_for_bit(tmp_path, local_result):
+    spark = session("local[2]")
+    try:
+        result = search().fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED,
+                              store=tmp_path / "run", verbose=0)
+        assert_ran_in_spark_tasks(result, 2)
+        assert_same_results(local_result, result)
+        assert cb.SparkBackend(spark).workers == 2            # default: every task slot
+
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=re.escape("workers=3 needs 3 task slots but the Spark cluster at "
+                                                       "local[2] has 2; use workers <= 2 or add executors")):
+            cb.SparkBackend(spark, workers=3, slot_wait=1)
+        assert time.monotonic() - started < 10
+    finally:
+        spark.stop()
+
+
+def test_standalone_cluster_gives_the_local_backends_results_bit_for_bit(tmp_path, local_result):
+    with standalone_cluster(workers=2, cores=1, log_dir=str(tmp_path)) as master:
+        spark = session(master)
+        try:
+            result = search().fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED,
+                                  store=tmp_path / "run", verbose=0)
+            assert_ran_in_spark_tasks(result, 2)
+            assert_same_results(local_result, result)
+        finally:
+            spark.stop()
