@@ -9,11 +9,10 @@ import time
 import pandas as pd
 import pytest
 import torch
-
-import cerebro as cb
-
 from _models import build, digits
 from _spark import session, standalone_cluster
+
+import cerebro as cb
 
 pytestmark = pytest.mark.slow
 

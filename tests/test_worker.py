@@ -71,3 +71,28 @@ def test_a_metric_may_not_be_called_loss():
                                                    "'loss', which is always logged")):
         cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.mse_loss,
                           batch_size=4, metrics={"loss": cb.metrics.mean_squared_error})
+
+
+def test_a_worker_that_cannot_load_its_partitions_says_why_and_exits(tmp_path):
+    import socket
+    import threading
+
+    import cloudpickle
+
+    from cerebro.worker import run_worker
+    from cerebro.worker._protocol import Hello, Setup, SetupFailed
+    from cerebro.worker._wire import accept
+
+    server = socket.create_server(("127.0.0.1", 0))
+    worker = threading.Thread(target=run_worker, args=(server.getsockname(), b"key", 0))
+    worker.start()
+    channel = accept(server, b"key")
+    assert isinstance(channel.recv(), Hello)
+    channel.send(Setup([0], str(tmp_path / "missing"), cloudpickle.dumps(build), 1, 1.0))
+    failed = channel.recv()
+    worker.join(timeout=30)
+    assert isinstance(failed, SetupFailed) and failed.worker == 0
+    assert "FileNotFoundError" in failed.error and "missing" in failed.error
+    assert not worker.is_alive()
+    channel.close()
+    server.close()

@@ -20,8 +20,17 @@ from ..backends import Backend
 from ..report import Progress
 from ..store import RunStore
 from ..worker import Sums
-from ..worker._protocol import (Hello, Ready, RunSubEpoch, Setup, SetupFailed, Shutdown, StateMissing,
-                                SubEpochDone, SubEpochFailed)
+from ..worker._protocol import (
+    Hello,
+    Ready,
+    RunSubEpoch,
+    Setup,
+    SetupFailed,
+    Shutdown,
+    StateMissing,
+    SubEpochDone,
+    SubEpochFailed,
+)
 from ..worker._wire import Channel, authenticate
 from ._interface import Decision, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task

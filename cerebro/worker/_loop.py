@@ -16,7 +16,18 @@ import torch
 
 from ..data import read_layout, read_partition
 from ..store import pack_tensors, unpack_tensors
-from ._protocol import Heartbeat, Hello, Ready, RunSubEpoch, Setup, Shutdown, StateMissing, SubEpochDone, SubEpochFailed
+from ._protocol import (
+    Heartbeat,
+    Hello,
+    Ready,
+    RunSubEpoch,
+    Setup,
+    SetupFailed,
+    Shutdown,
+    StateMissing,
+    SubEpochDone,
+    SubEpochFailed,
+)
 from ._torch import TorchTrainable
 from ._wire import Channel, connect
 
