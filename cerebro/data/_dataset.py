@@ -10,6 +10,8 @@ from typing import Any, Union
 import numpy as np
 import pandas as pd
 
+from ._partitions import PartitionLayout, write_partitions
+
 Validation = Union[float, "Dataset", tuple, None]
 
 
@@ -131,6 +133,18 @@ class Dataset:
         return cls.from_pandas(pd.read_parquet(path, columns=columns), features=features,
                                label=label, validation=validation, partitions=partitions, seed=seed)
 
+    @classmethod
+    def from_spark(cls, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
+                   partitions: int | None = None, seed: int = 0) -> Dataset:
+        """From a Spark DataFrame, without collecting it: ``features`` names an array column, a
+        pyspark.ml Vector column, or a list of numeric columns; ``label`` a numeric column;
+        ``validation`` a seeded fraction (rows chosen by a hash of their content) or the name
+        of a boolean/integer column marking validation rows. ``fit`` writes the partitions
+        from the executors into the store, which they must be able to reach."""
+        from ._spark import SparkDataset
+        return SparkDataset(df, features=features, label=label, validation=validation,
+                            partitions=partitions, seed=seed)
+
     # --- the split ----------------------------------------------------------------------
     def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, Dataset | None]:
         rows = np.random.default_rng(self.seed).permutation(len(self.features))
@@ -183,6 +197,10 @@ class Dataset:
             rows = np.random.default_rng(self.seed).permutation(len(self._val.features))
             return self._val.features[rows], self._val.label[rows]
         return self.features[self._val_rows], self.label[self._val_rows]
+
+    def write(self, data_dir: str, num_partitions: int) -> PartitionLayout:
+        """Write the partitions into a run's ``data/`` folder (see :mod:`cerebro.data._partitions`)."""
+        return write_partitions(self, data_dir, num_partitions)
 
     def fingerprint(self) -> str:
         """A hash of the rows and the split: two runs on equal fingerprints saw equal data."""

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ._dataset import Dataset
+if TYPE_CHECKING:
+    from ._dataset import Dataset
 
 SPLITS = ("train", "val")
 
@@ -36,11 +38,12 @@ class PartitionLayout:
         return sum(self.rows["val"]) > 0
 
 
-def _file(data_dir: str, split: str, partition: int) -> str:
+def partition_file(data_dir: str, split: str, partition: int) -> str:
     return os.path.join(data_dir, split, f"part-{partition:05d}.parquet")
 
 
-def _column(array: np.ndarray) -> pa.Array:
+def column(array: np.ndarray) -> pa.Array:
+    """An array of shape (rows, ...) as a Parquet column: scalars, or flat fixed-size lists."""
     if array.ndim == 1:
         return pa.array(array)
     flat = array.reshape(len(array), int(np.prod(array.shape[1:])))
@@ -55,15 +58,19 @@ def write_partitions(dataset: Dataset, data_dir: str, num_partitions: int) -> Pa
         os.makedirs(os.path.join(data_dir, split), exist_ok=True)
         rows[split] = []
         for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
-            table = pa.table({"features": _column(features[chunk]), "label": _column(label[chunk])})
-            pq.write_table(table, _file(data_dir, split, partition))
+            table = pa.table({"features": column(features[chunk]), "label": column(label[chunk])})
+            pq.write_table(table, partition_file(data_dir, split, partition))
             rows[split].append(len(chunk))
     layout = PartitionLayout(num_partitions, tuple(dataset.features.shape[1:]),
                              tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows)
+    write_layout(data_dir, layout)
+    return layout
+
+
+def write_layout(data_dir: str, layout: PartitionLayout) -> None:
     with open(os.path.join(data_dir, "meta.json"), "w") as f:
         json.dump({**layout.__dict__, "feature_shape": list(layout.feature_shape),
                    "label_shape": list(layout.label_shape)}, f, indent=1)
-    return layout
 
 
 def read_layout(data_dir: str) -> PartitionLayout:
@@ -77,7 +84,7 @@ def read_partition(data_dir: str, split: str, partition: int,
                    layout: PartitionLayout | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One partition's ``(features, label)`` arrays, in the order they were written."""
     layout = layout or read_layout(data_dir)
-    table = pq.read_table(_file(data_dir, split, partition))
+    table = pq.read_table(partition_file(data_dir, split, partition))
     n = table.num_rows
 
     def unpack(name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..backends import Backend, LocalBackend
-from ..data import Dataset, write_partitions
+from ..data import Dataset
 from ..report import ConsoleProgress, NoProgress, Result
 from ..store import RunStore
 from ..worker import TorchTrainable
@@ -54,7 +54,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     run_store = RunStore.create(store)
-    layout = write_partitions(data, run_store.data_dir, num_partitions)
+    layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_build(build_blob)
     from .. import __version__
     run_store.write_run_info({

@@ -1,0 +1,195 @@
+"""``Dataset.from_spark``: partitions written by Spark's executors, never through the driver.
+
+Rows go to splits and partitions by hashes of their content and the seed, so the result does
+not depend on how the DataFrame happens to be partitioned. Each (split, partition) group is
+written by the executor that holds it, as one Parquet file in the same format
+:func:`cerebro.data.write_partitions` writes, so either backend can train on it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ._dataset import Dataset, _check_partitions
+from ._partitions import SPLITS, PartitionLayout, column, partition_file, write_layout
+
+_VALIDATION_BUCKETS = 1_000_000
+
+
+class SparkDataset(Dataset):
+    """Training data that stays in Spark until ``fit`` writes its partitions; made by
+    :meth:`cerebro.Dataset.from_spark`."""
+
+    def __init__(self, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
+                 partitions: int | None = None, seed: int = 0) -> None:
+        from pyspark.sql import DataFrame
+        from pyspark.sql import functions as F
+        from pyspark.sql import types as T
+
+        if not isinstance(df, DataFrame):
+            raise TypeError(f"from_spark needs a pyspark.sql.DataFrame; got {type(df).__name__}")
+        _check_partitions(partitions)
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+            raise ValueError(f"seed={seed!r} must be an integer")
+        self.partitions, self.seed, self.validation = partitions, int(seed), validation
+        fields = {f.name: f.dataType for f in df.schema.fields}
+
+        def need(name: str) -> Any:
+            if name not in fields:
+                raise ValueError(f"column {name!r} is not in the DataFrame; columns are {list(fields)}")
+            return fields[name]
+
+        numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
+                   T.DecimalType, T.BooleanType)
+        label_type = need(label)
+        if not isinstance(label_type, numeric):
+            raise TypeError(f"label column {label!r} must be numeric; it is {label_type.simpleString()}")
+        integral = isinstance(label_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.BooleanType))
+        self._label_dtype = "int64" if integral else "float32"
+        label_column = F.col(label).cast("long" if integral else "float")
+
+        if isinstance(features, str):
+            kind = need(features)
+            if isinstance(kind, T.ArrayType) and isinstance(kind.elementType, numeric):
+                feature_column = F.col(features).cast("array<float>")
+            elif type(kind).__name__ == "VectorUDT":
+                from pyspark.ml.functions import vector_to_array
+                feature_column = vector_to_array(F.col(features), "float32")
+            else:
+                raise TypeError(f"feature column {features!r} must be an array of numbers or a "
+                                f"pyspark.ml Vector; it is {kind.simpleString()}")
+            names = [features]
+        else:
+            names = list(features)
+            if not names:
+                raise ValueError("features=[] must name at least one column")
+            for name in names:
+                if not isinstance(need(name), numeric):
+                    raise TypeError(f"feature column {name!r} must be numeric; it is {need(name).simpleString()}")
+            feature_column = F.array(*[F.col(n).cast("float") for n in names])
+
+        if validation is None or (isinstance(validation, (int, float)) and not isinstance(validation, bool)
+                                  and validation == 0):
+            is_validation = F.lit(False)
+        elif isinstance(validation, str):
+            marker = need(validation)
+            if not isinstance(marker, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+                raise TypeError(f"validation column {validation!r} must be boolean or integer (non-zero marks "
+                                f"a validation row); it is {marker.simpleString()}")
+            is_validation = F.coalesce(F.col(validation).cast("boolean"), F.lit(False))
+        elif isinstance(validation, float) and 0 < validation < 1:
+            draw = F.pmod(F.xxhash64(F.lit(self.seed), feature_column, label_column), F.lit(_VALIDATION_BUCKETS))
+            is_validation = draw < F.lit(int(round(validation * _VALIDATION_BUCKETS)))
+        else:
+            raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), the name of a boolean "
+                             f"column marking validation rows, or None")
+
+        prepared = df.select(feature_column.alias("features"), label_column.alias("label"),
+                             is_validation.alias("is_validation"))
+        stats = prepared.agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.sum(F.when(F.col("features").isNull() | F.exists("features", lambda x: x.isNull()), 1)
+                  .otherwise(0)).alias("null_features"),
+            F.sum(F.when(F.exists("features", lambda x: F.isnan(x) | (F.abs(x) == float("inf"))), 1)
+                  .otherwise(0)).alias("nan_features"),
+            F.sum(F.when(F.col("label").isNull(), 1).otherwise(0)).alias("null_labels"),
+            F.min(F.size("features")).alias("min_size"), F.max(F.size("features")).alias("max_size"),
+            F.sum(F.col("is_validation").cast("long")).alias("validation_rows"),
+        ).first()
+        shown = names[0] if len(names) == 1 else names
+        if stats["rows"] == 0:
+            raise ValueError("data is empty: the DataFrame has 0 rows")
+        if stats["null_features"]:
+            raise ValueError(f"feature column {shown!r}: {stats['null_features']} rows hold nulls")
+        if stats["nan_features"]:
+            raise ValueError(f"feature column {shown!r}: {stats['nan_features']} rows hold NaN or infinite values")
+        if stats["null_labels"]:
+            raise ValueError(f"label column {label!r}: {stats['null_labels']} rows hold nulls")
+        if stats["min_size"] != stats["max_size"]:
+            raise ValueError(f"feature column {shown!r} holds arrays of different lengths "
+                             f"({stats['min_size']} to {stats['max_size']}); every row needs the same length")
+        self._prepared = prepared
+        self._feature_length = int(stats["max_size"])
+        self._val_rows = int(stats["validation_rows"] or 0)
+        self._train_rows = int(stats["rows"]) - self._val_rows
+        if self._train_rows == 0:
+            raise ValueError(f"validation={validation!r} leaves no training rows out of {stats['rows']}")
+        self._fingerprint: str | None = None
+        if self.partitions is not None:
+            self.check_partitions(self.partitions)
+
+    @property
+    def num_train_rows(self) -> int:
+        return self._train_rows
+
+    @property
+    def has_validation(self) -> bool:
+        return self._val_rows > 0
+
+    def train_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        raise TypeError("a Spark dataset's rows stay in Spark; fit writes them as partitions")
+
+    validation_arrays = train_arrays
+
+    def write(self, data_dir: str, num_partitions: int) -> PartitionLayout:
+        """Write every (split, partition) from the executor that holds it; nothing is collected."""
+        from pyspark.sql import functions as F
+
+        self.check_partitions(num_partitions)
+        for split in SPLITS:
+            os.makedirs(os.path.join(data_dir, split), exist_ok=True)
+        keyed = self._prepared.select(
+            "features", "label", F.when(F.col("is_validation"), "val").otherwise("train").alias("split"),
+            F.pmod(F.xxhash64(F.lit(self.seed + 1), "features", "label"), F.lit(num_partitions)).alias("partition"),
+            F.xxhash64(F.lit(self.seed + 2), "features", "label").alias("order"))
+        feature_length = self._feature_length
+
+        def write_group(group: pd.DataFrame) -> pd.DataFrame:
+            return _write_group(data_dir, feature_length, group)
+
+        written = keyed.groupBy("split", "partition").applyInPandas(
+            write_group,
+            schema="split string, partition int, rows long, digest string").collect()
+        rows = {split: [0] * num_partitions for split in SPLITS}
+        digests = {}
+        for record in written:
+            rows[record["split"]][record["partition"]] = record["rows"]
+            digests[(record["split"], record["partition"])] = record["digest"]
+        for split in SPLITS:   # partitions no row hashed to still get their (empty) file
+            for partition in range(num_partitions):
+                if (split, partition) not in digests:
+                    pq.write_table(_table(np.zeros((0, self._feature_length), np.float32),
+                                          np.zeros(0, self._label_dtype)),
+                                   partition_file(data_dir, split, partition))
+                    digests[(split, partition)] = ""
+        layout = PartitionLayout(num_partitions, (self._feature_length,), (), self._label_dtype, rows)
+        write_layout(data_dir, layout)
+        self._fingerprint = hashlib.sha256("".join(digests[k] for k in sorted(digests)).encode()).hexdigest()[:16]
+        return layout
+
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            raise RuntimeError("a Spark dataset's fingerprint is known once fit has written its partitions")
+        return self._fingerprint
+
+
+def _table(features: np.ndarray, label: np.ndarray) -> pa.Table:
+    return pa.table({"features": column(features), "label": column(label)})
+
+
+def _write_group(data_dir: str, feature_length: int, group: pd.DataFrame) -> pd.DataFrame:
+    """Runs on an executor: writes one (split, partition) group, rows in their seeded order."""
+    group = group.sort_values(["order", "label"], kind="stable")
+    features = np.stack(group["features"].to_numpy()).astype(np.float32).reshape(len(group), feature_length)
+    label = group["label"].to_numpy()
+    split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
+    pq.write_table(_table(features, label), partition_file(data_dir, split, partition))
+    digest = hashlib.sha256(features.tobytes() + label.tobytes()).hexdigest()
+    return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest]})

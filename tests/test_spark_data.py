@@ -1,0 +1,123 @@
+"""``Dataset.from_spark``: every feature-column form, its errors, and partitions written by
+Spark that either backend trains on."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from _models import build
+from _spark import session
+
+import cerebro as cb
+from cerebro.data import read_layout, read_partition
+
+pytestmark = pytest.mark.slow
+
+ROWS = 200
+RNG = np.random.default_rng(0)
+X = RNG.random((ROWS, 64)).astype(np.float32)
+Y = RNG.integers(0, 10, ROWS)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    spark = session("local[2]")
+    yield spark
+    spark.stop()
+
+
+@pytest.fixture(scope="module")
+def frame(spark):
+    from pyspark.ml.linalg import Vectors
+    pdf = pd.DataFrame({"array": list(X), "label": Y, "is_val": np.arange(ROWS) % 5 == 0})
+    df = spark.createDataFrame(pdf.assign(array=pdf.array.map(lambda a: a.tolist())))
+    vectors = spark.createDataFrame([(Vectors.dense(x.tolist()), int(y)) for x, y in zip(X, Y)], ["vector", "label"])
+    return df, vectors
+
+
+def rows_written(data: cb.Dataset, path) -> tuple[np.ndarray, np.ndarray, dict]:
+    layout = data.write(str(path), 3)
+    parts = [read_partition(str(path), split, p) for split in ("train", "val") for p in range(3)]
+    return np.concatenate([f for f, _ in parts]), np.concatenate([y for _, y in parts]), layout.rows
+
+
+def same_rows(features: np.ndarray, label: np.ndarray) -> bool:
+    key = lambda f, y: sorted(map(tuple, np.column_stack([f, y]).tolist()))  # noqa: E731
+    return key(features, label) == key(X, Y)
+
+
+def test_array_vector_and_column_list_forms_write_every_row_once(frame, tmp_path):
+    df, vectors = frame
+    columns = df.select(*[df.array[i].alias(f"f{i}") for i in range(64)], "label")
+    fingerprints = set()
+    for name, data in [("array", cb.Dataset.from_spark(df, features="array", label="label", seed=1)),
+                       ("vector", cb.Dataset.from_spark(vectors, features="vector", label="label", seed=1)),
+                       ("columns", cb.Dataset.from_spark(columns, features=[f"f{i}" for i in range(64)],
+                                                          label="label", seed=1))]:
+        features, label, rows = rows_written(data, tmp_path / name)
+        assert same_rows(features, label), name
+        assert label.dtype == np.int64 and features.dtype == np.float32
+        assert sum(rows["train"]) + sum(rows["val"]) == ROWS and 20 <= sum(rows["val"]) <= 60
+        fingerprints.add(data.fingerprint())
+    assert len(fingerprints) == 1   # the three forms place the same rows in the same partitions
+
+
+def test_a_validation_column_marks_the_validation_rows(frame, tmp_path):
+    df, _ = frame
+    data = cb.Dataset.from_spark(df, features="array", label="label", validation="is_val", seed=0)
+    layout = data.write(str(tmp_path), 2)
+    assert sum(layout.rows["val"]) == ROWS // 5 and read_layout(str(tmp_path)).rows == layout.rows
+
+
+def test_partitions_do_not_depend_on_the_dataframes_partitioning(frame, tmp_path):
+    df, _ = frame
+    one = cb.Dataset.from_spark(df.coalesce(1), features="array", label="label", seed=3)
+    many = cb.Dataset.from_spark(df.repartition(7), features="array", label="label", seed=3)
+    one.write(str(tmp_path / "one"), 3)
+    many.write(str(tmp_path / "many"), 3)
+    assert one.fingerprint() == many.fingerprint()
+    for p in range(3):
+        for split in ("train", "val"):
+            a, b = read_partition(str(tmp_path / "one"), split, p), read_partition(str(tmp_path / "many"), split, p)
+            assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_errors_name_the_column(spark, frame):
+    df, _ = frame
+    cases = [
+        (dict(features="nope", label="label"), ValueError, "column 'nope' is not in the DataFrame; columns are "
+                                                           "['array', 'label', 'is_val']"),
+        (dict(features="array", label="missing"), ValueError, "column 'missing' is not in the DataFrame"),
+    ]
+    for kwargs, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            cb.Dataset.from_spark(df, **kwargs)
+    text = spark.createDataFrame([([1.0, 2.0], "a")], ["f", "y"])
+    with pytest.raises(TypeError, match=re.escape("label column 'y' must be numeric; it is string")):
+        cb.Dataset.from_spark(text, features="f", label="y")
+    nulls = spark.createDataFrame([([1.0, None], 1), ([1.0, 2.0], 0)], "f array<double>, y int")
+    with pytest.raises(ValueError, match=re.escape("feature column 'f': 1 rows hold nulls")):
+        cb.Dataset.from_spark(nulls, features="f", label="y")
+    ragged = spark.createDataFrame([([1.0, 2.0], 1), ([1.0], 0)], "f array<double>, y int")
+    with pytest.raises(ValueError, match=re.escape("feature column 'f' holds arrays of different lengths (1 to 2); "
+                                                   "every row needs the same length")):
+        cb.Dataset.from_spark(ragged, features="f", label="y")
+    with pytest.raises(TypeError, match=re.escape("feature column 'y' must be an array of numbers or a "
+                                                  "pyspark.ml Vector; it is int")):
+        cb.Dataset.from_spark(ragged, features="y", label="y")
+
+
+def test_spark_written_partitions_train_identically_on_both_backends(spark, frame, tmp_path):
+    df, _ = frame
+    data = cb.Dataset.from_spark(df, features="array", label="label", partitions=2, seed=0)
+    search = cb.GridSearch(build, {"lr": cb.choice([1e-2, 3e-3])}, epochs=2)
+    on_spark = search.fit(data, backend=cb.SparkBackend(spark, workers=2), seed=1, store=tmp_path / "s", verbose=0)
+    on_local = search.fit(data, backend=cb.LocalBackend(2, threads_per_worker=1), seed=1, store=tmp_path / "l",
+                          verbose=0)
+    pd.testing.assert_frame_equal(on_spark.history(), on_local.history(), check_exact=True)
+    assert on_spark.store.read_run_info()["data"]["fingerprint"] == on_local.store.read_run_info()["data"]["fingerprint"]
+    for a, b in zip(on_spark.trials, on_local.trials):
+        assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
