@@ -17,8 +17,8 @@ def test_acceptor_survives_a_reset_and_a_stranger_then_stops():
     server = socket.create_server(("127.0.0.1", 0))
     accepted: queue.Queue = queue.Queue()
     stopping = threading.Event()
-    acceptor = threading.Thread(target=Driver._accept_workers,
-                                args=(SimpleNamespace(heartbeat_timeout=5.0), server, KEY, accepted, stopping))
+    driver = SimpleNamespace(heartbeat_timeout=5.0, _authkey=KEY)
+    acceptor = threading.Thread(target=Driver._accept_workers, args=(driver, server, accepted, stopping))
     acceptor.start()
 
     reset = socket.create_connection(server.getsockname())

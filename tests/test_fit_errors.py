@@ -111,3 +111,9 @@ def test_space_must_be_a_dict(tmp_path):
     fails_before_work(tmp_path, cb.GridSearch(build, [("lr", 0.1)]),
                       "space=[('lr', 0.1)] must be a dict from parameter name to a value or primitive",
                       error=TypeError)
+
+
+def test_stores_other_than_local_paths_and_file_urls_are_refused_early(tmp_path):
+    with pytest.raises(ValueError, match=re.escape("store='hdfs://namenode/runs/exp1': only local paths and "
+                                                   "file:// URLs are supported so far")):
+        cb.GridSearch(build, SPACE).fit(digits(partitions=2), store="hdfs://namenode/runs/exp1", verbose=0)

@@ -683,3 +683,20 @@ def test_a_trial_still_training_goes_before_one_that_finished_training():
 def test_workers_without_partitions_are_rejected():
     with pytest.raises(ValueError, match=re.escape("workers hold no partitions; at least one partition is needed")):
         MOPScheduler({0: []})
+
+
+def test_an_aborted_sub_epoch_is_assigned_again_and_nothing_is_lost():
+    scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=True)
+    scheduler.start_epoch("t0000", 1, [0, 1])
+    [train] = scheduler.assign([0, 1])
+    scheduler.abort(train)
+    assert scheduler.assign([0, 1]) == [train]
+    scheduler.complete(train)
+    [second] = scheduler.assign([0, 1])
+    scheduler.complete(second)
+    evals = scheduler.assign([0, 1])
+    assert sorted(t.partition for t in evals) == [0, 1]
+    scheduler.abort(evals[1])
+    assert scheduler.complete(evals[0]) is False          # one eval is still to do
+    assert scheduler.assign([0, 1]) == [evals[1]]
+    assert scheduler.complete(evals[1]) is True

@@ -50,7 +50,8 @@ def test_local_mode_gives_the_local_backends_results_bit_for_bit(tmp_path, local
     spark = session("local[2]")
     try:
         result = search().fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED,
-                              store=tmp_path / "run", verbose=0)
+                              store=f"file://{tmp_path}/run", verbose=0)     # a file:// URL store
+        assert result.run_dir == str(tmp_path / "run")
         assert_ran_in_spark_tasks(result, 2)
         assert_same_results(local_result, result)
         assert cb.SparkBackend(spark).workers == 2            # default: every task slot
@@ -68,9 +69,42 @@ def test_standalone_cluster_gives_the_local_backends_results_bit_for_bit(tmp_pat
     with standalone_cluster(workers=2, cores=1, log_dir=str(tmp_path)) as master:
         spark = session(master)
         try:
-            result = search().fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED,
-                                  store=tmp_path / "run", verbose=0)
+            backend = cb.SparkBackend(spark, workers=2, slot_wait=120)   # executors register slowly under load
+            result = search().fit(digits(partitions=4), backend=backend, seed=SEED, store=tmp_path / "run", verbose=0)
             assert_ran_in_spark_tasks(result, 2)
             assert_same_results(local_result, result)
         finally:
             spark.stop()
+
+
+def crashing_once(marker: str):
+    """``build``, except that the first loss computed anywhere kills its Python worker; the
+    marker file records that it happened, so every later loss is computed as usual."""
+    def crash_once_build(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def crash_once(outputs, targets):
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            return loss(outputs, targets)
+
+        trainable.loss = crash_once
+        return trainable
+    return crash_once_build
+
+
+def test_a_killed_task_is_relaunched_and_the_results_do_not_change(tmp_path, local_result):
+    marker = tmp_path / "crashed"
+    spark = session("local[2]")
+    try:
+        search = cb.GridSearch(crashing_once(str(marker)), SPACE, epochs=2, metric="val_accuracy", mode="max")
+        result = search.fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED,
+                            store=tmp_path / "run", verbose=0)
+    finally:
+        spark.stop()
+    assert marker.exists()
+    events = [e["event"] for e in result.store.events()]
+    assert events.count("workers_restarted") >= 1 and "worker_lost" in events
+    assert_same_results(local_result, result)

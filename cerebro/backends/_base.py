@@ -15,6 +15,7 @@ class Backend(ABC):
     workers: int
     threads_per_worker: int
     heartbeat_timeout: float   # a worker silent this many seconds is lost
+    max_restarts: int = 0      # times the driver may start all workers anew after losing one
 
     def driver_address(self) -> tuple[str, int]:
         """Where the driver listens for its workers: (host, port); port 0 picks a free one."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import secrets
 import threading
 import time
@@ -24,6 +25,9 @@ def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[Any])
     from ..worker import run_worker
     context = BarrierTaskContext.get()
     worker = context.partitionId()
+    gpus = context.resources().get("gpu")
+    if gpus is not None and gpus.addresses:   # the GPUs Spark gave this task, before CUDA starts
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
     run_worker(address, bytes.fromhex(authkey_hex), worker,
                f"spark task {worker} of stage {context.stageId()}, attempt {context.attemptNumber()}")
     yield worker
@@ -43,6 +47,9 @@ class SparkBackend(Backend):
         threads_per_worker: torch threads per task; default: ``spark.task.cpus``.
         heartbeat_timeout: seconds without a heartbeat after which a worker counts as lost.
         driver_port: the port the driver listens on for its workers (0: any free port).
+        max_restarts: how often a lost task (its executor or Python worker died) makes the
+            driver relaunch the barrier job; running sub-epochs then run again from the
+            states the driver holds, so the results are the same.
         slot_wait: seconds to wait for executors to register before deciding there are
             too few task slots.
 
@@ -52,7 +59,8 @@ class SparkBackend(Backend):
     """
 
     def __init__(self, spark: Any = None, workers: int | None = None, threads_per_worker: int | None = None,
-                 heartbeat_timeout: float = 60.0, driver_port: int = 0, slot_wait: float = 10.0) -> None:
+                 heartbeat_timeout: float = 60.0, driver_port: int = 0, slot_wait: float = 10.0,
+                 max_restarts: int = 3) -> None:
         if spark is None:
             from pyspark.sql import SparkSession
             spark = SparkSession.getActiveSession()
@@ -75,6 +83,9 @@ class SparkBackend(Backend):
         if not isinstance(driver_port, int) or not 0 <= driver_port < 65536:
             raise ValueError(f"driver_port={driver_port!r} must be a port number, or 0 for any free port")
         self.driver_port = driver_port
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ValueError(f"max_restarts={max_restarts!r} must be an integer >= 0")
+        self.max_restarts = max_restarts
         self._job: threading.Thread | None = None
         self._job_error: BaseException | None = None
         self._group = ""

@@ -42,6 +42,10 @@ class WorkerLostError(RuntimeError):
     """A worker process ended or stopped answering; the run cannot go on without it."""
 
 
+class _Restart(Exception):
+    """Workers were lost and the backend may start them again (``Backend.max_restarts``)."""
+
+
 @dataclass
 class _Trial:
     trial_id: str
@@ -85,6 +89,9 @@ class Driver:
         self._workers: dict[int, _Worker] = {}
         self._trials: dict[str, _Trial] = {}       # live trials
         self._created = 0
+        self._restarts = 0
+        self._training = False        # workers lost while training may be relaunched; at start-up not
+        self._authkey = b""
         self._suggest_due = True
         self._next_task_id = 0
         self._t0 = time.monotonic()
@@ -104,23 +111,25 @@ class Driver:
 
     # --- the run ------------------------------------------------------------------------
     def run(self) -> None:
-        authkey = secrets.token_bytes(32)
         server = socket.create_server(self.backend.driver_address())
         stopping = threading.Event()
         accepted: queue.Queue[Channel] = queue.Queue()
-        acceptor = threading.Thread(target=self._accept_workers, args=(server, authkey, accepted, stopping),
+        acceptor = threading.Thread(target=self._accept_workers, args=(server, accepted, stopping),
                                     name="cerebro-accept", daemon=True)
         try:
             acceptor.start()
-            self.backend.start(server.getsockname()[:2], authkey)
-            self._connect(accepted)
+            self._start_workers(server.getsockname()[:2], accepted)
             self._t0 = time.monotonic()
-            self._write("append", "run_started", workers={
-                w.index: {"pid": w.pid, "host": w.host, "launched_by": w.launched_by, "device": w.device,
-                          "partitions": w.partitions}
-                for w in sorted(self._workers.values(), key=lambda w: w.index)})
+            self._write("append", "run_started", workers=self._worker_info())
             self.progress.start(self.store.path, self.backend.workers)
-            self._loop()
+            while True:
+                try:
+                    self._training = True
+                    self._loop()
+                    break
+                except _Restart as lost:
+                    self._training = False
+                    self._restart(str(lost), server.getsockname()[:2], accepted)
             self._write("append", "run_finished", time=self._now())
         except BaseException:
             self._tear_down(server, acceptor, accepted, stopping)
@@ -156,7 +165,37 @@ class Driver:
             while not accepted.empty():
                 accepted.get().close()
 
-    def _accept_workers(self, server: socket.socket, authkey: bytes, accepted: queue.Queue[Channel],
+    def _start_workers(self, address: tuple[str, int], accepted: queue.Queue[Channel]) -> None:
+        # A fresh token each time: tasks of an abandoned launch can never join a new one.
+        self._authkey = secrets.token_bytes(32)
+        self.backend.start(address, self._authkey)
+        self._connect(accepted)
+
+    def _worker_info(self) -> dict[int, dict]:
+        return {w.index: {"pid": w.pid, "host": w.host, "launched_by": w.launched_by, "device": w.device,
+                          "partitions": w.partitions}
+                for w in sorted(self._workers.values(), key=lambda w: w.index)}
+
+    def _restart(self, reason: str, address: tuple[str, int], accepted: queue.Queue[Channel]) -> None:
+        """Start every worker anew; running sub-epochs run again from the states the driver
+        holds, with the same seeds, so the results do not change (invariant 2)."""
+        self._restarts += 1
+        self._authkey = secrets.token_bytes(32)   # what the old launch still starts cannot join
+        for worker in self._workers.values():
+            if worker.running is not None:
+                self.scheduler.abort(worker.running[1])
+            worker.channel.close()
+        self._workers = {}
+        for trial in self._trials.values():
+            trial.holders.clear()
+        self.backend.stop()
+        while not accepted.empty():
+            accepted.get().close()
+        self._start_workers(address, accepted)
+        self._write("append", "workers_restarted", reason=reason, restart=self._restarts,
+                    workers=self._worker_info(), time=self._now())
+
+    def _accept_workers(self, server: socket.socket, accepted: queue.Queue[Channel],
                         stopping: threading.Event) -> None:
         while not stopping.is_set():
             try:
@@ -166,7 +205,7 @@ class Driver:
             except OSError:            # the server closed
                 return
             try:
-                channel = authenticate(sock, authkey)
+                channel = authenticate(sock, self._authkey)
             except (OSError, EOFError, PermissionError):   # a stranger, or a peer that left
                 continue
             channel.sock.settimeout(self.heartbeat_timeout)   # no send or receive may block forever
@@ -262,6 +301,8 @@ class Driver:
             task = worker.running[1]
             doing = f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
         self._write("append", "worker_lost", worker=worker.index, reason=what, time=self._now())
+        if self._training and self._restarts < self.backend.max_restarts:
+            raise _Restart(f"{worker.describe()} {what}{doing}")
         raise WorkerLostError(f"{worker.describe()} {what}{doing}; the run stopped. "
                               f"Its journal and checkpoints are in {self.store.path}")
 

@@ -94,11 +94,11 @@ def _resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
 
 
 def _pickle_build(build: Callable) -> bytes:
-    """``build`` for the workers; the user's own module goes by value, so workers on other
-    hosts (Spark executors) need not have it on their path."""
-    module = sys.modules.get(getattr(build, "__module__", None) or "")
-    by_value = module is not None and _is_users_module(module)
-    if by_value:
+    """``build`` for the workers. The user's own modules (not installed, not the standard
+    library) go by value, so workers on other hosts, such as Spark executors, need not have
+    them on their path."""
+    own = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType) and _is_users_module(m)]
+    for module in own:
         cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(build)
@@ -106,17 +106,22 @@ def _pickle_build(build: Callable) -> bytes:
         raise TypeError(f"build={build!r} cannot be pickled to send to the workers: "
                         f"{type(error).__name__}: {error}") from None
     finally:
-        if by_value:
+        for module in own:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+_INSTALLED = tuple(os.path.abspath(sysconfig.get_paths()[key]) + os.sep
+                   for key in ("purelib", "platlib", "stdlib", "platstdlib"))
 
 
 def _is_users_module(module: types.ModuleType) -> bool:
     """Not __main__ (pickled by value anyway), not installed, not the standard library."""
     path = getattr(module, "__file__", None)
+    if not isinstance(path, str):
+        return False
     if module.__name__ == "__main__" or path is None or module.__name__.split(".")[0] == "cerebro":
         return False
-    installed = {sysconfig.get_paths()[key] for key in ("purelib", "platlib", "stdlib", "platstdlib")}
-    return not any(os.path.abspath(path).startswith(os.path.abspath(p) + os.sep) for p in installed)
+    return not os.path.abspath(path).startswith(_INSTALLED)
 
 
 def _check_metric(build: Callable, config: dict[str, Any], metric: str, has_validation: bool) -> None:

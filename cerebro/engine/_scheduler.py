@@ -113,6 +113,17 @@ class MOPScheduler:
             state.evaluating.discard(task.partition)
         return state.finished()
 
+    def abort(self, task: Task) -> None:
+        """``task`` will not finish (its worker was lost): it is to be assigned again."""
+        state = self._epochs.get(task.trial_id)
+        if state is None or state.number != task.epoch:
+            return
+        if task.kind == TRAIN:
+            state.training = False
+        elif task.partition in state.evaluating:
+            state.evaluating.discard(task.partition)
+            state.eval_todo.add(task.partition)
+
     def _pick(self, worker: int) -> Task | None:
         best: tuple[tuple[int, int, str], Task] | None = None
         for trial_id, state in self._epochs.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,11 +24,26 @@ import pandas as pd
 from ._state_codec import read_message, write_message
 
 
+def local_path(store: str) -> str:
+    """``store`` as a path on this machine's file system: a path, or a ``file://`` URL.
+
+    Executors on other hosts read the partitions from the store, so on a cluster it must be
+    a shared file system (NFS, or HDFS/S3 mounted through FUSE) at the same path everywhere.
+    """
+    parsed = urllib.parse.urlparse(store)
+    if parsed.scheme == "file":
+        return urllib.parse.unquote(parsed.path)
+    if parsed.scheme and len(parsed.scheme) > 1:   # one letter: a Windows drive
+        raise ValueError(f"store={store!r}: only local paths and file:// URLs are supported so far; "
+                         f"mount the file system (for example HDFS or S3 through FUSE) and give its path")
+    return store
+
+
 class RunStore:
     """Reads and writes one run directory on the local file system."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = os.path.abspath(local_path(os.fspath(path)))
 
     @classmethod
     def create(cls, path: str | os.PathLike) -> RunStore:
