@@ -113,7 +113,9 @@ def test_space_must_be_a_dict(tmp_path):
                       error=TypeError)
 
 
-def test_stores_other_than_local_paths_and_file_urls_are_refused_early(tmp_path):
-    with pytest.raises(ValueError, match=re.escape("store='hdfs://namenode/runs/exp1': only local paths and "
-                                                   "file:// URLs are supported so far")):
-        cb.GridSearch(build, SPACE).fit(digits(partitions=2), store="hdfs://namenode/runs/exp1", verbose=0)
+def test_a_store_whose_file_system_is_unknown_or_unreachable_is_refused_early(tmp_path):
+    with pytest.raises(ValueError, match=re.escape("store='nosuchfs://x/runs': its file system cannot be used "
+                                                   "here: Protocol not known: nosuchfs")):
+        cb.GridSearch(build, SPACE).fit(digits(partitions=2), store="nosuchfs://x/runs", verbose=0)
+    with pytest.raises(OSError, match=re.escape("store 'hdfs://127.0.0.1:1/runs/exp1' cannot be reached: ")):
+        cb.GridSearch(build, SPACE).fit(digits(partitions=2), store="hdfs://127.0.0.1:1/runs/exp1", verbose=0)

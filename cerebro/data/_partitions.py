@@ -9,13 +9,14 @@ Layout under a run's ``data/`` folder::
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ..store import _files as files
 
 if TYPE_CHECKING:
     from ._dataset import Dataset
@@ -39,7 +40,12 @@ class PartitionLayout:
 
 
 def partition_file(data_dir: str, split: str, partition: int) -> str:
-    return os.path.join(data_dir, split, f"part-{partition:05d}.parquet")
+    return files.join(data_dir, split, f"part-{partition:05d}.parquet")
+
+
+def write_table(table: pa.Table, data_dir: str, split: str, partition: int) -> None:
+    with files.open_file(partition_file(data_dir, split, partition), "wb") as f:
+        pq.write_table(table, f)
 
 
 def column(array: np.ndarray) -> pa.Array:
@@ -55,11 +61,10 @@ def write_partitions(dataset: Dataset, data_dir: str, num_partitions: int) -> Pa
     dataset.check_partitions(num_partitions)
     rows: dict[str, list[int]] = {}
     for split, (features, label) in zip(SPLITS, (dataset.train_arrays(), dataset.validation_arrays())):
-        os.makedirs(os.path.join(data_dir, split), exist_ok=True)
         rows[split] = []
         for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
             table = pa.table({"features": column(features[chunk]), "label": column(label[chunk])})
-            pq.write_table(table, partition_file(data_dir, split, partition))
+            write_table(table, data_dir, split, partition)
             rows[split].append(len(chunk))
     layout = PartitionLayout(num_partitions, tuple(dataset.features.shape[1:]),
                              tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows)
@@ -68,13 +73,12 @@ def write_partitions(dataset: Dataset, data_dir: str, num_partitions: int) -> Pa
 
 
 def write_layout(data_dir: str, layout: PartitionLayout) -> None:
-    with open(os.path.join(data_dir, "meta.json"), "w") as f:
-        json.dump({**layout.__dict__, "feature_shape": list(layout.feature_shape),
-                   "label_shape": list(layout.label_shape)}, f, indent=1)
+    meta = {**layout.__dict__, "feature_shape": list(layout.feature_shape), "label_shape": list(layout.label_shape)}
+    files.write_atomic(files.join(data_dir, "meta.json"), json.dumps(meta, indent=1).encode())
 
 
 def read_layout(data_dir: str) -> PartitionLayout:
-    with open(os.path.join(data_dir, "meta.json")) as f:
+    with files.open_file(files.join(data_dir, "meta.json")) as f:
         meta = json.load(f)
     return PartitionLayout(meta["num_partitions"], tuple(meta["feature_shape"]),
                            tuple(meta["label_shape"]), meta["label_dtype"], meta["rows"])
@@ -84,7 +88,8 @@ def read_partition(data_dir: str, split: str, partition: int,
                    layout: PartitionLayout | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One partition's ``(features, label)`` arrays, in the order they were written."""
     layout = layout or read_layout(data_dir)
-    table = pq.read_table(partition_file(data_dir, split, partition))
+    with files.open_file(partition_file(data_dir, split, partition)) as f:
+        table = pq.read_table(f)
     n = table.num_rows
 
     def unpack(name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:

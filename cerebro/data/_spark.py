@@ -8,17 +8,15 @@ written by the executor that holds it, as one Parquet file in the same format
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ._dataset import Dataset, _check_partitions
-from ._partitions import SPLITS, PartitionLayout, column, partition_file, write_layout
+from ._partitions import SPLITS, PartitionLayout, column, write_layout, write_table
 
 _VALIDATION_BUCKETS = 1_000_000
 
@@ -143,8 +141,6 @@ class SparkDataset(Dataset):
         from pyspark.sql import functions as F
 
         self.check_partitions(num_partitions)
-        for split in SPLITS:
-            os.makedirs(os.path.join(data_dir, split), exist_ok=True)
         keyed = self._prepared.select(
             "features", "label", F.when(F.col("is_validation"), "val").otherwise("train").alias("split"),
             F.pmod(F.xxhash64(F.lit(self.seed + 1), "features", "label"), F.lit(num_partitions)).alias("partition"),
@@ -165,9 +161,8 @@ class SparkDataset(Dataset):
         for split in SPLITS:   # partitions no row hashed to still get their (empty) file
             for partition in range(num_partitions):
                 if (split, partition) not in digests:
-                    pq.write_table(_table(np.zeros((0, self._feature_length), np.float32),
-                                          np.zeros(0, self._label_dtype)),
-                                   partition_file(data_dir, split, partition))
+                    write_table(_table(np.zeros((0, self._feature_length), np.float32),
+                                       np.zeros(0, self._label_dtype)), data_dir, split, partition)
                     digests[(split, partition)] = ""
         layout = PartitionLayout(num_partitions, (self._feature_length,), (), self._label_dtype, rows)
         write_layout(data_dir, layout)
@@ -190,6 +185,6 @@ def _write_group(data_dir: str, feature_length: int, group: pd.DataFrame) -> pd.
     features = np.stack(group["features"].to_numpy()).astype(np.float32).reshape(len(group), feature_length)
     label = group["label"].to_numpy()
     split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
-    pq.write_table(_table(features, label), partition_file(data_dir, split, partition))
+    write_table(_table(features, label), data_dir, split, partition)
     digest = hashlib.sha256(features.tobytes() + label.tobytes()).hexdigest()
     return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest]})

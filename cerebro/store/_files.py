@@ -1,0 +1,74 @@
+"""Files by path or URL: the local disk, ``file://``, or any file system fsspec reaches
+(``hdfs://`` through pyarrow, ``s3://`` with s3fs installed, ...).
+
+A run directory and its partitions are named by one string that the driver and every worker
+resolve alike, so on a cluster they must name a file system all of them reach.
+"""
+from __future__ import annotations
+
+import os
+import urllib.parse
+from typing import IO, Any
+
+import fsspec
+
+
+def normalize(location: str) -> str:
+    """A local path made absolute (``file://`` URLs become paths); other URLs as given, once
+    their file system is known to be usable here."""
+    parsed = urllib.parse.urlparse(location)
+    if parsed.scheme == "file":
+        return os.path.abspath(urllib.parse.unquote(parsed.path))
+    if len(parsed.scheme) <= 1:   # no scheme, or a Windows drive letter
+        return os.path.abspath(location)
+    try:
+        fsspec.get_filesystem_class(parsed.scheme)
+    except (ValueError, ImportError) as error:
+        raise ValueError(f"store={location!r}: its file system cannot be used here: {error}") from None
+    return location
+
+
+def join(location: str, *parts: str) -> str:
+    if "://" in location:
+        return "/".join([location.rstrip("/"), *parts])
+    return os.path.join(location, *parts)
+
+
+def _fs(location: str) -> tuple[Any, str]:
+    return fsspec.core.url_to_fs(location)
+
+
+def open_file(location: str, mode: str = "rb") -> IO:
+    fs, path = _fs(location)
+    if "w" in mode or "a" in mode:
+        fs.makedirs(fs._parent(path), exist_ok=True)
+    return fs.open(path, mode)
+
+
+def exists(location: str) -> bool:
+    fs, path = _fs(location)
+    return fs.exists(path)
+
+
+def is_empty_dir(location: str) -> bool | None:
+    """True for an empty directory, False for one with entries, None if it is no directory."""
+    fs, path = _fs(location)
+    return (len(fs.ls(path)) == 0) if fs.isdir(path) else None
+
+
+def makedirs(location: str) -> None:
+    fs, path = _fs(location)
+    fs.makedirs(path, exist_ok=True)
+
+
+def write_atomic(location: str, blob: bytes | None = None, writer: Any = None) -> None:
+    """Write ``blob`` (or call ``writer(file)``) to a temporary name, then move it in place,
+    so readers never see half a file (atomic on local and HDFS; S3 writes are whole anyway)."""
+    fs, path = _fs(location)
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    with fs.open(path + ".tmp", "wb") as f:
+        if writer is not None:
+            writer(f)
+        else:
+            f.write(blob)
+    fs.mv(path + ".tmp", path)
