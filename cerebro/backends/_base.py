@@ -4,6 +4,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 
+def check_positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    return value
+
+
+def check_heartbeat_timeout(value: object) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 1:
+        raise ValueError(f"heartbeat_timeout={value!r} must be a number of seconds > 1")
+    return float(value)
+
+
 class Backend(ABC):
     """Launches ``workers`` worker processes that connect back to the driver.
 

@@ -7,13 +7,7 @@ import subprocess
 import sys
 
 from ..worker._protocol import AUTHKEY_ENV
-from ._base import Backend
-
-
-def _check_positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
+from ._base import Backend, check_heartbeat_timeout, check_positive
 
 
 class LocalBackend(Backend):
@@ -33,14 +27,11 @@ class LocalBackend(Backend):
 
     def __init__(self, workers: int = 2, threads_per_worker: int | None = None,
                  heartbeat_timeout: float = 60.0) -> None:
-        self.workers = _check_positive("workers", workers)
+        self.workers = check_positive("workers", workers)
         if threads_per_worker is None:
             threads_per_worker = max(1, (os.cpu_count() or 1) // workers)
-        self.threads_per_worker = _check_positive("threads_per_worker", threads_per_worker)
-        if not isinstance(heartbeat_timeout, (int, float)) or isinstance(heartbeat_timeout, bool) \
-                or not heartbeat_timeout > 1:
-            raise ValueError(f"heartbeat_timeout={heartbeat_timeout!r} must be a number of seconds > 1")
-        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker)
+        self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
         self._processes: list[subprocess.Popen] = []
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:

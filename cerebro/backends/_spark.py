@@ -9,13 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._base import Backend
-
-
-def _check_positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
+from ._base import Backend, check_heartbeat_timeout, check_positive
 
 
 def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[Any]) -> Iterator[int]:
@@ -70,16 +64,13 @@ class SparkBackend(Backend):
         self.spark = spark
         context = spark.sparkContext
         slots = self._slots(workers, slot_wait)
-        self.workers = _check_positive("workers", workers if workers is not None else slots)
+        self.workers = check_positive("workers", workers if workers is not None else slots)
         if self.workers > slots:
             raise ValueError(f"workers={self.workers} needs {self.workers} task slots but the Spark cluster at "
                              f"{context.master} has {slots}; use workers <= {slots} or add executors")
         task_cpus = int(context.getConf().get("spark.task.cpus", "1"))
-        self.threads_per_worker = _check_positive("threads_per_worker", threads_per_worker or task_cpus)
-        if not isinstance(heartbeat_timeout, (int, float)) or isinstance(heartbeat_timeout, bool) \
-                or not heartbeat_timeout > 1:
-            raise ValueError(f"heartbeat_timeout={heartbeat_timeout!r} must be a number of seconds > 1")
-        self.heartbeat_timeout = float(heartbeat_timeout)
+        self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker or task_cpus)
+        self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
         if not isinstance(driver_port, int) or not 0 <= driver_port < 65536:
             raise ValueError(f"driver_port={driver_port!r} must be a port number, or 0 for any free port")
         self.driver_port = driver_port
