@@ -40,3 +40,21 @@ def build(config: dict) -> cb.TorchTrainable:
     return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=config.get("lr", 1e-2)),
                              loss=loss, batch_size=config.get("batch_size", 32),
                              metrics={"accuracy": cb.metrics.accuracy})
+
+
+def crashing_once(marker: str):
+    """``build``, except that the first loss computed anywhere kills its Python worker; the
+    marker file records that it happened, so every later loss is computed as usual."""
+    def crash_once_build(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def crash_once(outputs, targets):
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)
+            return loss(outputs, targets)
+
+        trainable.loss = crash_once
+        return trainable
+    return crash_once_build

@@ -33,7 +33,8 @@ def test_acceptor_survives_a_reset_and_a_stranger_then_stops():
     assert len(received) == 32                                # the challenge, never "ok"; then closed
     worker = connect(server.getsockname(), KEY)               # a real worker still gets in
 
-    channel = accepted.get(timeout=10)
+    key, channel = accepted.get(timeout=10)
+    assert key == KEY
     worker.send("hello")
     assert channel.recv() == "hello"
     assert accepted.empty()

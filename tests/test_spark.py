@@ -9,7 +9,7 @@ import time
 import pandas as pd
 import pytest
 import torch
-from _models import build, digits
+from _models import build, crashing_once, digits
 from _spark import session, standalone_cluster
 
 import cerebro as cb
@@ -77,24 +77,6 @@ def test_standalone_cluster_gives_the_local_backends_results_bit_for_bit(tmp_pat
             spark.stop()
 
 
-def crashing_once(marker: str):
-    """``build``, except that the first loss computed anywhere kills its Python worker; the
-    marker file records that it happened, so every later loss is computed as usual."""
-    def crash_once_build(config: dict) -> cb.TorchTrainable:
-        trainable = build(config)
-        loss = trainable.loss
-
-        def crash_once(outputs, targets):
-            if not os.path.exists(marker):
-                open(marker, "w").close()
-                os._exit(1)
-            return loss(outputs, targets)
-
-        trainable.loss = crash_once
-        return trainable
-    return crash_once_build
-
-
 def test_a_killed_task_is_relaunched_and_the_results_do_not_change(tmp_path, local_result):
     marker = tmp_path / "crashed"
     spark = session("local[2]")
@@ -107,4 +89,7 @@ def test_a_killed_task_is_relaunched_and_the_results_do_not_change(tmp_path, loc
     assert marker.exists()
     events = [e["event"] for e in result.store.events()]
     assert events.count("workers_restarted") >= 1 and "worker_lost" in events
+    relaunched = {info["pid"] for info in result.workers.values()}    # the latest launch
+    last_epoch = result.schedule()[lambda s: s.epoch == 2]
+    assert set(last_epoch.pid) <= relaunched
     assert_same_results(local_result, result)

@@ -105,6 +105,9 @@ def test_errors_name_the_column(spark, frame):
     with pytest.raises(ValueError, match=re.escape("feature column 'f' holds arrays of different lengths (1 to 2); "
                                                    "every row needs the same length")):
         cb.Dataset.from_spark(ragged, features="f", label="y")
+    nan_label = spark.createDataFrame([([1.0], float("nan")), ([2.0], 0.5)], "f array<double>, y double")
+    with pytest.raises(ValueError, match=re.escape("label column 'y': 1 rows hold NaN or infinite values")):
+        cb.Dataset.from_spark(nan_label, features="f", label="y")
     with pytest.raises(TypeError, match=re.escape("feature column 'y' must be an array of numbers or a "
                                                   "pyspark.ml Vector; it is int")):
         cb.Dataset.from_spark(ragged, features="y", label="y")
@@ -122,3 +125,12 @@ def test_spark_written_partitions_train_identically_on_both_backends(spark, fram
     assert len(fingerprints) == 1
     for a, b in zip(on_spark.trials, on_local.trials):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+def test_duplicate_rows_are_spread_over_partitions_and_splits(spark, tmp_path):
+    df = spark.createDataFrame([([1.0, 2.0], 1)] * 400 + [([float(i), 0.0], 0) for i in range(100)],
+                               "f array<double>, y int")
+    layout = cb.Dataset.from_spark(df, features="f", label="y", validation=0.2, seed=0).write(str(tmp_path), 4)
+    assert sum(layout.rows["train"]) + sum(layout.rows["val"]) == 500
+    assert 60 <= sum(layout.rows["val"]) <= 140          # about 20%, duplicates included
+    assert min(layout.rows["train"]) >= 60               # no partition takes all the copies

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import signal
 
+import pandas as pd
 import pytest
 import torch
-from _models import build, digits
+from _models import build, crashing_once, digits
 
 import cerebro as cb
 from cerebro.data import read_partition
@@ -107,3 +108,25 @@ def hanging_build(config: dict) -> cb.TorchTrainable:
             os.kill(os.getpid(), signal.SIGSTOP)
         trainable.loss = freeze
     return trainable
+
+
+class RestartingLocalBackend(cb.LocalBackend):
+    """Local workers that the driver may start anew once (the mechanism SparkBackend uses)."""
+
+    max_restarts = 1
+
+
+def test_workers_started_anew_after_a_loss_give_the_same_results(tmp_path):
+    space = {"lr": cb.choice([1e-2, 3e-3, 1e-3])}
+    plain = cb.GridSearch(build, space, epochs=2).fit(
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4, store=tmp_path / "a",
+        verbose=0)
+    marker = tmp_path / "crashed"
+    relaunched = cb.GridSearch(crashing_once(str(marker)), space, epochs=2).fit(
+        digits(partitions=4), backend=RestartingLocalBackend(2, threads_per_worker=1), seed=4,
+        store=tmp_path / "b", verbose=0)
+    assert marker.exists()
+    assert [e["event"] for e in relaunched.store.events()].count("workers_restarted") == 1
+    pd.testing.assert_frame_equal(plain.history(), relaunched.history(), check_exact=True)
+    for a, b in zip(plain.trials, relaunched.trials):
+        assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())

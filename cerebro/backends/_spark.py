@@ -63,11 +63,15 @@ class SparkBackend(Backend):
                                  "SparkSession.builder...getOrCreate() or pass it")
         self.spark = spark
         context = spark.sparkContext
+        if workers is not None:
+            check_positive("workers", workers)
+        self.slot_wait = slot_wait
         slots = self._slots(workers, slot_wait)
-        self.workers = check_positive("workers", workers if workers is not None else slots)
-        if self.workers > slots:
-            raise ValueError(f"workers={self.workers} needs {self.workers} task slots but the Spark cluster at "
-                             f"{context.master} has {slots}; use workers <= {slots} or add executors")
+        if slots == 0:
+            raise ValueError(f"the Spark cluster at {context.master} has no task slots: no executor registered "
+                             f"within slot_wait={slot_wait} s")
+        self.workers = workers if workers is not None else slots
+        self._check_slots(slots)
         task_cpus = int(context.getConf().get("spark.task.cpus", "1"))
         self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker or task_cpus)
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
@@ -93,11 +97,17 @@ class SparkBackend(Backend):
                 return slots
             time.sleep(0.5)
 
+    def _check_slots(self, slots: int) -> None:
+        if self.workers > slots:
+            raise ValueError(f"workers={self.workers} needs {self.workers} task slots but the Spark cluster at "
+                             f"{self.spark.sparkContext.master} has {slots}; use workers <= {slots} or add executors")
+
     def driver_address(self) -> tuple[str, int]:
         return (self.spark.sparkContext.getConf().get("spark.driver.host"), self.driver_port)
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
         context = self.spark.sparkContext
+        self._check_slots(self._slots(self.workers, self.slot_wait))   # executors may have gone since
         self._group = f"cerebro-{secrets.token_hex(4)}"
         self._job_error = None
         task = functools.partial(_spark_task, address, authkey.hex())
@@ -120,11 +130,14 @@ class SparkBackend(Backend):
         return {worker: what for worker in range(self.workers)}
 
     def stop(self) -> None:
-        if self._job is not None:
-            if self._job.is_alive():
-                self.spark.sparkContext.cancelJobGroup(self._group)
-            self._job.join(timeout=60)
-            self._job = None
+        if self._job is None:
+            return
+        deadline = time.monotonic() + 60
+        while self._job.is_alive() and time.monotonic() < deadline:
+            # again and again: the job may not have been submitted yet when stop() is called
+            self.spark.sparkContext.cancelJobGroup(self._group)
+            self._job.join(timeout=1)
+        self._job = None
 
     def __repr__(self) -> str:
         return (f"SparkBackend(master={self.spark.sparkContext.master!r}, workers={self.workers}, "

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from ..store import _files as files
 from ._dataset import Dataset, _check_partitions
-from ._partitions import SPLITS, PartitionLayout, column, write_layout, write_table
+from ._partitions import SPLITS, PartitionLayout, column, partition_file, write_layout, write_table
 
 _VALIDATION_BUCKETS = 1_000_000
 
@@ -73,24 +74,35 @@ class SparkDataset(Dataset):
                     raise TypeError(f"feature column {name!r} must be numeric; it is {need(name).simpleString()}")
             feature_column = F.array(*[F.col(n).cast("float") for n in names])
 
+        marked = F.lit(False)
+        fraction = None
         if validation is None or (isinstance(validation, (int, float)) and not isinstance(validation, bool)
                                   and validation == 0):
-            is_validation = F.lit(False)
+            pass
         elif isinstance(validation, str):
             marker = need(validation)
             if not isinstance(marker, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
                 raise TypeError(f"validation column {validation!r} must be boolean or integer (non-zero marks "
                                 f"a validation row); it is {marker.simpleString()}")
-            is_validation = F.coalesce(F.col(validation).cast("boolean"), F.lit(False))
+            marked = F.coalesce(F.col(validation).cast("boolean"), F.lit(False))
         elif isinstance(validation, float) and 0 < validation < 1:
-            draw = F.pmod(F.xxhash64(F.lit(self.seed), feature_column, label_column), F.lit(_VALIDATION_BUCKETS))
-            is_validation = draw < F.lit(int(round(validation * _VALIDATION_BUCKETS)))
+            fraction = validation
         else:
             raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), the name of a boolean "
                              f"column marking validation rows, or None")
 
-        prepared = df.select(feature_column.alias("features"), label_column.alias("label"),
-                             is_validation.alias("is_validation"))
+        # Rows are told apart by content and, among identical rows, by their ordinal, so
+        # hashes spread duplicates too and nothing depends on the input's partitioning.
+        from pyspark.sql import Window
+        base = df.select(feature_column.alias("features"), label_column.alias("label"), marked.alias("marked"))
+        identical = Window.partitionBy(F.xxhash64("features", "label", "marked")).orderBy(F.lit(0))
+        base = base.withColumn("copy", F.row_number().over(identical))
+        if fraction is not None:
+            draw = F.pmod(F.xxhash64(F.lit(self.seed), "features", "label", "copy"), F.lit(_VALIDATION_BUCKETS))
+            is_validation = draw < F.lit(int(round(fraction * _VALIDATION_BUCKETS)))
+        else:
+            is_validation = F.col("marked")
+        prepared = base.select("features", "label", "copy", is_validation.alias("is_validation"))
         stats = prepared.agg(
             F.count(F.lit(1)).alias("rows"),
             F.sum(F.when(F.col("features").isNull() | F.exists("features", lambda x: x.isNull()), 1)
@@ -98,6 +110,7 @@ class SparkDataset(Dataset):
             F.sum(F.when(F.exists("features", lambda x: F.isnan(x) | (F.abs(x) == float("inf"))), 1)
                   .otherwise(0)).alias("nan_features"),
             F.sum(F.when(F.col("label").isNull(), 1).otherwise(0)).alias("null_labels"),
+            F.sum(F.when(F.isnan("label") | (F.abs("label") == float("inf")), 1).otherwise(0)).alias("nan_labels"),
             F.min(F.size("features")).alias("min_size"), F.max(F.size("features")).alias("max_size"),
             F.sum(F.col("is_validation").cast("long")).alias("validation_rows"),
         ).first()
@@ -110,6 +123,8 @@ class SparkDataset(Dataset):
             raise ValueError(f"feature column {shown!r}: {stats['nan_features']} rows hold NaN or infinite values")
         if stats["null_labels"]:
             raise ValueError(f"label column {label!r}: {stats['null_labels']} rows hold nulls")
+        if stats["nan_labels"]:
+            raise ValueError(f"label column {label!r}: {stats['nan_labels']} rows hold NaN or infinite values")
         if stats["min_size"] != stats["max_size"]:
             raise ValueError(f"feature column {shown!r} holds arrays of different lengths "
                              f"({stats['min_size']} to {stats['max_size']}); every row needs the same length")
@@ -143,8 +158,9 @@ class SparkDataset(Dataset):
         self.check_partitions(num_partitions)
         keyed = self._prepared.select(
             "features", "label", F.when(F.col("is_validation"), "val").otherwise("train").alias("split"),
-            F.pmod(F.xxhash64(F.lit(self.seed + 1), "features", "label"), F.lit(num_partitions)).alias("partition"),
-            F.xxhash64(F.lit(self.seed + 2), "features", "label").alias("order"))
+            F.pmod(F.xxhash64(F.lit(self.seed + 1), "features", "label", "copy"),
+                   F.lit(num_partitions)).alias("partition"),
+            F.xxhash64(F.lit(self.seed + 2), "features", "label", "copy").alias("order"))
         feature_length = self._feature_length
 
         def write_group(group: pd.DataFrame) -> pd.DataFrame:
@@ -164,6 +180,15 @@ class SparkDataset(Dataset):
                     write_table(_table(np.zeros((0, self._feature_length), np.float32),
                                        np.zeros(0, self._label_dtype)), data_dir, split, partition)
                     digests[(split, partition)] = ""
+        empty = [p for p in range(num_partitions) if rows["train"][p] == 0]
+        if empty:
+            raise ValueError(f"training partitions {empty} got no rows: {self._train_rows} rows hashed into "
+                             f"{num_partitions} partitions; use fewer partitions")
+        missing = [f for f in (partition_file(data_dir, s, p) for s in SPLITS for p in range(num_partitions))
+                   if not files.exists(f)]
+        if missing:
+            raise OSError(f"the executors wrote partitions the driver cannot see (first: {missing[0]}); the "
+                          f"store must be one file system shared by the driver and every executor")
         layout = PartitionLayout(num_partitions, (self._feature_length,), (), self._label_dtype, rows)
         write_layout(data_dir, layout)
         self._fingerprint = hashlib.sha256("".join(digests[k] for k in sorted(digests)).encode()).hexdigest()[:16]
@@ -182,7 +207,7 @@ def _table(features: np.ndarray, label: np.ndarray) -> pa.Table:
 def _write_group(data_dir: str, feature_length: int, group: pd.DataFrame) -> pd.DataFrame:
     """Runs on an executor: writes one (split, partition) group, rows in their seeded order."""
     group = group.sort_values(["order", "label"], kind="stable")
-    features = np.stack(group["features"].to_numpy()).astype(np.float32).reshape(len(group), feature_length)
+    features = np.stack(group["features"].to_numpy()).astype(np.float32, copy=False).reshape(len(group), feature_length)
     label = group["label"].to_numpy()
     split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
     write_table(_table(features, label), data_dir, split, partition)

@@ -113,7 +113,7 @@ class Driver:
     def run(self) -> None:
         server = socket.create_server(self.backend.driver_address())
         stopping = threading.Event()
-        accepted: queue.Queue[Channel] = queue.Queue()
+        accepted: queue.Queue[tuple[bytes, Channel]] = queue.Queue()
         acceptor = threading.Thread(target=self._accept_workers, args=(server, accepted, stopping),
                                     name="cerebro-accept", daemon=True)
         try:
@@ -142,7 +142,7 @@ class Driver:
         self._writer.close()
 
     def _tear_down(self, server: socket.socket, acceptor: threading.Thread,
-                   accepted: queue.Queue[Channel], stopping: threading.Event) -> None:
+                   accepted: queue.Queue[tuple[bytes, Channel]], stopping: threading.Event) -> None:
         """Stop the workers and close every socket; each step runs even if one before fails."""
         self.progress.finish()
         for worker in self._workers.values():
@@ -163,9 +163,9 @@ class Driver:
             for worker in self._workers.values():
                 worker.channel.close()
             while not accepted.empty():
-                accepted.get().close()
+                accepted.get()[1].close()
 
-    def _start_workers(self, address: tuple[str, int], accepted: queue.Queue[Channel]) -> None:
+    def _start_workers(self, address: tuple[str, int], accepted: queue.Queue[tuple[bytes, Channel]]) -> None:
         # A fresh token each time: tasks of an abandoned launch can never join a new one.
         self._authkey = secrets.token_bytes(32)
         self.backend.start(address, self._authkey)
@@ -176,7 +176,7 @@ class Driver:
                           "partitions": w.partitions}
                 for w in sorted(self._workers.values(), key=lambda w: w.index)}
 
-    def _restart(self, reason: str, address: tuple[str, int], accepted: queue.Queue[Channel]) -> None:
+    def _restart(self, reason: str, address: tuple[str, int], accepted: queue.Queue[tuple[bytes, Channel]]) -> None:
         """Start every worker anew; running sub-epochs run again from the states the driver
         holds, with the same seeds, so the results do not change (invariant 2)."""
         self._restarts += 1
@@ -190,12 +190,12 @@ class Driver:
             trial.holders.clear()
         self.backend.stop()
         while not accepted.empty():
-            accepted.get().close()
+            accepted.get()[1].close()
         self._start_workers(address, accepted)
         self._write("append", "workers_restarted", reason=reason, restart=self._restarts,
                     workers=self._worker_info(), time=self._now())
 
-    def _accept_workers(self, server: socket.socket, accepted: queue.Queue[Channel],
+    def _accept_workers(self, server: socket.socket, accepted: queue.Queue[tuple[bytes, Channel]],
                         stopping: threading.Event) -> None:
         while not stopping.is_set():
             try:
@@ -204,23 +204,26 @@ class Driver:
                 continue
             except OSError:            # the server closed
                 return
+            authkey = self._authkey
             try:
-                channel = authenticate(sock, self._authkey)
+                channel = authenticate(sock, authkey)
             except (OSError, EOFError, PermissionError):   # a stranger, or a peer that left
                 continue
             channel.sock.settimeout(self.heartbeat_timeout)   # no send or receive may block forever
-            accepted.put(channel)
+            accepted.put((authkey, channel))
 
-    def _connect(self, accepted: queue.Queue[Channel]) -> None:
+    def _connect(self, accepted: queue.Queue[tuple[bytes, Channel]]) -> None:
         deadline = time.monotonic() + self.startup_timeout
         pending: dict[int, _Worker] = {}
         while len(self._workers) < self.backend.workers:
             self._check_startup(deadline)
             try:
-                channel = accepted.get(timeout=0.1)
+                authkey, channel = accepted.get(timeout=0.1)
             except queue.Empty:
                 channel = None
-            if channel is not None:
+            if channel is not None and authkey != self._authkey:   # a task of an abandoned launch
+                channel.close()
+            elif channel is not None:
                 try:
                     hello: Hello = channel.recv()
                     if hello.worker in pending or hello.worker in self._workers:
@@ -330,12 +333,13 @@ class Driver:
 
     def _dispatch(self) -> None:
         idle = [w.index for w in self._workers.values() if w.running is None]
-        for task in self.scheduler.assign(idle):
-            trial = self._trials[task.trial_id]
-            worker = self._workers[task.worker]
+        tasks = self.scheduler.assign(idle)
+        for task in tasks:   # all marked running first: a failed send then aborts every one
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
-            worker.running = (task_id, task, self._now())
-            self._send_task(worker, task_id, task, trial)
+            self._workers[task.worker].running = (task_id, task, self._now())
+        for task in tasks:
+            worker = self._workers[task.worker]
+            self._send_task(worker, worker.running[0], task, self._trials[task.trial_id])
 
     def _send_task(self, worker: _Worker, task_id: int, task: Task, trial: _Trial) -> None:
         """Send ``task``, leaving the state out where the worker already holds this version."""

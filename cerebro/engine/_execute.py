@@ -102,12 +102,16 @@ def _pickle_build(build: Callable) -> bytes:
         cloudpickle.register_pickle_by_value(module)
     try:
         return cloudpickle.dumps(build)
-    except Exception as error:
-        raise TypeError(f"build={build!r} cannot be pickled to send to the workers: "
-                        f"{type(error).__name__}: {error}") from None
+    except Exception:
+        pass   # a module global that cannot be pickled: fall back to importing the modules
     finally:
         for module in own:
             cloudpickle.unregister_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps(build)
+    except Exception as error:
+        raise TypeError(f"build={build!r} cannot be pickled to send to the workers: "
+                        f"{type(error).__name__}: {error}") from None
 
 
 _INSTALLED = tuple(os.path.abspath(sysconfig.get_paths()[key]) + os.sep

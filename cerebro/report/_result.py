@@ -68,7 +68,8 @@ class Result:
         self._history: list[dict[str, Any]] = []
         self._schedule: list[dict[str, Any]] = []
         self.finished = False
-        self.workers: dict[int, dict[str, Any]] = {}   # index -> pid, host, launched_by, device, partitions
+        # index -> pid, host, launched_by, device, partitions of the latest launch
+        self.workers: dict[int, dict[str, Any]] = {}
         for event in store.events():
             self._apply(event)
 
@@ -81,11 +82,13 @@ class Result:
             trial.epochs, trial.metrics = event["epoch"], event["metrics"]
             self._history.append({"trial_id": trial.trial_id, "epoch": event["epoch"], **event["metrics"]})
         elif kind == "sub_epoch":
-            self._schedule.append({k: v for k, v in event.items() if k != "event"})
+            worker = self.workers.get(event["worker"], {})   # the process it ran in at that time
+            self._schedule.append({**{k: v for k, v in event.items() if k != "event"},
+                                   "host": worker.get("host"), "pid": worker.get("pid")})
         elif kind == "trial_ended":
             trial = self._trials[event["trial_id"]]
             trial.status, trial.error = event["status"], event.get("reason")
-        elif kind == "run_started":
+        elif kind in ("run_started", "workers_restarted"):
             self.workers = {int(index): info for index, info in event["workers"].items()}
         elif kind == "run_finished":
             self.finished = True
@@ -125,9 +128,7 @@ class Result:
         (seconds since the run started), compute (seconds in the training loop), and the
         worker's host and pid."""
         columns = ["trial_id", "epoch", "partition", "worker", "kind", "start", "end", "compute", "host", "pid"]
-        rows = [{**row, "host": self.workers.get(row["worker"], {}).get("host"),
-                 "pid": self.workers.get(row["worker"], {}).get("pid")} for row in self._schedule]
-        return pd.DataFrame(rows, columns=columns)
+        return pd.DataFrame(self._schedule, columns=columns)
 
     def summary(self) -> pd.DataFrame:
         """Trials ranked by ``metric`` (failed and unfinished last), one row each."""

@@ -63,7 +63,8 @@ def makedirs(location: str) -> None:
 
 def write_atomic(location: str, blob: bytes | None = None, writer: Any = None) -> None:
     """Write ``blob`` (or call ``writer(file)``) to a temporary name, then move it in place,
-    so readers never see half a file (atomic on local and HDFS; S3 writes are whole anyway)."""
+    so readers never see half a file. The move is atomic on local file systems; on HDFS it
+    deletes the old file first, so a crash in between leaves only the ``.tmp`` file."""
     fs, path = _fs(location)
     fs.makedirs(fs._parent(path), exist_ok=True)
     with fs.open(path + ".tmp", "wb") as f:
