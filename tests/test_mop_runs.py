@@ -142,3 +142,19 @@ def test_default_backend_is_bitwise_reproducible_across_worker_counts_for_mlps(t
     pd.testing.assert_frame_equal(one.history(), four.history(), check_exact=True)
     for a, b in zip(one.trials, four.trials):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+def test_communicated_bytes_cover_every_state_that_hopped(runs):
+    from cerebro.store import unpack_tensors
+
+    result = runs["2"]
+    train = result.schedule().query("kind == 'train'")
+
+    def state_bytes(trial_id: str) -> int:
+        state = unpack_tensors(result.store.read_checkpoint(trial_id))
+        tensors = [*state["model"].values(), *(v for s in state["optimizer"]["state"].values() for v in s.values())]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    returned = sum(state_bytes(t) for t in train.trial_id)   # every train sub-epoch sends its state back
+    assert returned <= result.bytes_communicated <= 3 * returned + 10_000_000
+    assert cb.load(result.run_dir).bytes_communicated == result.bytes_communicated

@@ -90,6 +90,7 @@ class Driver:
         self._trials: dict[str, _Trial] = {}       # live trials
         self._created = 0
         self._restarts = 0
+        self._bytes_sent = self._bytes_received = 0   # of the channels of workers since replaced
         self._training = False        # workers lost while training may be relaunched; at start-up not
         self._authkey = b""
         self._suggest_due = True
@@ -130,7 +131,9 @@ class Driver:
                 except _Restart as lost:
                     self._training = False
                     self._restart(str(lost), server.getsockname()[:2], accepted)
-            self._write("append", "run_finished", time=self._now())
+            self._write("append", "run_finished", time=self._now(), bytes_sent=self._bytes_sent + sum(
+                w.channel.bytes_sent for w in self._workers.values()), bytes_received=self._bytes_received + sum(
+                w.channel.bytes_received for w in self._workers.values()))
         except BaseException:
             self._tear_down(server, acceptor, accepted, stopping)
             try:
@@ -184,6 +187,8 @@ class Driver:
         for worker in self._workers.values():
             if worker.running is not None:
                 self.scheduler.abort(worker.running[1])
+            self._bytes_sent += worker.channel.bytes_sent
+            self._bytes_received += worker.channel.bytes_received
             worker.channel.close()
         self._workers = {}
         for trial in self._trials.values():

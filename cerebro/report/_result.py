@@ -68,6 +68,7 @@ class Result:
         self._history: list[dict[str, Any]] = []
         self._schedule: list[dict[str, Any]] = []
         self.finished = False
+        self.bytes_communicated = 0   # driver <-> workers, both ways, once the run has finished
         # index -> pid, host, launched_by, device, partitions of the latest launch
         self.workers: dict[int, dict[str, Any]] = {}
         for event in store.events():
@@ -92,6 +93,7 @@ class Result:
             self.workers = {int(index): info for index, info in event["workers"].items()}
         elif kind == "run_finished":
             self.finished = True
+            self.bytes_communicated = event.get("bytes_sent", 0) + event.get("bytes_received", 0)
 
     @property
     def build(self) -> Callable[[dict], Any]:

@@ -18,12 +18,17 @@ from ..store import frames, parse, read_exactly
 
 
 class Channel:
-    """One end of a driver-worker connection; ``send`` is safe from several threads."""
+    """One end of a driver-worker connection; ``send`` is safe from several threads.
+
+    It counts the bytes of the messages it sends and receives: what MOP communicates.
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
         self._lock = threading.Lock()
+        self.bytes_sent = 0
+        self.bytes_received = 0
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -33,9 +38,14 @@ class Channel:
         with self._lock:
             for frame in parts:
                 self.sock.sendall(frame)
+                self.bytes_sent += memoryview(frame).nbytes
 
     def recv(self) -> Any:
-        return parse(self.sock.recv_into)
+        def read_into(buffer: memoryview) -> int:
+            count = self.sock.recv_into(buffer)
+            self.bytes_received += count
+            return count
+        return parse(read_into)
 
     def close(self) -> None:
         self.sock.close()
