@@ -1,0 +1,218 @@
+"""MOP against the other ways to train many configurations, side by side on one workload.
+
+Strategies (each on the same 2 workers, the same grid, the same epochs and hyperparameters):
+
+- ``mop``: Cerebro, local backend, the data partitioned over the workers.
+- ``sequential``: one configuration after another in one process, full data, all cores.
+- ``data_parallel``: PyTorch DistributedDataParallel over gloo, one process per worker,
+  gradients all-reduced every mini-batch; configurations one after another.
+- ``model_averaging``: each worker trains on its own partition for an epoch, then the
+  weights are averaged (bulk synchronous); configurations one after another.
+- ``task_parallel`` (Ray Tune) is not here yet: see issue 4's status in the closing notes.
+
+For each: wall time, time per epoch (of all configurations), bytes communicated (measured
+where they are sent), copies of the training data, the validation accuracy of every
+configuration after every epoch, and the best final accuracy. Writes JSON and a Markdown
+table.
+
+Usage::
+
+    .venv/bin/python benchmarks/compare.py [--quick] [--out benchmarks/results/compare.json]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+import cerebro as cb
+
+WORKERS = 2
+
+
+def workload(quick: bool) -> dict[str, Any]:
+    rows = 4096 if quick else 16384
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(rows, 64)).astype(np.float32)
+    weights = rng.normal(size=(64, 10)).astype(np.float32)
+    label = (features @ weights + 0.5 * rng.normal(size=(rows, 10))).argmax(1)
+    grid = {"hidden": [64, 256], "lr": [1e-3, 3e-3], "batch_size": [32, 64]}
+    configs = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    return {"features": features, "label": label, "configs": configs[:2] if quick else configs,
+            "epochs": 2 if quick else 5}
+
+
+def make_model(config: dict) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(64, config["hidden"]), torch.nn.ReLU(),
+                               torch.nn.Linear(config["hidden"], 10))
+
+
+def build(config: dict) -> cb.TorchTrainable:
+    model = make_model(config)
+    return cb.TorchTrainable(model, torch.optim.Adam(model.parameters(), lr=config["lr"]),
+                             torch.nn.functional.cross_entropy, batch_size=config["batch_size"],
+                             metrics={"accuracy": cb.metrics.accuracy})
+
+
+def split(work: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The same seeded 80/20 split every strategy uses (the one cb.Dataset makes)."""
+    data = cb.Dataset.from_numpy(work["features"], work["label"], validation=0.2, seed=0)
+    (x, y), (vx, vy) = data.train_arrays(), data.validation_arrays()
+    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(vx), torch.from_numpy(vy)
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    return float((model(x).argmax(1) == y).float().mean())
+
+
+# --- strategies -----------------------------------------------------------------------------
+def run_mop(work: dict) -> dict[str, Any]:
+    data = cb.Dataset.from_numpy(work["features"], work["label"], validation=0.2, partitions=WORKERS, seed=0)
+    space = {k: cb.choice(sorted({c[k] for c in work["configs"]})) for k in work["configs"][0]}
+    search = cb.GridSearch(build, space, epochs=work["epochs"], metric="val_accuracy", mode="max")
+    with tempfile.TemporaryDirectory() as store:
+        started = time.perf_counter()
+        result = search.fit(data, backend=cb.LocalBackend(WORKERS), store=os.path.join(store, "run"), seed=0,
+                            verbose=0)
+        wall = time.perf_counter() - started
+        history = result.history()
+    curves = {json.dumps({k: t.config[k] for k in work["configs"][0]}): history[history.trial_id == t.trial_id]
+              .sort_values("epoch").val_accuracy.tolist() for t in result.trials}
+    return {"wall_s": wall, "comm_bytes": result.bytes_communicated, "data_copies": 1,
+            "data_per_worker": f"1/{WORKERS} of the rows", "curves": curves}
+
+
+def run_sequential(work: dict) -> dict[str, Any]:
+    torch.set_num_threads(WORKERS)
+    x, y, vx, vy = split(work)
+    curves = {}
+    started = time.perf_counter()
+    for config in work["configs"]:
+        torch.manual_seed(0)
+        trainable = build(config)
+        curve = []
+        for _ in range(work["epochs"]):
+            trainable.model.train()
+            for rows in torch.randperm(len(x)).split(config["batch_size"]):
+                trainable.optimizer.zero_grad()
+                trainable.loss(trainable.model(x[rows]), y[rows]).backward()
+                trainable.optimizer.step()
+            curve.append(accuracy(trainable.model, vx, vy))
+        curves[json.dumps(config)] = curve
+    return {"wall_s": time.perf_counter() - started, "comm_bytes": 0, "data_copies": 1,
+            "data_per_worker": "all rows, one process", "curves": curves}
+
+
+def _distributed(rank: int, strategy: str, work: dict, port: int, out: str) -> None:
+    """One of WORKERS processes of ``data_parallel`` or ``model_averaging``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORKERS)
+    torch.set_num_threads(1)
+    x, y, vx, vy = split(work)
+    mine = torch.arange(rank, len(x), WORKERS)          # this worker's rows
+    x, y = x[mine], y[mine]
+    sent = 0
+    curves = {}
+    for config in work["configs"]:
+        torch.manual_seed(0)
+        model = make_model(config)
+        if strategy == "data_parallel":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+
+            def counting_hook(state, bucket):   # no annotations: DDP checks them as real types
+                nonlocal sent
+                sent += bucket.buffer().numel() * bucket.buffer().element_size()
+                return default_hooks.allreduce_hook(None, bucket)
+            model.register_comm_hook(None, counting_hook)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config["lr"])
+        batch = config["batch_size"] // WORKERS if strategy == "data_parallel" else config["batch_size"]
+        curve = []
+        for epoch in range(work["epochs"]):
+            model.train()
+            generator = torch.Generator().manual_seed(epoch)
+            for rows in torch.randperm(len(x), generator=generator).split(batch):
+                optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+                optimizer.step()
+            if strategy == "model_averaging":
+                with torch.no_grad():
+                    for parameter in model.parameters():
+                        dist.all_reduce(parameter)
+                        parameter /= WORKERS
+                        sent += parameter.numel() * parameter.element_size()
+            curve.append(accuracy(model, vx, vy))
+        curves[json.dumps(config)] = curve
+    totals = torch.tensor([sent], dtype=torch.float64)
+    dist.all_reduce(totals)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"comm_bytes": int(totals.item()), "curves": curves}, f)
+    dist.destroy_process_group()
+
+
+def run_distributed(strategy: str, work: dict) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "out.json")
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        started = time.perf_counter()
+        mp.spawn(_distributed, args=(strategy, work, port, out), nprocs=WORKERS, join=True)
+        wall = time.perf_counter() - started
+        with open(out) as f:
+            measured = json.load(f)
+    per_worker = "1/2 of the rows" if strategy == "model_averaging" else "1/2 of the rows per mini-batch"
+    return {"wall_s": wall, "data_copies": 1, "data_per_worker": per_worker, **measured}
+
+
+STRATEGIES = {
+    "mop": run_mop,
+    "sequential": run_sequential,
+    "data_parallel": lambda work: run_distributed("data_parallel", work),
+    "model_averaging": lambda work: run_distributed("model_averaging", work),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 configurations, 2 epochs, 4096 rows")
+    parser.add_argument("--out", default="benchmarks/results/compare.json")
+    args = parser.parse_args()
+    work = workload(args.quick)
+    results = []
+    for name, run in STRATEGIES.items():
+        entry = {"strategy": name, **run(work)}
+        entry["epoch_s"] = entry["wall_s"] / work["epochs"]
+        entry["best_val_accuracy"] = max(curve[-1] for curve in entry["curves"].values())
+        results.append(entry)
+        print(f"{name:16} wall {entry['wall_s']:7.1f} s   epoch {entry['epoch_s']:6.2f} s   "
+              f"comm {entry['comm_bytes'] / 1e6:10.1f} MB   best val acc {entry['best_val_accuracy']:.4f}",
+              flush=True)
+    table = ["| strategy | wall s | s per epoch | comm MB | data copies | best val acc |", "|---|---|---|---|---|---|"]
+    table += [f"| {r['strategy']} | {r['wall_s']:.1f} | {r['epoch_s']:.2f} | {r['comm_bytes'] / 1e6:.1f} | "
+              f"{r['data_copies']} | {r['best_val_accuracy']:.4f} |" for r in results]
+    print("\n".join(table))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join([sys.executable, *sys.argv]), "quick": args.quick,
+                   "workload": {"rows": len(work["label"]), "configs": work["configs"], "epochs": work["epochs"],
+                                "workers": WORKERS}, "results": results, "table": "\n".join(table)}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
