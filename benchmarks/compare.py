@@ -234,31 +234,97 @@ STRATEGIES = {
 }
 
 
+def run_measured(name: str, quick: bool, scratch: str) -> dict[str, Any]:
+    """Run one strategy in a process of its own; sum the peak memory of its process tree."""
+    import psutil
+    part = os.path.join(scratch, f"{name}.json")
+    process = psutil.Popen([sys.executable, os.path.abspath(__file__), "--strategy", name, "--out", part,
+                            *(["--quick"] if quick else [])])
+    peaks: dict[int, int] = {}
+    while process.poll() is None:
+        for member in [process, *process.children(recursive=True)]:
+            try:
+                peaks[member.pid] = max(peaks.get(member.pid, 0), member.memory_info().rss)
+            except psutil.Error:
+                pass
+        time.sleep(0.1)   # a sampling interval, not a synchronisation
+    if process.returncode != 0:
+        raise RuntimeError(f"strategy {name} failed with exit code {process.returncode}")
+    with open(part) as f:
+        entry = json.load(f)
+    return {**entry, "peak_rss_mb": sum(peaks.values()) / 2**20, "processes": len(peaks)}
+
+
+def figures(results: list[dict[str, Any]], directory: str) -> list[str]:
+    """Learning curves of each strategy's best configuration, and bars of time, memory, bytes."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(directory, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in results:
+        best = max(r["curves"], key=lambda config: r["curves"][config][-1])
+        curve = r["curves"][best]
+        ax.plot(range(1, len(curve) + 1), curve, marker="o", label=f"{r['strategy']} {json.loads(best)}")
+    ax.set(xlabel="epoch", ylabel="validation accuracy", title="best configuration of each strategy")
+    ax.legend(fontsize=6)
+    curves_png = os.path.join(directory, "compare_curves.png")
+    fig.tight_layout()
+    fig.savefig(curves_png, dpi=120)
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.5))
+    names = [r["strategy"] for r in results]
+    for ax, key, label, log in ((axes[0], "epoch_s", "s per epoch (all configurations)", False),
+                                (axes[1], "peak_rss_mb", "peak memory, MB (all processes)", False),
+                                (axes[2], "comm_bytes", "bytes communicated", True)):
+        ax.bar(names, [max(r[key], 1) if log else r[key] for r in results])
+        ax.set_title(label, fontsize=9)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        if log:
+            ax.set_yscale("log")
+    bars_png = os.path.join(directory, "compare_bars.png")
+    fig.tight_layout()
+    fig.savefig(bars_png, dpi=120)
+    return [curves_png, bars_png]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 configurations, 2 epochs, 4096 rows")
     parser.add_argument("--out", default="benchmarks/results/compare.json")
+    parser.add_argument("--figures", default="benchmarks/figures", help="where the PNG figures go")
+    parser.add_argument("--strategy", choices=sorted(STRATEGIES), help=argparse.SUPPRESS)   # one, in-process
     args = parser.parse_args()
     work = workload(args.quick)
-    results = []
-    for name, run in STRATEGIES.items():
-        entry = {"strategy": name, **run(work)}
+    if args.strategy:
+        entry = {"strategy": args.strategy, **STRATEGIES[args.strategy](work)}
         entry["epoch_s"] = entry["wall_s"] / work["epochs"]
         entry["best_val_accuracy"] = max(curve[-1] for curve in entry["curves"].values())
-        results.append(entry)
-        print(f"{name:16} wall {entry['wall_s']:7.1f} s   epoch {entry['epoch_s']:6.2f} s   "
-              f"comm {entry['comm_bytes'] / 1e6:10.1f} MB   best val acc {entry['best_val_accuracy']:.4f}",
-              flush=True)
-    table = ["| strategy | wall s | s per epoch | comm MB | data copies | best val acc |", "|---|---|---|---|---|---|"]
-    table += [f"| {r['strategy']} | {r['wall_s']:.1f} | {r['epoch_s']:.2f} | {r['comm_bytes'] / 1e6:.1f} | "
-              f"{r['data_copies']} | {r['best_val_accuracy']:.4f} |" for r in results]
+        with open(args.out, "w") as f:
+            json.dump(entry, f)
+        return
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for name in STRATEGIES:
+            entry = run_measured(name, args.quick, scratch)
+            results.append(entry)
+            print(f"{name:16} wall {entry['wall_s']:7.1f} s   epoch {entry['epoch_s']:6.2f} s   "
+                  f"peak {entry['peak_rss_mb']:7.0f} MB   comm {entry['comm_bytes'] / 1e6:10.2f} MB   "
+                  f"best val acc {entry['best_val_accuracy']:.4f}", flush=True)
+    table = ["| strategy | wall s | s per epoch | peak memory MB | data copies | data per worker | comm MB "
+             "| best val acc |", "|---|---|---|---|---|---|---|---|"]
+    table += [f"| {r['strategy']} | {r['wall_s']:.1f} | {r['epoch_s']:.2f} | {r['peak_rss_mb']:.0f} | "
+              f"{r['data_copies']} | {r['data_per_worker']} | {r['comm_bytes'] / 1e6:.2f} | "
+              f"{r['best_val_accuracy']:.4f} |" for r in results]
     print("\n".join(table))
+    pngs = figures(results, args.figures)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join([sys.executable, *sys.argv]), "quick": args.quick,
+                   "machine": {"cpu_count": os.cpu_count(), "torch": torch.__version__},
                    "workload": {"rows": len(work["label"]), "configs": work["configs"], "epochs": work["epochs"],
-                                "workers": WORKERS}, "results": results, "table": "\n".join(table)}, f, indent=1)
-    print(f"wrote {args.out}")
+                                "workers": WORKERS}, "results": results, "table": "\n".join(table),
+                   "figures": pngs}, f, indent=1)
+    print(f"wrote {args.out} and {', '.join(pngs)}")
 
 
 if __name__ == "__main__":
