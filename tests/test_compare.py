@@ -34,3 +34,6 @@ def test_quick_comparison_measures_every_strategy(tmp_path):
     assert by_name["task_parallel"]["data_copies"] == 2 and by_name["mop"]["data_copies"] == 1
     for png in report["figures"]:
         assert os.path.getsize(png) > 1000
+    assert [g["rule"] for g in report["targets"]] == ["<= 1.05", ">= 100", "> 1", "> 1", "<= 1", "> 0"]
+    assert all(math.isfinite(g["measured"]) and isinstance(g["met"], bool) for g in report["targets"])
+    assert by_name["task_parallel"]["trial_processes"] >= 1
