@@ -6,9 +6,22 @@ from .backends import Backend, LocalBackend, SparkBackend
 from .data import Dataset
 from .engine import WorkerLostError
 from .report import Result, TrialResult, load
-from .search import GridSearch, RandomSearch, Searcher, choice, loguniform, quniform, randint, uniform
+from .search import (
+    ASHA,
+    PBT,
+    GridSearch,
+    Hyperband,
+    RandomSearch,
+    Searcher,
+    TPESearch,
+    choice,
+    loguniform,
+    quniform,
+    randint,
+    uniform,
+)
 from .worker import TorchTrainable
 
-__all__ = ["Backend", "Dataset", "GridSearch", "LocalBackend", "RandomSearch", "Result", "Searcher", "SparkBackend",
-           "TorchTrainable", "TrialResult", "WorkerLostError", "choice", "load", "loguniform",
-           "metrics", "quniform", "randint", "uniform"]
+__all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "LocalBackend", "RandomSearch", "Result",
+           "Searcher", "SparkBackend", "TPESearch", "TorchTrainable", "TrialResult", "WorkerLostError", "choice",
+           "load", "loguniform", "metrics", "quniform", "randint", "uniform"]

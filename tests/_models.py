@@ -58,3 +58,18 @@ def crashing_once(marker: str):
         trainable.loss = crash_once
         return trainable
     return crash_once_build
+
+
+def penalized(config: dict) -> cb.TorchTrainable:
+    """A rigged learning curve: a zero-initialised linear model trained with SGD at
+    ``config["lr"]`` (default 0: it never changes), whose loss is cross-entropy plus
+    ``config["penalty"]``, so with lr 0 every epoch's val_loss is log(10) + penalty."""
+    model = torch.nn.Linear(64, 10)
+    torch.nn.init.zeros_(model.weight)
+    torch.nn.init.zeros_(model.bias)
+
+    def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(outputs, targets) + config["penalty"]
+
+    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.0)), loss,
+                             batch_size=64)

@@ -119,3 +119,42 @@ def test_a_store_whose_file_system_is_unknown_or_unreachable_is_refused_early(tm
         cb.GridSearch(build, SPACE).fit(digits(partitions=2), store="nosuchfs://x/runs", verbose=0)
     with pytest.raises(OSError, match=re.escape("store 'hdfs://127.0.0.1:1/runs/exp1' cannot be reached: ")):
         cb.GridSearch(build, SPACE).fit(digits(partitions=2), store="hdfs://127.0.0.1:1/runs/exp1", verbose=0)
+
+
+ADAPTIVE_SPACE = {"lr": cb.loguniform(1e-3, 1e-1), "hidden": cb.choice([8, 16])}
+
+
+@pytest.mark.parametrize("search, message", [
+    (cb.Hyperband(build, ADAPTIVE_SPACE, max_epochs=9, eta=1), "eta=1 must be a number >= 2"),
+    (cb.Hyperband(build, ADAPTIVE_SPACE, max_epochs=0), "max_epochs=0 must be an integer >= 1"),
+    (cb.ASHA(build, ADAPTIVE_SPACE, max_epochs=0), "max_epochs=0 must be an integer >= 1"),
+    (cb.ASHA(build, ADAPTIVE_SPACE, reduction_factor=1.5), "reduction_factor=1.5 must be a number >= 2"),
+    (cb.ASHA(build, ADAPTIVE_SPACE, max_epochs=3, grace_period=4), "grace_period=4 must be at most max_epochs=3"),
+    (cb.TPESearch(build, {"layers": cb.choice([[8], [8, 8]])}),
+     "TPESearch cannot sample space['layers']=choice([[8], [8, 8]]): its value [8] is not a number, string, "
+     "bool or None (choose a name and map it inside build)"),
+    (cb.TPESearch(build, ADAPTIVE_SPACE, n_startup_trials=-1), "n_startup_trials=-1 must be an integer >= 0"),
+    (cb.PBT(build, ADAPTIVE_SPACE, mutations=["momentum"]),
+     "mutations: 'momentum' is not a key of the space; keys: ['hidden', 'lr']"),
+    (cb.PBT(build, {**ADAPTIVE_SPACE, "batch_size": 32}, mutations=["batch_size"]),
+     "mutations: space['batch_size'] is the constant 32; only a primitive (cb.uniform, cb.choice, ...) can be "
+     "mutated"),
+    (cb.PBT(build, {"hidden": cb.choice([8, 16])}), "PBT has nothing to explore: the space has no cb.uniform or "
+     "cb.loguniform key; name the keys to mutate with mutations=[...]"),
+    (cb.PBT(build, ADAPTIVE_SPACE, population=1), "population=1 must be at least 2: PBT copies between trials"),
+    (cb.PBT(build, ADAPTIVE_SPACE, quantile_fraction=0.75), "quantile_fraction=0.75 must be in (0, 0.5]"),
+])
+def test_adaptive_searchers_reject_bad_settings(tmp_path, search, message):
+    fails_before_work(tmp_path, search, message)
+
+
+def test_tpe_rejects_a_primitive_it_does_not_know(tmp_path):
+    class Beta(cb.search.Distribution):
+        def sample(self, rng):
+            return float(rng.beta(2, 2))
+
+        def __repr__(self):
+            return "Beta()"
+    fails_before_work(tmp_path, cb.TPESearch(build, {"lr": Beta()}),
+                      "TPESearch cannot sample space['lr']=Beta(); use cb.choice, cb.uniform, cb.loguniform, "
+                      "cb.randint or cb.quniform")

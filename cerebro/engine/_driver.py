@@ -32,7 +32,7 @@ from ..worker._protocol import (
     SubEpochFailed,
 )
 from ..worker._wire import Channel, authenticate
-from ._interface import Decision, SearchPolicy
+from ._interface import Decision, Exploit, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed, visit_order
 from ._writer import BackgroundWriter
@@ -55,6 +55,8 @@ class _Trial:
     state: object = None          # packed, as it came from the worker
     version: int = 0              # train sub-epochs the state has seen
     holders: set[int] = field(default_factory=set)         # workers holding this version
+    paused: bool = False          # waits for the searcher's decide()
+    retune: bool = False          # config changed (PBT): optimizer hyperparameters from build(config)
     train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
     eval_sums: dict[int, Sums] = field(default_factory=dict)
 
@@ -94,6 +96,7 @@ class Driver:
         self._training = False        # workers lost while training may be relaunched; at start-up not
         self._authkey = b""
         self._suggest_due = True
+        self._decide_due = False
         self._next_task_id = 0
         self._t0 = time.monotonic()
         self._writer = BackgroundWriter()
@@ -265,6 +268,7 @@ class Driver:
         self._add_trials()
         while self._trials or any(w.running for w in self._workers.values()):
             self._dispatch()
+            self._check_not_stuck()
             channels = [w.channel for w in self._workers.values()]
             for ready in wait(channels, timeout=self.heartbeat_interval):
                 worker = next(w for w in self._workers.values() if w.channel is ready)
@@ -274,6 +278,7 @@ class Driver:
                 elif isinstance(message, (SubEpochDone, SubEpochFailed)):
                     self._finish_task(worker, message)
             self._check_health()
+            self._apply_decisions()
             self._add_trials()
 
     def _receive(self, worker: _Worker) -> object:
@@ -336,6 +341,13 @@ class Driver:
         self.scheduler.start_epoch(trial.trial_id, trial.epoch,
                                    visit_order(self.seed, trial.trial_id, trial.epoch, self.num_partitions))
 
+    def _check_not_stuck(self) -> None:
+        """Every live trial paused with nothing running: the searcher will never decide them."""
+        if self._trials and all(t.paused for t in self._trials.values()) and not any(
+                w.running for w in self._workers.values()):
+            raise RuntimeError(f"{type(self.policy).__name__} paused trials {sorted(self._trials)} "
+                               f"and decided none of them; the run cannot go on")
+
     def _dispatch(self) -> None:
         idle = [w.index for w in self._workers.values() if w.running is None]
         tasks = self.scheduler.assign(idle)
@@ -353,7 +365,7 @@ class Driver:
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(self.seed, trial.trial_id),
             subepoch_seed(self.seed, trial.trial_id, task.epoch, task.partition),
-            trial.version, None if held else trial.state))
+            trial.version, None if held else trial.state, trial.retune and task.kind == TRAIN))
         trial.holders.add(worker.index)
 
     def _resend_with_state(self, worker: _Worker) -> None:
@@ -381,6 +393,7 @@ class Driver:
         sums = Sums(message.rows, message.loss, message.metrics)
         if task.kind == TRAIN:
             trial.state, trial.version, trial.holders = message.state, trial.version + 1, {worker.index}
+            trial.retune = False
             trial.train_sums[task.partition] = sums
             if not math.isfinite(message.loss):
                 self._end(trial, "diverged", f"train loss became {message.loss / max(message.rows, 1)} "
@@ -401,17 +414,68 @@ class Driver:
         bad = [name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])]
         if bad:
             self._end(trial, "diverged", f"{bad[0]} is {metrics[bad[0]]} after epoch {trial.epoch}")
-        elif self.policy.report(trial.trial_id, trial.epoch, metrics) is Decision.STOP:
-            self._end(trial, "stopped" if trial.epoch < trial.max_epochs else "completed", None)
-        elif trial.epoch >= trial.max_epochs:
-            self._end(trial, "completed", None)
+            return
+        decision = self.policy.report(trial.trial_id, trial.epoch, metrics)
+        self._write("append", "decision", trial_id=trial.trial_id, epoch=trial.epoch, decision=decision.value)
+        self._decide_due = True
+        if decision is Decision.PAUSE:
+            trial.paused = True
         else:
+            self._go_on(trial, decision)
+
+    def _go_on(self, trial: _Trial, decision: Decision) -> None:
+        """Carry out CONTINUE or STOP for a trial at the end of an epoch."""
+        if decision is Decision.STOP and trial.epoch < trial.max_epochs:
+            self._end(trial, "stopped", self.policy.stop_reason(trial.trial_id))
+        elif decision in (Decision.STOP, Decision.CONTINUE) and trial.epoch >= trial.max_epochs:
+            self._end(trial, "completed", None)
+        elif decision is Decision.CONTINUE:
             self._start_epoch(trial)
+        else:
+            raise RuntimeError(f"{type(self.policy).__name__} answered {decision!r} for {trial.trial_id}; "
+                               f"expected CONTINUE, STOP or PAUSE")
+
+    def _apply_decisions(self) -> None:
+        """Carry out what the searcher decided for paused trials; exploits first, so every
+        source still holds the state of the epoch it paused at."""
+        if not self._decide_due:
+            return
+        self._decide_due = False
+        decisions = self.policy.decide()
+        if not decisions:
+            return
+        self._write("append", "search_state", time=self._now(), state=self.policy.state())
+        for trial_id, decision in sorted(decisions.items(), key=lambda item: not isinstance(item[1], Exploit)):
+            trial = self._trials.get(trial_id)
+            if trial is None or not trial.paused:
+                raise RuntimeError(f"{type(self.policy).__name__} decided {decision!r} for {trial_id}, "
+                                   f"which is not a paused trial")
+            self._decide_due = True    # what ends or goes on may unblock other decisions
+            self._write("append", "decision", trial_id=trial_id, epoch=trial.epoch,
+                        decision="exploit" if isinstance(decision, Exploit) else decision.value)
+            if isinstance(decision, Exploit):
+                self._exploit(trial, decision)
+                decision = Decision.CONTINUE
+            trial.paused = False
+            self._go_on(trial, decision)
+
+    def _exploit(self, trial: _Trial, exploit: Exploit) -> None:
+        source = self._trials.get(exploit.source)
+        if source is None or not source.paused or source.epoch != trial.epoch:
+            raise RuntimeError(f"{trial.trial_id} cannot exploit {exploit.source}: the source must be a trial "
+                               f"paused at the same epoch ({trial.epoch})")
+        self._write("append", "exploit", trial_id=trial.trial_id, epoch=trial.epoch, source=source.trial_id,
+                    previous_config=trial.config, config=dict(exploit.config), time=self._now())
+        trial.config, trial.state = dict(exploit.config), source.state
+        # A new version no worker holds: the state is sent again, and the trainable rebuilt.
+        trial.version, trial.holders, trial.retune = trial.version + 1, set(), True
+        self._write("write_config", trial.trial_id, trial.config)
+        self._write("write_checkpoint", trial.trial_id, trial.state)
 
     def _end(self, trial: _Trial, status: str, reason: str | None) -> None:
         del self._trials[trial.trial_id]
         self.scheduler.remove(trial.trial_id)
-        self._suggest_due = True
+        self._suggest_due = self._decide_due = True
         if reason and status == "failed":
             self._write("write_error", trial.trial_id, reason)
         self._write("append", "trial_ended", trial_id=trial.trial_id, status=status, reason=reason,

@@ -19,9 +19,10 @@ from ..worker import TorchTrainable
 class TrialResult:
     """One trial: its configuration, status, last epoch's metrics and trained weights.
 
-    ``status`` is ``running`` until the trial ends as completed, stopped (by the searcher),
-    failed (its build or training raised: see ``error``), diverged (non-finite loss) or
-    timeout.
+    ``status`` is ``running`` until the trial ends as completed, stopped (by the searcher:
+    ``reason`` says why, e.g. the rung), failed (its build or training raised: see
+    ``error``), diverged (non-finite loss) or timeout. ``config`` is the latest one: PBT
+    changes it (see :meth:`Result.lineage`).
     """
 
     trial_id: str
@@ -30,6 +31,7 @@ class TrialResult:
     epochs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    reason: str | None = None
     _result: Result | None = field(default=None, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -67,6 +69,7 @@ class Result:
         self._trials: dict[str, TrialResult] = {}
         self._history: list[dict[str, Any]] = []
         self._schedule: list[dict[str, Any]] = []
+        self._exploits: list[dict[str, Any]] = []
         self.finished = False
         self.bytes_communicated = 0   # driver <-> workers, both ways, once the run has finished
         # index -> pid, host, launched_by, device, partitions of the latest launch
@@ -81,14 +84,23 @@ class Result:
         elif kind == "epoch_end":
             trial = self._trials[event["trial_id"]]
             trial.epochs, trial.metrics = event["epoch"], event["metrics"]
-            self._history.append({"trial_id": trial.trial_id, "epoch": event["epoch"], **event["metrics"]})
+            exploited = [e["source"] for e in self._exploits
+                         if e["trial_id"] == trial.trial_id and e["epoch"] == event["epoch"] - 1]
+            # The config this epoch trained with: PBT may have changed it since the trial began.
+            self._history.append({"trial_id": trial.trial_id, "epoch": event["epoch"], **event["metrics"],
+                                  "exploited_from": exploited[0] if exploited else None, **trial.config})
+        elif kind == "exploit":
+            self._trials[event["trial_id"]].config = event["config"]
+            self._exploits.append({k: event[k] for k in ("trial_id", "epoch", "source", "previous_config",
+                                                         "config")})
         elif kind == "sub_epoch":
             worker = self.workers.get(event["worker"], {})   # the process it ran in at that time
             self._schedule.append({**{k: v for k, v in event.items() if k != "event"},
                                    "host": worker.get("host"), "pid": worker.get("pid")})
         elif kind == "trial_ended":
             trial = self._trials[event["trial_id"]]
-            trial.status, trial.error = event["status"], event.get("reason")
+            trial.status, trial.reason = event["status"], event.get("reason")
+            trial.error = trial.reason if trial.status in ("failed", "diverged", "timeout") else None
         elif kind in ("run_started", "workers_restarted"):
             self.workers = {int(index): info for index, info in event["workers"].items()}
         elif kind == "run_finished":
@@ -120,10 +132,16 @@ class Result:
         return min(scored, key=lambda t: sign * t.metrics[self.metric])
 
     def history(self) -> pd.DataFrame:
-        """One row per (trial_id, epoch), in that order: losses, metrics and the trial's config."""
-        rows = sorted(({**row, **self._trials[row["trial_id"]].config} for row in self._history),
-                      key=lambda row: (row["trial_id"], row["epoch"]))
+        """One row per (trial_id, epoch), in that order: losses, metrics, ``exploited_from``
+        (the trial whose state this epoch started from, after a PBT exploit, else None) and
+        the config the epoch trained with."""
+        rows = sorted(self._history, key=lambda row: (row["trial_id"], row["epoch"]))
         return pd.DataFrame(rows, columns=None if rows else ["trial_id", "epoch"])
+
+    def lineage(self) -> pd.DataFrame:
+        """PBT's exploits, in the order they happened: after ``epoch``, ``trial_id`` took the
+        state of ``source`` and went on with ``config`` instead of ``previous_config``."""
+        return pd.DataFrame(self._exploits, columns=["trial_id", "epoch", "source", "previous_config", "config"])
 
     def schedule(self) -> pd.DataFrame:
         """One row per sub-epoch: trial_id, epoch, partition, worker, kind, start, end
@@ -134,7 +152,7 @@ class Result:
 
     def summary(self) -> pd.DataFrame:
         """Trials ranked by ``metric`` (failed and unfinished last), one row each."""
-        rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs,
+        rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs, "reason": t.reason,
                  self.metric: t.metrics.get(self.metric, math.nan), **t.config} for t in self.trials]
         table = pd.DataFrame(rows)
         if table.empty:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..engine import Decision, TrialRequest, execute
+from ..engine import Decision, Exploit, TrialRequest, execute
 from ._space import check_space, sample_config
 
 if TYPE_CHECKING:
@@ -32,8 +32,9 @@ class Searcher(ABC):
 
     Subclasses implement narrow waist 1 (:class:`cerebro.engine.SearchPolicy`):
     :meth:`suggest` (which trials to start now), :meth:`start` (reset for a run with its
-    seed) and, optionally, :meth:`report` (continue or stop a trial after an epoch) and
-    :meth:`trial_ended`.
+    seed) and, optionally, :meth:`report` (continue, stop or pause a trial after an epoch),
+    :meth:`decide` (for paused trials), :meth:`trial_ended`, :meth:`stop_reason` and
+    :meth:`state`.
 
     Args:
         build: ``build(config)`` -> :class:`cerebro.TorchTrainable`; runs on the workers.
@@ -59,8 +60,20 @@ class Searcher(ABC):
         """``trial_id`` finished ``epoch`` with ``metrics``; the default lets it go on."""
         return Decision.CONTINUE
 
+    def decide(self) -> dict[str, Decision | Exploit]:
+        """Decisions for trials ``report`` paused; the default never pauses."""
+        return {}
+
     def trial_ended(self, trial_id: str, status: str) -> None:
         """``trial_id`` ended as ``status``; the default ignores it."""
+
+    def stop_reason(self, trial_id: str) -> str | None:
+        """Why ``trial_id`` was stopped early, for the history and the report."""
+        return None
+
+    def state(self) -> dict[str, Any]:
+        """The search's state as JSON-safe data, written to the journal at each decision."""
+        return {}
 
     # --- hooks for subclasses -----------------------------------------------------------
     def _check(self) -> None:

@@ -48,31 +48,33 @@ class _Trainables:
 
     def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int) -> None:
         self.build, self.device, self.budget = build, device, budget
-        self._cache: OrderedDict[str, tuple[TorchTrainable, int, int]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[TorchTrainable, int, int, dict]] = OrderedDict()
 
     def take(self, task: RunSubEpoch) -> TorchTrainable | None:
         """``task``'s trainable at the task's state version; None if that state is not here."""
         cached = self._cache.pop(task.trial_id, None)
+        if cached is not None and cached[3] != task.config:    # PBT changed the config
+            cached = None
         if task.version == 0:
             torch.manual_seed(task.init_seed)
-            trainable = self.build(task.config)
-            if not isinstance(trainable, TorchTrainable):
-                raise TypeError(f"build(config) must return a cerebro.TorchTrainable; "
-                                f"got {type(trainable).__name__}")
-            trainable.model.to(self.device)
-            return trainable
+            return self._build(task.config)
         if task.state is None:
             return cached[0] if cached is not None and cached[1] == task.version else None
-        trainable = cached[0] if cached is not None else None
-        if trainable is None:
-            trainable = self.build(task.config)
-            trainable.model.to(self.device)
-        trainable.load_state(unpack_tensors(task.state))
+        trainable = cached[0] if cached is not None and not task.retune else self._build(task.config)
+        trainable.load_state(unpack_tensors(task.state), keep_hyperparameters=task.retune)
         return trainable
 
-    def keep(self, trial_id: str, trainable: TorchTrainable, version: int) -> None:
+    def _build(self, config: dict) -> TorchTrainable:
+        trainable = self.build(config)
+        if not isinstance(trainable, TorchTrainable):
+            raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
+        trainable.model.to(self.device)
+        return trainable
+
+    def keep(self, task: RunSubEpoch, trainable: TorchTrainable, version: int) -> None:
         size = 3 * sum(t.numel() * t.element_size() for t in trainable.model.state_dict().values())
-        self._cache[trial_id] = (trainable, version, size)   # size: weights + optimizer moments, roughly
+        # size: weights + optimizer moments, roughly
+        self._cache[task.trial_id] = (trainable, version, size, task.config)
         while sum(entry[2] for entry in self._cache.values()) > self.budget and len(self._cache) > 1:
             self._cache.popitem(last=False)
 
@@ -144,7 +146,7 @@ def _run(task: RunSubEpoch, trainables: _Trainables,
             sums = trainable.evaluate_partition(features, label)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if task.kind == "train" else None
-        trainables.keep(task.trial_id, trainable, task.version + (task.kind == "train"))
+        trainables.keep(task, trainable, task.version + (task.kind == "train"))
         return SubEpochDone(task.task_id, sums.rows, sums.loss, sums.metrics, compute, state)
     except Exception:
         return SubEpochFailed(task.task_id, traceback.format_exc())

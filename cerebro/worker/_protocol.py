@@ -63,6 +63,8 @@ class RunSubEpoch:
     seed: int                    # the sub-epoch's batch order and randomness
     version: int                 # train sub-epochs the state has seen; 0: build the model anew
     state: Any                   # the packed state; None when version is 0 or the worker holds it
+    retune: bool = False         # config changed since the state was saved: keep build(config)'s
+                                 # optimizer hyperparameters (PBT)
 
 
 @dataclass

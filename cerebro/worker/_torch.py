@@ -57,9 +57,15 @@ class TorchTrainable:
     def state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def load_state(self, state: Mapping) -> None:
+    def load_state(self, state: Mapping, *, keep_hyperparameters: bool = False) -> None:
+        """Load weights and optimizer state; with ``keep_hyperparameters`` the optimizer keeps
+        the learning rate, weight decay, ... it was built with (PBT's explore step)."""
+        built = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if keep_hyperparameters:
+            for group, hyperparameters in zip(self.optimizer.param_groups, built):
+                group.update(hyperparameters)
 
     # --- sub-epochs ---------------------------------------------------------------------
     def train_partition(self, features: torch.Tensor, label: torch.Tensor, seed: int) -> Sums:

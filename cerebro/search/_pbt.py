@@ -1,0 +1,158 @@
+"""Population based training: the worst trials copy the best ones' state and explore."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from ..engine import Decision, Exploit, TrialRequest, search_rng, trial_index
+from ._asha import trial_id
+from ._base import Searcher, check_epochs
+from ._ranking import ranked
+from ._space import Distribution, choice, loguniform, quniform, randint, sample_config, uniform
+
+
+class PBT(Searcher):
+    """Population based training (Jaderberg et al., "Population Based Training of Neural
+    Networks", 2017).
+
+    ``population`` trials train together. Every ``perturbation_interval`` epochs each waits
+    until the whole population reached that epoch; then each trial in the bottom
+    ``quantile_fraction`` (by the objective) *exploits* a trial of the top quantile, drawn at
+    random: it copies its state (weights and optimizer state, bitwise) and its config, and
+    *explores*: each key in ``mutations`` is resampled from the space with probability
+    ``resample_probability``, else scaled by 0.8 or 1.2 (``cb.choice``: moved to a
+    neighbouring value), and kept inside the space's bounds. The new learning rate, weight
+    decay, ... take effect in the live optimizer's parameter groups. A trial keeps its id;
+    :meth:`cerebro.Result.lineage` lists every exploit.
+
+    Args:
+        mutations: keys of the space to explore; default: every ``cb.uniform`` and
+            ``cb.loguniform`` key.
+
+    Example:
+        >>> space = {"lr": cb.loguniform(1e-4, 1e-1), "weight_decay": cb.uniform(0.0, 1e-3)}
+        >>> result = cb.PBT(build, space, population=8, epochs=12,
+        ...                 perturbation_interval=2).fit(data, seed=0)
+    """
+
+    def __init__(self, build: Callable, space: Mapping[str, Any], *, population: int = 8, epochs: int = 10,
+                 perturbation_interval: int = 2, mutations: Collection[str] | None = None,
+                 quantile_fraction: float = 0.25, resample_probability: float = 0.25,
+                 metric: str = "val_loss", mode: str = "min") -> None:
+        super().__init__(build, space, metric=metric, mode=mode)
+        self.population = population
+        self.epochs = epochs
+        self.perturbation_interval = perturbation_interval
+        self.mutations = mutations
+        self.quantile_fraction = quantile_fraction
+        self.resample_probability = resample_probability
+
+    def _check(self) -> None:
+        check_epochs("population", self.population)
+        if self.population < 2:
+            raise ValueError(f"population={self.population!r} must be at least 2: PBT copies between trials")
+        check_epochs("epochs", self.epochs)
+        check_epochs("perturbation_interval", self.perturbation_interval)
+        if isinstance(self.quantile_fraction, bool) or not isinstance(self.quantile_fraction, (int, float)) \
+                or not 0 < self.quantile_fraction <= 0.5:
+            raise ValueError(f"quantile_fraction={self.quantile_fraction!r} must be in (0, 0.5]")
+        if isinstance(self.resample_probability, bool) or not isinstance(self.resample_probability, (int, float)) \
+                or not 0 <= self.resample_probability <= 1:
+            raise ValueError(f"resample_probability={self.resample_probability!r} must be in [0, 1]")
+        if isinstance(self.mutations, (str, bytes)) or (self.mutations is not None
+                                                        and not isinstance(self.mutations, Collection)):
+            raise TypeError(f"mutations={self.mutations!r} must be a list of keys of the space")
+        for key in self.mutations or ():
+            if key not in self.space:
+                raise ValueError(f"mutations: {key!r} is not a key of the space; keys: {sorted(self.space)}")
+            if not isinstance(self.space[key], Distribution):
+                raise ValueError(f"mutations: space[{key!r}] is the constant {self.space[key]!r}; "
+                                 f"only a primitive (cb.uniform, cb.choice, ...) can be mutated")
+        if not self._mutated_keys():
+            raise ValueError("PBT has nothing to explore: the space has no cb.uniform or cb.loguniform key; "
+                             "name the keys to mutate with mutations=[...]")
+
+    def _mutated_keys(self) -> list[str]:
+        if self.mutations is not None:
+            return [key for key in self.space if key in self.mutations]
+        return [key for key, value in self.space.items() if isinstance(value, (uniform, loguniform))]
+
+    def _settings(self) -> dict[str, Any]:
+        return {"population": self.population, "epochs": self.epochs,
+                "perturbation_interval": self.perturbation_interval, "mutations": self._mutated_keys(),
+                "quantile_fraction": self.quantile_fraction, "resample_probability": self.resample_probability}
+
+    def start(self, seed: int) -> None:
+        self._rng = search_rng(seed)
+        self._configs: dict[int, dict[str, Any]] = {}
+        self._live: set[int] = set()
+        self._values: dict[int, float] = {}       # this generation's: trial -> value
+        self._generation = 1                      # the next exploit happens after this * interval epochs
+        self._exploits: list[dict[str, Any]] = []
+
+    def suggest(self) -> list[TrialRequest]:
+        if self._configs:
+            return []
+        self._configs = {index: sample_config(self.space, self._rng) for index in range(self.population)}
+        self._live = set(self._configs)
+        return [TrialRequest(config, self.epochs) for config in self._configs.values()]
+
+    def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
+        if epoch % self.perturbation_interval or epoch >= self.epochs:
+            return Decision.CONTINUE
+        self._values[trial_index(trial_id)] = metrics[self.metric]
+        return Decision.PAUSE
+
+    def decide(self) -> dict[str, Decision | Exploit]:
+        if not self._values or any(index not in self._values for index in self._live):
+            return {}          # part of the population is still training towards this generation
+        order = ranked(self._values, self.mode)
+        quantile = min(math.ceil(len(order) * self.quantile_fraction), len(order) // 2)
+        top, bottom = order[:quantile], set(order[len(order) - quantile:])
+        decisions: dict[str, Decision | Exploit] = {}
+        for index in order:
+            if index not in bottom:
+                decisions[trial_id(index)] = Decision.CONTINUE
+                continue
+            source = top[int(self._rng.integers(len(top)))]
+            config = self._explore(self._configs[source])
+            self._exploits.append({"trial_id": trial_id(index), "source": trial_id(source), "config": config,
+                                   "epoch": self._generation * self.perturbation_interval})
+            self._configs[index] = config
+            decisions[trial_id(index)] = Exploit(trial_id(source), config)
+        self._values = {}
+        self._generation += 1
+        return decisions
+
+    def _explore(self, config: dict[str, Any]) -> dict[str, Any]:
+        new = dict(config)
+        for key in self._mutated_keys():
+            primitive = self.space[key]
+            if self._rng.random() < self.resample_probability:
+                new[key] = primitive.sample(self._rng)
+            else:
+                new[key] = _perturb(primitive, new[key], up=bool(self._rng.random() < 0.5))
+        return new
+
+    def trial_ended(self, trial_id: str, status: str) -> None:
+        self._live.discard(trial_index(trial_id))
+
+    def state(self) -> dict[str, Any]:
+        return {"generation": self._generation, "configs": {trial_id(i): c for i, c in sorted(self._configs.items())},
+                "exploits": self._exploits}
+
+
+def _perturb(primitive: Distribution, value: Any, up: bool) -> Any:
+    """``value`` scaled by 1.2 (``up``) or 0.8, or moved one ``choice`` step, within the bounds."""
+    if isinstance(primitive, choice):
+        position = next((i for i, v in enumerate(primitive.values) if v == value), 0)
+        return primitive.values[min(max(position + (1 if up else -1), 0), len(primitive.values) - 1)]
+    scaled = value * (1.2 if up else 0.8)
+    if isinstance(primitive, randint):
+        return int(min(max(round(scaled), primitive.low), primitive.high - 1))
+    if isinstance(primitive, quniform):
+        steps = min(max(round(scaled / primitive.q), math.ceil(primitive.low / primitive.q)),
+                    math.floor(primitive.high / primitive.q))
+        return float(steps * primitive.q)
+    return float(min(max(scaled, primitive.low), primitive.high))
