@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import numpy as np
 import torch
@@ -42,9 +43,10 @@ def build(config: dict) -> cb.TorchTrainable:
                              metrics={"accuracy": cb.metrics.accuracy})
 
 
-def crashing_once(marker: str):
-    """``build``, except that the first loss computed anywhere kills its Python worker; the
-    marker file records that it happened, so every later loss is computed as usual."""
+def crashing_once(marker: str, how: str = "exit"):
+    """``build``, except that the first loss computed anywhere kills its Python worker
+    (``os._exit`` or a real SIGKILL); the marker file records that it happened, so every
+    later loss is computed as usual."""
     def crash_once_build(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
         loss = trainable.loss
@@ -52,6 +54,8 @@ def crashing_once(marker: str):
         def crash_once(outputs, targets):
             if not os.path.exists(marker):
                 open(marker, "w").close()
+                if how == "sigkill":
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(1)
             return loss(outputs, targets)
 

@@ -157,6 +157,7 @@ def test_same_seed_same_decisions_and_results_on_one_and_two_workers(tmp_path, n
     decisions = [[(e["trial_id"], e["epoch"], e["decision"]) for e in r.store.events()
                   if e["event"] == "decision" and e["decision"] != "pause"] for r in (one, two)]
     assert sorted(decisions[0]) == sorted(decisions[1]) and decisions[0]
+    assert any(e["event"] == "search_state" for e in one.store.events())     # the searcher's state, journaled
     assert math.isfinite(one.best.metrics["val_loss"])
 
 

@@ -3,6 +3,7 @@ with one partition a trial is exactly a plain torch training loop."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 
 import pandas as pd
@@ -37,18 +38,33 @@ def test_failed_and_diverged_trials_end_while_the_others_finish(tmp_path):
     assert result.finished
 
 
-def test_a_worker_that_dies_stops_the_run_with_a_clear_error(tmp_path):
+def test_a_trial_that_kills_its_workers_fails_and_the_run_goes_on(tmp_path):
     space = {"crash": cb.choice([False, True])}
+    result = cb.GridSearch(build, space, epochs=3).fit(digits(partitions=2), workers=2, seed=0,
+                                                       store=tmp_path / "run", verbose=0)
+    statuses = {t.trial_id: t.status for t in result.trials}
+    assert statuses == {"t0000": "completed", "t0001": "failed"}
+    error = result.trials[1].error
+    assert error.startswith("lost the 2 workers that ran it: worker ")
+    assert error.count("while running t0001 train epoch 1") == 2
+    assert "closed its connection" in error or "exited with code 3" in error
+    events = [e["event"] for e in result.store.events()]
+    assert events.count("partitions_moved") == 1 and events.count("workers_restarted") == 1
+    assert result.finished
+
+
+def test_when_no_worker_is_left_and_none_may_start_the_run_stops_clearly(tmp_path):
+    space = {"crash": cb.choice([True])}
     with pytest.raises(cb.WorkerLostError) as error:
-        cb.GridSearch(build, space, epochs=3).fit(digits(partitions=2), workers=2, seed=0,
-                                                  store=tmp_path / "run", verbose=0)
+        cb.GridSearch(build, space, epochs=3).fit(digits(partitions=2), backend=cb.LocalBackend(1, max_restarts=0),
+                                                  seed=0, store=tmp_path / "run", verbose=0)
     message = str(error.value)
-    assert "t0001 train epoch 1" in message
-    assert "closed its connection" in message or "exited with code 3" in message
+    assert "while running t0000 train epoch 1" in message
+    assert "no worker is left and the backend may not start more (max_restarts=0)" in message
     assert f"Its journal and checkpoints are in {tmp_path / 'run'}" in message
     loaded = cb.load(tmp_path / "run")
     assert not loaded.finished
-    assert {t.trial_id: t.status for t in loaded.trials}["t0001"] == "running"
+    assert loaded.trials[0].status == "running"
 
 
 def test_with_one_partition_a_trial_equals_a_plain_torch_loop(tmp_path):
@@ -90,14 +106,17 @@ def test_run_directory_is_never_overwritten(tmp_path):
 def test_a_worker_that_hangs_is_lost_after_its_heartbeat_timeout(tmp_path):
     space = {"hang": cb.choice([False, True])}
     backend = cb.LocalBackend(workers=2, heartbeat_timeout=3)
-    with pytest.raises(cb.WorkerLostError, match=r"sent no heartbeat for \d+ s while running t0001 train epoch 1"):
-        cb.GridSearch(hanging_build, space, epochs=2).fit(digits(partitions=2), backend=backend, seed=0,
-                                                         store=tmp_path / "run", verbose=0)
-    events = list(cb.load(tmp_path / "run").store.events())
-    assert events[-1]["event"] == "worker_lost" and events[-1]["worker"] == 1
-    for worker in events[0]["workers"].values():   # stop() ended every worker, the frozen one too
-        with pytest.raises(ProcessLookupError):
-            os.kill(worker["pid"], 0)
+    result = cb.GridSearch(hanging_build, space, epochs=2).fit(digits(partitions=2), backend=backend, seed=0,
+                                                              store=tmp_path / "run", verbose=0)
+    assert [t.status for t in result.trials] == ["completed", "failed"]
+    assert re.search(r"sent no heartbeat for \d+ s while running t0001 train epoch 1", result.trials[1].error)
+    events = list(result.store.events())
+    frozen = [e for e in events if e["event"] == "worker_lost"]
+    assert len(frozen) == 2                        # it froze the worker it moved to as well
+    for launch in (e for e in events if e["event"] in ("run_started", "workers_restarted")):
+        for worker in launch["workers"].values():  # every process ended, the frozen ones too
+            with pytest.raises(ProcessLookupError):
+                os.kill(worker["pid"], 0)
 
 
 def hanging_build(config: dict) -> cb.TorchTrainable:
@@ -110,20 +129,38 @@ def hanging_build(config: dict) -> cb.TorchTrainable:
     return trainable
 
 
-class RestartingLocalBackend(cb.LocalBackend):
-    """Local workers that the driver may start anew once (the mechanism SparkBackend uses)."""
-
-    max_restarts = 1
-
-
-def test_workers_started_anew_after_a_loss_give_the_same_results(tmp_path):
+@pytest.mark.parametrize("how", ["exit", "sigkill"])
+def test_a_lost_workers_partitions_move_and_the_results_stay_the_same(tmp_path, how):
     space = {"lr": cb.choice([1e-2, 3e-3, 1e-3])}
     plain = cb.GridSearch(build, space, epochs=2).fit(
         digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4, store=tmp_path / "a",
         verbose=0)
     marker = tmp_path / "crashed"
+    moved = cb.GridSearch(crashing_once(str(marker), how), space, epochs=2).fit(
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4,
+        store=tmp_path / "b", verbose=0)
+    assert marker.exists()
+    events = list(moved.store.events())
+    lost = next(e for e in events if e["event"] == "partitions_moved")
+    survivor = 1 - lost["lost"]
+    assert lost["moved"] == {str(survivor): [lost["lost"], lost["lost"] + 2]}
+    assert [e["event"] for e in events].count("workers_restarted") == 0
+    schedule = moved.schedule()
+    after = schedule[schedule.start > next(e["time"] for e in events if e["event"] == "worker_lost")]
+    assert set(after.worker) == {survivor} and set(after.partition) == {0, 1, 2, 3}   # the re-run and the rest
+    pd.testing.assert_frame_equal(plain.history(), moved.history(), check_exact=True)
+    for a, b in zip(plain.trials, moved.trials):
+        assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+def test_workers_started_anew_when_none_is_left_give_the_same_results(tmp_path):
+    space = {"lr": cb.choice([1e-2, 3e-3, 1e-3])}
+    plain = cb.GridSearch(build, space, epochs=2).fit(
+        digits(partitions=2), backend=cb.LocalBackend(1, threads_per_worker=1), seed=4, store=tmp_path / "a",
+        verbose=0)
+    marker = tmp_path / "crashed"
     relaunched = cb.GridSearch(crashing_once(str(marker)), space, epochs=2).fit(
-        digits(partitions=4), backend=RestartingLocalBackend(2, threads_per_worker=1), seed=4,
+        digits(partitions=2), backend=cb.LocalBackend(1, threads_per_worker=1, max_restarts=1), seed=4,
         store=tmp_path / "b", verbose=0)
     assert marker.exists()
     assert [e["event"] for e in relaunched.store.events()].count("workers_restarted") == 1

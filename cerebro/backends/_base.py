@@ -27,7 +27,7 @@ class Backend(ABC):
     workers: int
     threads_per_worker: int
     heartbeat_timeout: float   # a worker silent this many seconds is lost
-    max_restarts: int = 0      # times the driver may start all workers anew after losing one
+    max_restarts: int = 0      # times the driver may start all workers anew after losing all
 
     def driver_address(self) -> tuple[str, int]:
         """Where the driver listens for its workers: (host, port); port 0 picks a free one."""
@@ -44,3 +44,6 @@ class Backend(ABC):
     @abstractmethod
     def stop(self) -> None:
         """End every worker still running; safe to call twice."""
+
+    def release(self, worker: int) -> None:
+        """The driver gave up on ``worker`` (lost or hung): end it if it still runs."""

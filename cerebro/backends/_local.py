@@ -19,19 +19,24 @@ class LocalBackend(Backend):
             Some CPU kernels (convolutions) add up in a thread-count dependent order, so for
             bitwise-equal results across worker counts keep this equal, e.g. 1.
         heartbeat_timeout: seconds without a heartbeat (sent every second) after which a
-            worker counts as lost, e.g. when it hangs or its machine stops answering.
+            worker counts as lost, e.g. when it hangs or its machine stops answering. The
+            other workers then load its partitions and run its sub-epoch again.
+        max_restarts: how often the driver may start every worker anew when none is left.
 
     Example:
         >>> search.fit(data, backend=cb.LocalBackend(workers=4), store="runs/exp1")
     """
 
     def __init__(self, workers: int = 2, threads_per_worker: int | None = None,
-                 heartbeat_timeout: float = 60.0) -> None:
+                 heartbeat_timeout: float = 60.0, max_restarts: int = 2) -> None:
         self.workers = check_positive("workers", workers)
         if threads_per_worker is None:
             threads_per_worker = max(1, (os.cpu_count() or 1) // workers)
         self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker)
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ValueError(f"max_restarts={max_restarts!r} must be an integer >= 0")
+        self.max_restarts = max_restarts
         self._processes: list[subprocess.Popen] = []
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
@@ -48,6 +53,10 @@ class LocalBackend(Backend):
     def exited(self) -> dict[int, str]:
         return {worker: f"exited with code {process.returncode}" for worker, process in enumerate(self._processes)
                 if process.poll() is not None}
+
+    def release(self, worker: int) -> None:
+        if worker < len(self._processes) and self._processes[worker].poll() is None:
+            self._processes[worker].kill()      # SIGKILL ends a stopped (hung) process too
 
     def stop(self) -> None:
         for process in self._processes:

@@ -30,12 +30,15 @@ from ..worker._protocol import (
     StateMissing,
     SubEpochDone,
     SubEpochFailed,
+    TakeOver,
 )
 from ..worker._wire import Channel, authenticate
 from ._interface import Decision, Exploit, SearchPolicy
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed, visit_order
 from ._writer import BackgroundWriter
+
+MAX_WORKERS_LOST_PER_TRIAL = 2
 
 
 class WorkerLostError(RuntimeError):
@@ -44,6 +47,14 @@ class WorkerLostError(RuntimeError):
 
 class _Restart(Exception):
     """Workers were lost and the backend may start them again (``Backend.max_restarts``)."""
+
+
+class _WorkerGone(Exception):
+    """One worker is lost while others live: they take over its partitions."""
+
+    def __init__(self, worker: _Worker, reason: str) -> None:
+        super().__init__(reason)
+        self.worker, self.reason = worker, reason
 
 
 @dataclass
@@ -57,6 +68,7 @@ class _Trial:
     holders: set[int] = field(default_factory=set)         # workers holding this version
     paused: bool = False          # waits for the searcher's decide()
     retune: bool = False          # config changed (PBT): optimizer hyperparameters from build(config)
+    lost_with: list[str] = field(default_factory=list)      # workers lost while running it
     train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
     eval_sums: dict[int, Sums] = field(default_factory=dict)
 
@@ -196,6 +208,8 @@ class Driver:
         self._workers = {}
         for trial in self._trials.values():
             trial.holders.clear()
+        for partition in range(self.num_partitions):     # a new launch holds the partitions as at the start
+            self.scheduler.move(partition, partition % self.backend.workers)
         self.backend.stop()
         while not accepted.empty():
             accepted.get()[1].close()
@@ -267,19 +281,80 @@ class Driver:
     def _loop(self) -> None:
         self._add_trials()
         while self._trials or any(w.running for w in self._workers.values()):
-            self._dispatch()
-            self._check_not_stuck()
-            channels = [w.channel for w in self._workers.values()]
-            for ready in wait(channels, timeout=self.heartbeat_interval):
-                worker = next(w for w in self._workers.values() if w.channel is ready)
-                message = self._receive(worker)
-                if isinstance(message, StateMissing):
-                    self._resend_with_state(worker)
-                elif isinstance(message, (SubEpochDone, SubEpochFailed)):
-                    self._finish_task(worker, message)
-            self._check_health()
-            self._apply_decisions()
-            self._add_trials()
+            try:
+                self._step()
+            except _WorkerGone as gone:
+                self._hand_over(gone)
+
+    def _step(self) -> None:
+        self._dispatch()
+        self._check_not_stuck()
+        channels = [w.channel for w in self._workers.values()]
+        for ready in wait(channels, timeout=self.heartbeat_interval):
+            worker = next(w for w in self._workers.values() if w.channel is ready)
+            message = self._receive(worker)
+            if isinstance(message, StateMissing):
+                self._resend_with_state(worker)
+            elif isinstance(message, (SubEpochDone, SubEpochFailed)):
+                self._finish_task(worker, message)
+            elif isinstance(message, SetupFailed):      # it could not load partitions it took over
+                self._lost(worker, f"could not load the partitions it took over: "
+                                   f"{message.error.strip().splitlines()[-1]}")
+        self._check_health()
+        self._apply_decisions()
+        self._add_trials()
+
+    def _hand_over(self, gone: _WorkerGone) -> None:
+        """The surviving workers load a lost worker's partitions from the store and its
+        sub-epoch runs again, from the state the driver holds and with the same seeds, so
+        the results do not change (invariant 2)."""
+        pending = [gone]
+        while pending:
+            gone = pending.pop()
+            worker = self._workers.pop(gone.worker.index)
+            if worker.running is not None:
+                self._abort(worker.running[1], f"{worker.describe()} {gone.reason}")
+            self._bytes_sent += worker.channel.bytes_sent
+            self._bytes_received += worker.channel.bytes_received
+            worker.channel.close()
+            self.backend.release(worker.index)
+            for trial in self._trials.values():
+                trial.holders.discard(worker.index)
+            if not self._workers:
+                self._no_worker_left(f"{worker.describe()} {gone.reason}")
+            survivors = sorted(self._workers)
+            moved: dict[int, list[int]] = {}
+            for i, partition in enumerate(self.scheduler.partitions_of(worker.index)):
+                target = survivors[i % len(survivors)]
+                self.scheduler.move(partition, target)
+                moved.setdefault(target, []).append(partition)
+            self._write("append", "partitions_moved", lost=worker.index, reason=gone.reason,
+                        moved={str(target): partitions for target, partitions in moved.items()}, time=self._now())
+            for target, partitions in moved.items():
+                self._workers[target].partitions += partitions
+                try:
+                    self._send(self._workers[target], TakeOver(partitions))
+                except _WorkerGone as also:
+                    pending.append(also)
+
+    def _abort(self, task: Task, reason: str) -> None:
+        """``task`` will not finish. A trial whose sub-epochs were on two lost workers is
+        taken for their cause (it crashes or hangs its worker) and fails, not the run."""
+        self.scheduler.abort(task)
+        trial = self._trials.get(task.trial_id)
+        if trial is None:
+            return
+        trial.lost_with.append(reason)
+        if len(trial.lost_with) >= MAX_WORKERS_LOST_PER_TRIAL:
+            self._end(trial, "failed", f"lost the {len(trial.lost_with)} workers that ran it: "
+                                       + "; ".join(trial.lost_with))
+
+    def _no_worker_left(self, last: str) -> None:
+        if self._restarts < self.backend.max_restarts:
+            raise _Restart(last)
+        raise WorkerLostError(f"{last}; no worker is left and the backend may not start more "
+                              f"(max_restarts={self.backend.max_restarts}). "
+                              f"Its journal and checkpoints are in {self.store.path}")
 
     def _receive(self, worker: _Worker) -> object:
         try:
@@ -314,8 +389,8 @@ class Driver:
             task = worker.running[1]
             doing = f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
         self._write("append", "worker_lost", worker=worker.index, reason=what, time=self._now())
-        if self._training and self._restarts < self.backend.max_restarts:
-            raise _Restart(f"{worker.describe()} {what}{doing}")
+        if self._training:
+            raise _WorkerGone(worker, f"{what}{doing}")
         raise WorkerLostError(f"{worker.describe()} {what}{doing}; the run stopped. "
                               f"Its journal and checkpoints are in {self.store.path}")
 
@@ -325,7 +400,10 @@ class Driver:
         if not self._suggest_due:
             return
         self._suggest_due = False
-        for request in self.policy.suggest():
+        requests = self.policy.suggest()
+        if requests:
+            self._write_search_state()
+        for request in requests:
             trial = _Trial(f"t{self._created:04d}", dict(request.config), request.max_epochs)
             self._created += 1
             self._trials[trial.trial_id] = trial
@@ -354,9 +432,15 @@ class Driver:
         for task in tasks:   # all marked running first: a failed send then aborts every one
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
             self._workers[task.worker].running = (task_id, task, self._now())
+        gone = None
         for task in tasks:
             worker = self._workers[task.worker]
-            self._send_task(worker, worker.running[0], task, self._trials[task.trial_id])
+            try:
+                self._send_task(worker, worker.running[0], task, self._trials[task.trial_id])
+            except _WorkerGone as error:    # the others' tasks are sent all the same
+                gone = gone or error
+        if gone is not None:
+            raise gone
 
     def _send_task(self, worker: _Worker, task_id: int, task: Task, trial: _Trial) -> None:
         """Send ``task``, leaving the state out where the worker already holds this version."""
@@ -444,7 +528,7 @@ class Driver:
         decisions = self.policy.decide()
         if not decisions:
             return
-        self._write("append", "search_state", time=self._now(), state=self.policy.state())
+        self._write_search_state()
         for trial_id, decision in sorted(decisions.items(), key=lambda item: not isinstance(item[1], Exploit)):
             trial = self._trials.get(trial_id)
             if trial is None or not trial.paused:
@@ -458,6 +542,11 @@ class Driver:
                 decision = Decision.CONTINUE
             trial.paused = False
             self._go_on(trial, decision)
+
+    def _write_search_state(self) -> None:
+        state = self.policy.state()
+        if state:
+            self._write("append", "search_state", time=self._now(), state=state)
 
     def _exploit(self, trial: _Trial, exploit: Exploit) -> None:
         source = self._trials.get(exploit.source)

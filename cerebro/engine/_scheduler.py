@@ -86,6 +86,15 @@ class MOPScheduler:
         """Forget a trial (stopped, failed or done); its running sub-epochs are ignored."""
         self._epochs.pop(trial_id, None)
 
+    def partitions_of(self, worker: int) -> list[int]:
+        return sorted(p for p, owner in self._owner.items() if owner == worker)
+
+    def move(self, partition: int, worker: int) -> None:
+        """``worker`` now holds ``partition`` (its holder was lost, or workers restarted)."""
+        if partition not in self._owner:
+            raise ValueError(f"partition {partition} is not one of 0..{self.num_partitions - 1}")
+        self._owner[partition] = worker
+
     def is_live(self, trial_id: str) -> bool:
         return trial_id in self._epochs
 

@@ -140,7 +140,7 @@ class PBT(Searcher):
 
     def state(self) -> dict[str, Any]:
         return {"generation": self._generation, "configs": {trial_id(i): c for i, c in sorted(self._configs.items())},
-                "exploits": self._exploits}
+                "exploits": list(self._exploits)}
 
 
 def _perturb(primitive: Distribution, value: Any, up: bool) -> Any:

@@ -27,6 +27,7 @@ from ._protocol import (
     StateMissing,
     SubEpochDone,
     SubEpochFailed,
+    TakeOver,
 )
 from ._torch import TorchTrainable
 from ._wire import Channel, connect
@@ -90,8 +91,7 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         channel.send(SetupFailed(worker, traceback.format_exc()))
         channel.close()
         return
-    channel.send(Ready(worker, str(device), {p: (len(d["train"][0]), len(d["val"][0]))
-                                              for p, d in data.items()}))
+    channel.send(_ready(worker, device, data))
     stop = threading.Event()
     threading.Thread(target=_beat, args=(channel, worker, setup.heartbeat_interval, stop),
                      daemon=True).start()
@@ -103,6 +103,13 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
                 return  # the driver is gone: nothing left to do
             if isinstance(message, Shutdown):
                 return
+            if isinstance(message, TakeOver):
+                try:
+                    data.update(_load(setup.data_dir, message.partitions, device))
+                    channel.send(_ready(worker, device, data))
+                except Exception:
+                    channel.send(SetupFailed(worker, traceback.format_exc()))
+                continue
             channel.send(_run(message, trainables, data))
     finally:
         stop.set()
@@ -116,12 +123,21 @@ def _set_up(setup: Setup, worker: int) -> tuple[_Trainables, dict, torch.device]
     # that at start-up rather than inside some trial's first sub-epoch.
     importlib.import_module("torch._dynamo")
     device = _device(worker)
-    layout = read_layout(setup.data_dir)
-    data = {partition: {split: tuple(torch.from_numpy(a).to(device)
-                                     for a in read_partition(setup.data_dir, split, partition, layout))
-                        for split in ("train", "val")}
-            for partition in setup.partitions}
+    data = _load(setup.data_dir, setup.partitions, device)
     return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES), data, device
+
+
+def _load(data_dir: str, partitions: list[int], device: torch.device) -> dict:
+    """Partitions from the store into memory: partition -> split -> (features, label)."""
+    layout = read_layout(data_dir)
+    return {partition: {split: tuple(torch.from_numpy(a).to(device)
+                                     for a in read_partition(data_dir, split, partition, layout))
+                        for split in ("train", "val")}
+            for partition in partitions}
+
+
+def _ready(worker: int, device: torch.device, data: dict) -> Ready:
+    return Ready(worker, str(device), {p: (len(d["train"][0]), len(d["val"][0])) for p, d in data.items()})
 
 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:

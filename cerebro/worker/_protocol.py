@@ -10,6 +10,8 @@ token and its worker index. The worker connects back over an authenticated chann
     driver -> RunSubEpoch    worker -> SubEpochDone | SubEpochFailed     (repeated)
                              worker -> StateMissing: it no longer holds the state version the
                                        driver left out; the driver sends the task again with it
+    driver -> TakeOver       a lost worker's partitions: load them from the store too
+                             worker -> Ready (all its partitions) | SetupFailed
     worker -> Heartbeat      (every heartbeat_interval seconds, from a side thread)
     driver -> Shutdown
 """
@@ -86,6 +88,11 @@ class StateMissing:
 class SubEpochFailed:
     task_id: int
     error: str                   # the formatted traceback
+
+
+@dataclass
+class TakeOver:
+    partitions: list[int]
 
 
 @dataclass
