@@ -65,3 +65,18 @@ def status(run_dir: str) -> None:
     console.print(f"{'finished' if result.finished else 'not finished'}: {done} of "
                   f"{len(result.trials)} trials ended")
     print_summary(result, console)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--workers", default=None, type=int, help="local worker processes (default: as the run had)")
+@click.option("--quiet", is_flag=True, help="no live progress")
+def resume(run_dir: str, workers: int | None, quiet: bool) -> None:
+    """Finish a run whose driver died (killed, crashed, Ctrl-C), from its journal and
+    checkpoints; the results are those the run would have had without the crash.
+
+    Example: cerebro resume cerebro_runs/gridsearch-20261122-101500-ab12
+    """
+    from . import resume as resume_run
+    result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1)
+    print_summary(result, Console())

@@ -45,8 +45,8 @@ def build(config: dict) -> cb.TorchTrainable:
 
 def crashing_once(marker: str, how: str = "exit"):
     """``build``, except that the first loss computed anywhere kills its Python worker
-    (``os._exit`` or a real SIGKILL); the marker file records that it happened, so every
-    later loss is computed as usual."""
+    (``os._exit``, a real SIGKILL, or SIGSTOP: a hang); the marker file records that it
+    happened, so every later loss is computed as usual."""
     def crash_once_build(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
         loss = trainable.loss
@@ -54,9 +54,10 @@ def crashing_once(marker: str, how: str = "exit"):
         def crash_once(outputs, targets):
             if not os.path.exists(marker):
                 open(marker, "w").close()
-                if how == "sigkill":
-                    os.kill(os.getpid(), signal.SIGKILL)
-                os._exit(1)
+                if how in ("sigkill", "sigstop"):
+                    os.kill(os.getpid(), getattr(signal, how.upper()))
+                else:
+                    os._exit(1)
             return loss(outputs, targets)
 
         trainable.loss = crash_once

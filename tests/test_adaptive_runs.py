@@ -2,6 +2,7 @@
 PBT's bitwise state copy, and the same decisions and results on 1 and 2 workers."""
 from __future__ import annotations
 
+import json
 import math
 
 import pandas as pd
@@ -154,9 +155,11 @@ def test_same_seed_same_decisions_and_results_on_one_and_two_workers(tmp_path, n
         for key, value in a.state_dict().items():
             assert torch.equal(value, b.state_dict()[key])
     # Whether a trial had to wait (pause) for older ones depends on timing; what was decided does not.
-    decisions = [[(e["trial_id"], e["epoch"], e["decision"]) for e in r.store.events()
-                  if e["event"] == "decision" and e["decision"] != "pause"] for r in (one, two)]
-    assert sorted(decisions[0]) == sorted(decisions[1]) and decisions[0]
+    decisions = [sorted([(e["trial_id"], str(e["epoch"]), e["decision"]) for e in r.store.events()
+                         if e["event"] == "decision" and e["decision"] != "pause"]
+                        + [(t, "decide", json.dumps(d, sort_keys=True)) for e in r.store.events()
+                           if e["event"] == "decide" for t, d in e["decisions"].items()]) for r in (one, two)]
+    assert decisions[0] == decisions[1] and decisions[0]
     assert any(e["event"] == "search_state" for e in one.store.events())     # the searcher's state, journaled
     assert math.isfinite(one.best.metrics["val_loss"])
 

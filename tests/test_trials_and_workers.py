@@ -129,7 +129,7 @@ def hanging_build(config: dict) -> cb.TorchTrainable:
     return trainable
 
 
-@pytest.mark.parametrize("how", ["exit", "sigkill"])
+@pytest.mark.parametrize("how", ["exit", "sigkill", "sigstop"])
 def test_a_lost_workers_partitions_move_and_the_results_stay_the_same(tmp_path, how):
     space = {"lr": cb.choice([1e-2, 3e-3, 1e-3])}
     plain = cb.GridSearch(build, space, epochs=2).fit(
@@ -137,7 +137,7 @@ def test_a_lost_workers_partitions_move_and_the_results_stay_the_same(tmp_path, 
         verbose=0)
     marker = tmp_path / "crashed"
     moved = cb.GridSearch(crashing_once(str(marker), how), space, epochs=2).fit(
-        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4,
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1, heartbeat_timeout=3), seed=4,
         store=tmp_path / "b", verbose=0)
     assert marker.exists()
     events = list(moved.store.events())
@@ -145,6 +145,9 @@ def test_a_lost_workers_partitions_move_and_the_results_stay_the_same(tmp_path, 
     survivor = 1 - lost["lost"]
     assert lost["moved"] == {str(survivor): [lost["lost"], lost["lost"] + 2]}
     assert [e["event"] for e in events].count("workers_restarted") == 0
+    if how == "sigstop":      # a hang is found by the missing heartbeats, within the timeout
+        assert re.fullmatch(r"sent no heartbeat for [34] s", next(e for e in events if e["event"] == "worker_lost")
+                            ["reason"])
     schedule = moved.schedule()
     after = schedule[schedule.start > next(e["time"] for e in events if e["event"] == "worker_lost")]
     assert set(after.worker) == {survivor} and set(after.partition) == {0, 1, 2, 3}   # the re-run and the rest

@@ -13,8 +13,10 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
+from typing import TYPE_CHECKING
 
 from ..backends import Backend
 from ..report import Progress
@@ -33,10 +35,13 @@ from ..worker._protocol import (
     TakeOver,
 )
 from ..worker._wire import Channel, authenticate
-from ._interface import Decision, Exploit, SearchPolicy
+from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed, visit_order
 from ._writer import BackgroundWriter
+
+if TYPE_CHECKING:
+    from ._resume import Recovered, RecoveredTrial
 
 MAX_WORKERS_LOST_PER_TRIAL = 2
 
@@ -69,6 +74,8 @@ class _Trial:
     paused: bool = False          # waits for the searcher's decide()
     retune: bool = False          # config changed (PBT): optimizer hyperparameters from build(config)
     lost_with: list[str] = field(default_factory=list)      # workers lost while running it
+    catch_up: int = 0             # resume: epochs up to this one ran before the crash; redo them silently
+    then: Callable[[], None] | None = None    # resume: what to do once caught up
     train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
     eval_sums: dict[int, Sums] = field(default_factory=dict)
 
@@ -112,6 +119,9 @@ class Driver:
         self._next_task_id = 0
         self._t0 = time.monotonic()
         self._writer = BackgroundWriter()
+        self._resumed = False
+        self._t0_offset = 0.0
+        self._restore: Callable[[], None] = lambda: None
         self.scheduler = MOPScheduler({w: self._partitions_of(w) for w in range(backend.workers)},
                                       evaluate=evaluate)
 
@@ -135,9 +145,11 @@ class Driver:
         try:
             acceptor.start()
             self._start_workers(server.getsockname()[:2], accepted)
-            self._t0 = time.monotonic()
-            self._write("append", "run_started", workers=self._worker_info())
+            self._t0 = time.monotonic() - self._t0_offset
+            self._write("append", "run_resumed" if self._resumed else "run_started", workers=self._worker_info(),
+                        time=self._now())
             self.progress.start(self.store.path, self.backend.workers)
+            self._restore()
             while True:
                 try:
                     self._training = True
@@ -279,6 +291,7 @@ class Driver:
                                   f"{self.startup_timeout:.0f} s")
 
     def _loop(self) -> None:
+        self._apply_decisions()
         self._add_trials()
         while self._trials or any(w.running for w in self._workers.values()):
             try:
@@ -404,14 +417,17 @@ class Driver:
         if requests:
             self._write_search_state()
         for request in requests:
-            trial = _Trial(f"t{self._created:04d}", dict(request.config), request.max_epochs)
-            self._created += 1
-            self._trials[trial.trial_id] = trial
-            self._write("write_config", trial.trial_id, trial.config)
-            self._write("append", "trial_created", trial_id=trial.trial_id, config=trial.config,
-                        max_epochs=trial.max_epochs, time=self._now())
-            self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
-            self._start_epoch(trial)
+            self._create(request)
+
+    def _create(self, request: TrialRequest) -> None:
+        trial = _Trial(f"t{self._created:04d}", dict(request.config), request.max_epochs)
+        self._created += 1
+        self._trials[trial.trial_id] = trial
+        self._write("write_config", trial.trial_id, trial.config)
+        self._write("append", "trial_created", trial_id=trial.trial_id, config=trial.config,
+                    max_epochs=trial.max_epochs, time=self._now())
+        self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
+        self._start_epoch(trial)
 
     def _start_epoch(self, trial: _Trial) -> None:
         trial.epoch += 1
@@ -488,16 +504,89 @@ class Driver:
         if self.scheduler.complete(task):
             self._end_epoch(trial)
 
+    # --- resume -------------------------------------------------------------------------
+    def restore(self, recovered: Recovered) -> None:
+        """Take up the trials as the journal of a crashed run leaves them (see ``_resume``)."""
+        self._resumed, self._t0_offset = True, recovered.last_time
+        self._restore = lambda: self._take_up(recovered)
+        self._decide_due = True
+
+    def _take_up(self, recovered: Recovered) -> None:
+        from ._resume import ResumeError
+        self._created = len(recovered.trials)
+        actions: list[Callable[[], None]] = []
+        for rt in recovered.trials.values():
+            if rt.status is not None:
+                continue
+            trial = _Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch)
+            self._trials[trial.trial_id] = trial
+            if rt.epoch == 0:
+                actions.append(lambda trial=trial: self._start_epoch(trial))
+                continue
+            exploited = rt.exploited_at == rt.epoch
+            found = [c for c in self.store.checkpoints(trial.trial_id) if "state" in c]
+            exact = [c for c in found if c["epoch"] == rt.epoch and c["exploit"] == exploited]
+            earlier = [c for c in found if c["epoch"] < rt.epoch and not c["exploit"]]
+            if exact:
+                trial.state, trial.version = exact[0]["state"], 1
+                actions.append(lambda trial=trial, rt=rt: self._carry_on(trial, rt))
+                continue
+            if exploited or rt.exploited_at is not None:
+                raise ResumeError(f"the checkpoint of {trial.trial_id} after its PBT exploit at epoch "
+                                  f"{rt.exploited_at} is damaged or missing: {self.store.checkpoints(trial.trial_id)}")
+            # Roll back to an earlier good checkpoint (or the start) and redo the journaled epochs.
+            if earlier:
+                trial.state, trial.version, trial.epoch = earlier[0]["state"], 1, earlier[0]["epoch"]
+            else:
+                trial.state, trial.version, trial.epoch = None, 0, 0
+            trial.catch_up, trial.then = rt.epoch, (lambda trial=trial, rt=rt: self._carry_on(trial, rt))
+            self._write("append", "trial_rolled_back", trial_id=trial.trial_id, from_epoch=rt.epoch,
+                        to_epoch=trial.epoch, checkpoints=[c.get("problem", c.get("epoch"))
+                                                           for c in self.store.checkpoints(trial.trial_id)],
+                        time=self._now())
+            actions.append(lambda trial=trial: self._start_epoch(trial))
+        for action in actions:
+            action()
+        pending = {rt.trial_id: rt.pending for rt in recovered.trials.values()
+                   if rt.status is None and rt.pending is not None}
+        self._carry_out(pending)
+        for request in recovered.unstarted:
+            self._create(request)
+
+    def _carry_on(self, trial: _Trial, rt: RecoveredTrial) -> None:
+        """Do for ``trial`` what the crashed driver had decided, or was deciding, after ``rt.epoch``."""
+        bad = diverged(rt.metrics)
+        if bad:
+            self._end(trial, "diverged", f"{bad} is {rt.metrics[bad]} after epoch {trial.epoch}")
+            return
+        if rt.pending is not None or rt.decision is Decision.PAUSE:
+            trial.paused = True          # decided below by _carry_out, or later by decide()
+            if not rt.decision_journaled:
+                self._write("append", "decision", trial_id=trial.trial_id, epoch=trial.epoch, decision="pause")
+            return
+        if not rt.decision_journaled:
+            self._write("append", "decision", trial_id=trial.trial_id, epoch=trial.epoch,
+                        decision=rt.decision.value)
+        self._go_on(trial, rt.decision)
+
     def _end_epoch(self, trial: _Trial) -> None:
+        if trial.epoch <= trial.catch_up:      # resume: journaled and reported before the crash
+            self._write("write_checkpoint", trial.trial_id, trial.state, trial.epoch)
+            if trial.epoch < trial.catch_up:
+                self._start_epoch(trial)
+            else:
+                trial.catch_up, then = 0, trial.then
+                then()
+            return
         metrics = {**_mean("train", trial.train_sums), **_mean("val", trial.eval_sums)}
-        self._write("write_checkpoint", trial.trial_id, trial.state)
+        self._write("write_checkpoint", trial.trial_id, trial.state, trial.epoch)
         self._write("append", "epoch_end", trial_id=trial.trial_id, epoch=trial.epoch, metrics=metrics,
                     time=self._now())
         self._suggest_due = True
         self.progress.epoch_end(trial.trial_id, trial.epoch, metrics)
-        bad = [name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])]
+        bad = diverged(metrics)
         if bad:
-            self._end(trial, "diverged", f"{bad[0]} is {metrics[bad[0]]} after epoch {trial.epoch}")
+            self._end(trial, "diverged", f"{bad} is {metrics[bad]} after epoch {trial.epoch}")
             return
         decision = self.policy.report(trial.trial_id, trial.epoch, metrics)
         self._write("append", "decision", trial_id=trial.trial_id, epoch=trial.epoch, decision=decision.value)
@@ -529,14 +618,16 @@ class Driver:
         if not decisions:
             return
         self._write_search_state()
+        self._write("append", "decide", decisions={t: describe(d) for t, d in decisions.items()}, time=self._now())
+        self._carry_out(decisions)
+
+    def _carry_out(self, decisions: dict[str, Decision | Exploit]) -> None:
         for trial_id, decision in sorted(decisions.items(), key=lambda item: not isinstance(item[1], Exploit)):
             trial = self._trials.get(trial_id)
             if trial is None or not trial.paused:
                 raise RuntimeError(f"{type(self.policy).__name__} decided {decision!r} for {trial_id}, "
                                    f"which is not a paused trial")
             self._decide_due = True    # what ends or goes on may unblock other decisions
-            self._write("append", "decision", trial_id=trial_id, epoch=trial.epoch,
-                        decision="exploit" if isinstance(decision, Exploit) else decision.value)
             if isinstance(decision, Exploit):
                 self._exploit(trial, decision)
                 decision = Decision.CONTINUE
@@ -559,7 +650,7 @@ class Driver:
         # A new version no worker holds: the state is sent again, and the trainable rebuilt.
         trial.version, trial.holders, trial.retune = trial.version + 1, set(), True
         self._write("write_config", trial.trial_id, trial.config)
-        self._write("write_checkpoint", trial.trial_id, trial.state)
+        self._write("write_checkpoint", trial.trial_id, trial.state, trial.epoch, True)
 
     def _end(self, trial: _Trial, status: str, reason: str | None) -> None:
         del self._trials[trial.trial_id]
@@ -571,6 +662,19 @@ class Driver:
                     time=self._now())
         self.progress.trial_ended(trial.trial_id, status, reason)
         self.policy.trial_ended(trial.trial_id, status)
+
+
+def describe(decision: Decision | Exploit) -> str | dict:
+    """A decision as journal data."""
+    if isinstance(decision, Exploit):
+        return {"exploit": decision.source, "config": decision.config}
+    return decision.value
+
+
+def diverged(metrics: dict[str, float]) -> str | None:
+    """The first loss in ``metrics`` that is not finite: the trial diverged."""
+    return next((name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])),
+                None)
 
 
 def _mean(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:

@@ -36,7 +36,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     if not isinstance(data, Dataset):
         raise TypeError(f"data must be a cerebro.Dataset (e.g. cb.Dataset.from_numpy(X, y)); "
                         f"got {type(data).__name__}")
-    backend = _resolve_backend(backend, workers)
+    backend = resolve_backend(backend, workers)
     num_partitions = data.partitions or backend.workers
     data.check_partitions(num_partitions)
     if num_partitions < backend.workers:
@@ -48,18 +48,32 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         raise ValueError(f"seed={seed!r} must be a non-negative integer or None")
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    build_blob = _pickle_build(build)
+    build_blob = pickle_build(build)
     _check_metric(build, example_config, metric, data.has_validation)
     if store is None:
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
+    searcher_blob = pickle_build(policy)
     run_store = RunStore.create(store)
+    lock = run_store.lock()
+    try:
+        return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions, backend,
+                    int(seed), verbose)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,
+         searcher_blob: bytes, settings: dict[str, Any], data: Dataset, num_partitions: int, backend: Backend,
+         seed: int, verbose: int) -> Result:
     layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_build(build_blob)
+    run_store.write_searcher(searcher_blob)
     from .. import __version__
     run_store.write_run_info({
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seed": int(seed),
+        "seed": seed,
         "searcher": settings,
         "backend": repr(backend),
         "workers": backend.workers,
@@ -71,9 +85,9 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         "versions": {"cerebro": __version__, "torch": torch.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
     })
-    policy.start(int(seed))
-    progress = ConsoleProgress(metric, mode) if verbose else NoProgress()
-    Driver(policy, run_store, backend, seed=int(seed), num_partitions=num_partitions,
+    policy.start(seed)
+    progress = ConsoleProgress(settings["metric"], settings["mode"]) if verbose else NoProgress()
+    Driver(policy, run_store, backend, seed=seed, num_partitions=num_partitions,
            evaluate=layout.has_validation, build_blob=build_blob, progress=progress).run()
     result = Result(run_store, build)
     run_store.write_table("history", result.history())
@@ -81,7 +95,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     return result
 
 
-def _resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
+def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
     if isinstance(backend, Backend):
         if workers is not None and workers != backend.workers:
             raise ValueError(f"workers={workers!r} differs from the backend's workers={backend.workers}; "
@@ -93,8 +107,8 @@ def _resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
     return LocalBackend(workers=workers if workers is not None else (os.cpu_count() or 1))
 
 
-def _pickle_build(build: Callable) -> bytes:
-    """``build`` for the workers. The user's own modules (not installed, not the standard
+def pickle_build(build: Any) -> bytes:
+    """``build`` (or a searcher holding it) for the workers. The user's own modules (not installed, not the standard
     library) go by value, so workers on other hosts, such as Spark executors, need not have
     them on their path."""
     own = [m for m in list(sys.modules.values()) if isinstance(m, types.ModuleType) and _is_users_module(m)]

@@ -70,6 +70,7 @@ class Result:
         self._history: list[dict[str, Any]] = []
         self._schedule: list[dict[str, Any]] = []
         self._exploits: list[dict[str, Any]] = []
+        self._redone: set[tuple[str, int]] = set()
         self.finished = False
         self.bytes_communicated = 0   # driver <-> workers, both ways, once the run has finished
         # index -> pid, host, launched_by, device, partitions of the latest launch
@@ -94,6 +95,8 @@ class Result:
             self._exploits.append({k: event[k] for k in ("trial_id", "epoch", "source", "previous_config",
                                                          "config")})
         elif kind == "sub_epoch":
+            if (event["trial_id"], event["epoch"]) in self._redone:
+                return                     # re-run after a resume to rebuild a damaged checkpoint
             worker = self.workers.get(event["worker"], {})   # the process it ran in at that time
             self._schedule.append({**{k: v for k, v in event.items() if k != "event"},
                                    "host": worker.get("host"), "pid": worker.get("pid")})
@@ -101,8 +104,11 @@ class Result:
             trial = self._trials[event["trial_id"]]
             trial.status, trial.reason = event["status"], event.get("reason")
             trial.error = trial.reason if trial.status in ("failed", "diverged", "timeout") else None
-        elif kind in ("run_started", "workers_restarted"):
+        elif kind in ("run_started", "workers_restarted", "run_resumed"):
             self.workers = {int(index): info for index, info in event["workers"].items()}
+            if kind == "run_resumed":   # sub-epochs of epochs the crash cut short ran again after it
+                self._redone = {(row["trial_id"], row["epoch"]) for row in self._history}
+                self._schedule = [row for row in self._schedule if (row["trial_id"], row["epoch"]) in self._redone]
         elif kind == "run_finished":
             self.finished = True
             self.bytes_communicated = event.get("bytes_sent", 0) + event.get("bytes_received", 0)

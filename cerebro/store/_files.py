@@ -72,4 +72,26 @@ def write_atomic(location: str, blob: bytes | None = None, writer: Any = None) -
             writer(f)
         else:
             f.write(blob)
+        sync(f)
     fs.mv(path + ".tmp", path)
+
+
+def sync(file: IO) -> None:
+    """Flush ``file`` to the disk where it is a local file (a crash of the machine then
+    loses nothing written before); other file systems persist on close."""
+    file.flush()
+    try:
+        os.fsync(file.fileno())
+    except (AttributeError, OSError, ValueError, NotImplementedError):
+        pass
+
+
+def move(source: str, target: str) -> None:
+    fs, path = _fs(source)
+    fs.mv(path, _fs(target)[1])
+
+
+def remove(location: str) -> None:
+    fs, path = _fs(location)
+    if fs.exists(path):
+        fs.rm(path)

@@ -3,25 +3,32 @@
 ::
 
     run.json                 settings, seed, versions, data fingerprint
-    journal.jsonl            append-only events (trials, sub-epochs, epoch ends, ends)
+    journal.jsonl            append-only events (trials, sub-epochs, epoch ends, ends), each
+                             line with the CRC-32 of its JSON
     build.pkl                the user's build(config), cloudpickled
+    searcher.pkl             the searcher as fit got it, for resume
     data/                    the partitions (see cerebro.data)
     trials/t0000/config.json
-    trials/t0000/checkpoint.state  the latest epoch's model and optimizer state
+    trials/t0000/checkpoint.state  the latest epoch's model and optimizer state, after a
+                             header line with its epoch, size and CRC-32
+    trials/t0000/checkpoint.prev.state  the one before it
     trials/t0000/error.txt       the traceback of a failed trial
     history.csv, schedule.csv    written when the run finishes
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import socket
+import zlib
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 import pandas as pd
 
 from . import _files as files
-from ._state_codec import read_message, write_message
+from ._state_codec import frames, read_message, write_message
 
 
 class RunStore:
@@ -79,41 +86,144 @@ class RunStore:
         with files.open_file(self.file("build.pkl")) as f:
             return f.read()
 
+    def has(self, *parts: str) -> bool:
+        return files.exists(self.file(*parts))
+
+    def write_searcher(self, blob: bytes) -> None:
+        files.write_atomic(self.file("searcher.pkl"), blob)
+
+    def read_searcher(self) -> bytes:
+        with files.open_file(self.file("searcher.pkl")) as f:
+            return f.read()
+
+    def lock(self) -> IO | None:
+        """Hold the run for this driver until the returned file is closed (or the process
+        ends, however it ends: the operating system drops the lock). Local stores only."""
+        if "://" in self.path:
+            return None
+        import fcntl
+        handle = open(self.file(".lock"), "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            raise RuntimeError(f"store {self.path!r} is in use by another driver ({holder}); wait for it "
+                               f"to end or stop it, then resume") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        handle.flush()
+        return handle
+
     # --- the journal --------------------------------------------------------------------
     def append(self, event: str, **fields: Any) -> None:
-        """Add one event to the journal, flushed at once so a crash loses at most this line."""
+        """Add one event to the journal, flushed at once so a crash of the driver loses at most
+        this line; events that resume relies on are also synced to the disk."""
+        body = json.dumps({"event": event, **fields}, default=float).encode()
         with files.open_file(self.file("journal.jsonl"), "ab") as f:
-            f.write((json.dumps({"event": event, **fields}, default=float) + "\n").encode())
+            f.write(body[:-1] + b', "crc": "%08x"}\n' % zlib.crc32(body))
+            if event in _DURABLE:
+                files.sync(f)
 
     def events(self) -> Iterator[dict[str, Any]]:
+        """The journal's events up to the first torn or corrupted line (a crash mid-write)."""
+        yield from self.read_journal()[0]
+
+    def read_journal(self) -> tuple[list[dict[str, Any]], int, int]:
+        """(the good events, the bytes they take, the bytes after them that fail their check)."""
         path = self.file("journal.jsonl")
         if not files.exists(path):
-            return
+            return [], 0, 0
         with files.open_file(path) as f:
-            for line in f:
-                if line.endswith(b"\n"):  # a torn last line from a crash is skipped
-                    yield json.loads(line)
+            content = f.read()
+        events, good = [], 0
+        for line in content.splitlines(keepends=True):
+            event = _parse_record(line)
+            if event is None:
+                break
+            events.append(event)
+            good += len(line)
+        return events, good, len(content) - good
+
+    def truncate_journal(self, size: int) -> None:
+        """Drop a torn or corrupted tail, keeping the first ``size`` bytes."""
+        with files.open_file(self.file("journal.jsonl")) as f:
+            content = f.read(size)
+        files.write_atomic(self.file("journal.jsonl"), content)
 
     # --- trials -------------------------------------------------------------------------
     def write_config(self, trial_id: str, config: dict[str, Any]) -> None:
         files.write_atomic(self.file("trials", trial_id, "config.json"), json.dumps(config, indent=1).encode())
 
-    def write_checkpoint(self, trial_id: str, state: Any) -> None:
-        """Save a trial's packed state (see :func:`pack_tensors`), replacing the previous one."""
-        files.write_atomic(self.file("trials", trial_id, "checkpoint.state"),
-                           writer=lambda f: write_message(f, state))
+    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None:
+        """Save a trial's packed state (see :func:`pack_tensors`) after ``epoch`` (``exploit``:
+        just copied from another trial by PBT); the previous one is kept as the fallback."""
+        crc, size = 0, 0
+        for frame in frames(state):
+            crc, size = zlib.crc32(frame, crc), size + memoryview(frame).nbytes
+        header = json.dumps({"trial_id": trial_id, "epoch": epoch, "exploit": exploit, "size": size,
+                             "crc": crc}).encode() + b"\n"
+        current = self.file("trials", trial_id, "checkpoint.state")
+        if files.exists(current):
+            files.move(current, self.file("trials", trial_id, "checkpoint.prev.state"))
+        files.write_atomic(current, writer=lambda f: (f.write(header), write_message(f, state)))
+
+    def checkpoints(self, trial_id: str) -> list[dict[str, Any]]:
+        """A trial's checkpoints, newest first: their headers with ``state`` (packed), or
+        ``problem`` where the file is torn or corrupted."""
+        found = []
+        for name in ("checkpoint.state", "checkpoint.prev.state"):
+            path = self.file("trials", trial_id, name)
+            if not files.exists(path):
+                continue
+            with files.open_file(path) as f:
+                content = f.read()
+            head, _, body = content.partition(b"\n")
+            try:
+                header = json.loads(head)
+                if len(body) != header["size"] or zlib.crc32(body) != header["crc"]:
+                    raise ValueError(f"{len(body)} bytes with CRC {zlib.crc32(body)}; its header says "
+                                     f"{header['size']} bytes with CRC {header['crc']}")
+                found.append({**header, "path": path, "state": read_message(io.BytesIO(body))})
+            except (ValueError, KeyError, TypeError, EOFError) as error:
+                found.append({"path": path, "problem": f"{type(error).__name__}: {error}"})
+        return found
 
     def read_checkpoint(self, trial_id: str) -> Any:
-        """A trial's latest packed state; :func:`unpack_tensors` turns it into tensors."""
-        path = self.file("trials", trial_id, "checkpoint.state")
-        if not files.exists(path):
+        """A trial's latest packed state that passes its check; :func:`unpack_tensors` turns
+        it into tensors."""
+        found = self.checkpoints(trial_id)
+        for checkpoint in found:
+            if "state" in checkpoint:
+                return checkpoint["state"]
+        if not found:
             raise FileNotFoundError(f"trial {trial_id} has no checkpoint in {self.path!r}: "
                                     f"it never finished an epoch")
-        with files.open_file(path) as f:
-            return read_message(f)
+        raise ValueError(f"every checkpoint of trial {trial_id} in {self.path!r} is damaged: "
+                         + "; ".join(f"{c['path']}: {c['problem']}" for c in found))
 
     def write_error(self, trial_id: str, error: str) -> None:
         files.write_atomic(self.file("trials", trial_id, "error.txt"), error.encode())
 
     def write_table(self, name: str, table: pd.DataFrame) -> None:
         files.write_atomic(self.file(f"{name}.csv"), table.to_csv(index=False).encode())
+
+
+# Resume rebuilds the run from these; losing one to a crash of the machine would lose work.
+_DURABLE = frozenset({"epoch_end", "decision", "decide", "exploit", "trial_ended", "run_finished"})
+
+
+def _parse_record(line: bytes) -> dict[str, Any] | None:
+    """One journal line, or None if it is torn or fails its CRC-32."""
+    cut = line.rfind(b', "crc": "')
+    if not line.endswith(b'"}\n') or cut < 0 or len(line) - cut != len(b', "crc": "00000000"}\n'):
+        return None
+    body = line[:cut] + b"}"
+    try:
+        if zlib.crc32(body) != int(line[cut + 10:cut + 18], 16):
+            return None
+        return json.loads(body)
+    except ValueError:
+        return None

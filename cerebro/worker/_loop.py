@@ -110,7 +110,10 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
                 except Exception:
                     channel.send(SetupFailed(worker, traceback.format_exc()))
                 continue
-            channel.send(_run(message, trainables, data))
+            try:
+                channel.send(_run(message, trainables, data))
+            except OSError:
+                return      # the driver is gone
     finally:
         stop.set()
         channel.close()
@@ -145,7 +148,8 @@ def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event)
         try:
             channel.send(Heartbeat(worker))
         except OSError:
-            return
+            # The driver is gone (even killed with SIGKILL): end now, not after the sub-epoch.
+            os._exit(0)
 
 
 def _run(task: RunSubEpoch, trainables: _Trainables,

@@ -1,0 +1,141 @@
+"""Resume: finish a run whose driver died, from its journal and checkpoints.
+
+Every decision of a run is a function of the seed and of the results in the journal, so
+the searcher is rebuilt by calling it again exactly as the driver did (suggest, report,
+decide, trial_ended, in journal order) and checking that it answers as the journal says.
+Each live trial then continues from the checkpoint of its last journaled epoch; the
+sub-epochs that were running when the driver died run again with the same seeds, so the
+run ends bitwise as it would have without the crash (invariant 3).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from ..backends import Backend
+from ..report import ConsoleProgress, NoProgress, Result
+from ..store import RunStore
+from ._driver import Driver, describe, diverged
+from ._execute import pickle_build, resolve_backend
+from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
+
+
+class ResumeError(RuntimeError):
+    """The run directory cannot be resumed as it is (its searcher answers differently, or a
+    trial's state is lost)."""
+
+
+@dataclass
+class RecoveredTrial:
+    trial_id: str
+    config: dict[str, Any]
+    max_epochs: int
+    epoch: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: str | None = None                 # set once the trial ended
+    decision: Decision | None = None          # report's answer at ``epoch``
+    decision_journaled: bool = False
+    pending: Decision | Exploit | None = None   # decided by decide(), not carried out yet
+    exploited_at: int | None = None
+
+
+@dataclass
+class Recovered:
+    trials: dict[str, RecoveredTrial]
+    unstarted: list[TrialRequest]             # suggested, but the driver died before creating them
+    last_time: float
+
+
+def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
+    """Call ``policy`` as the driver did for ``events``; the trials as the journal leaves them."""
+    trials: dict[str, RecoveredTrial] = {}
+    suggested: list[TrialRequest] = []
+    last_time = 0.0
+    for event in events:
+        kind = event["event"]
+        last_time = max(last_time, event.get("time") or event.get("end") or 0.0)
+        trial = trials.get(event.get("trial_id", ""))
+        if kind == "trial_created":
+            if not suggested:
+                suggested = list(policy.suggest())
+            if not suggested:
+                raise ResumeError(f"the searcher suggests no trial where the journal created {event['trial_id']}")
+            request = suggested.pop(0)
+            if request.config != event["config"] or request.max_epochs != event["max_epochs"]:
+                raise ResumeError(f"the searcher suggests {request} where the journal created {event['trial_id']} "
+                                  f"with {event['config']} for {event['max_epochs']} epochs")
+            trials[event["trial_id"]] = RecoveredTrial(event["trial_id"], dict(event["config"]), event["max_epochs"])
+        elif kind == "epoch_end":
+            trial.epoch, trial.metrics, trial.pending = event["epoch"], event["metrics"], None
+            trial.decision, trial.decision_journaled = None, False
+            if not diverged(trial.metrics):
+                trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
+        elif kind == "decision":
+            if trial.decision is None or trial.decision.value != event["decision"]:
+                raise ResumeError(f"the searcher answers {trial.decision} for {trial.trial_id} after epoch "
+                                  f"{trial.epoch}; the journal says {event['decision']}")
+            trial.decision_journaled = True
+        elif kind == "decide":
+            decided = policy.decide()
+            if {t: describe(d) for t, d in decided.items()} != event["decisions"]:
+                raise ResumeError(f"the searcher decides {decided}; the journal says {event['decisions']}")
+            for trial_id, decision in decided.items():
+                trials[trial_id].pending = decision
+        elif kind == "exploit":
+            trial.config, trial.exploited_at, trial.pending = dict(event["config"]), event["epoch"], Decision.CONTINUE
+        elif kind == "trial_ended":
+            trial.status, trial.pending = event["status"], None
+            policy.trial_ended(trial.trial_id, event["status"])
+    return Recovered(trials, suggested, last_time)
+
+
+def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
+           backend: str | Backend = "local", workers: int | None = None, verbose: int = 1) -> Result:
+    """Finish the run in ``run_dir`` whose driver died, and return its :class:`Result`.
+
+    The result is the one the run would have had without the crash, bitwise. A finished run
+    is returned as it is. ``build`` replaces the stored, cloudpickled one (e.g. when its
+    module moved); ``backend``/``workers`` may differ from the first driver's: results do
+    not depend on them.
+
+    Example:
+        >>> result = cb.resume("runs/exp1")          # or: cerebro resume runs/exp1
+    """
+    store = RunStore.open(run_dir)
+    if verbose not in (0, 1):
+        raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
+    lock = store.lock()
+    try:
+        info = store.read_run_info()
+        events, good, damaged = store.read_journal()
+        if any(event["event"] == "run_finished" for event in events):
+            return Result(store, build)
+        if not store.has("searcher.pkl"):
+            raise ResumeError(f"{store.path!r} has no searcher.pkl: it was not started by fit, so it cannot resume")
+        policy = cloudpickle.loads(store.read_searcher())
+        if build is not None:
+            policy.build = build
+        build_blob = pickle_build(build) if build is not None else store.read_build()
+        backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
+                                  else info["workers"])
+        if damaged:
+            store.truncate_journal(good)
+            store.append("journal_repaired", dropped_bytes=damaged, time=0.0)
+        policy.start(info["seed"])
+        recovered = replay(policy, events)
+        progress = ConsoleProgress(info["searcher"]["metric"], info["searcher"]["mode"]) if verbose else NoProgress()
+        driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
+                        evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress)
+        driver.restore(recovered)
+        driver.run()
+    finally:
+        if lock is not None:
+            lock.close()
+    result = Result(store, build)
+    store.write_table("history", result.history())
+    store.write_table("schedule", result.schedule())
+    return result

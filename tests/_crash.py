@@ -1,0 +1,83 @@
+"""A search whose driver is killed with SIGKILL at a chosen point, for the resume tests.
+
+``python _crash.py STORE POINT`` runs it; POINT is ``mid-epoch`` (a worker kills its driver
+in the middle of a sub-epoch once 3 epochs are journaled), ``after-checkpoint`` (at the first
+loss after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside ``decide``) or
+``long`` (not killed: 50 epochs, for a test to kill).
+The kill happens once: a marker file next to the store remembers it, so the resumed run,
+which unpickles the same build and searcher, goes on undisturbed.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _models import build, digits  # noqa: E402
+
+import cerebro as cb  # noqa: E402
+
+SPACE = {"lr": cb.choice([3e-2, 1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
+
+
+def epochs_journaled(store: str) -> int:
+    try:
+        with open(os.path.join(store, "journal.jsonl"), "rb") as f:
+            return f.read().count(b'"event": "epoch_end"')
+    except FileNotFoundError:
+        return 0
+
+
+def killing_build(store: str, after: int, marker: str):
+    def build_that_kills(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def loss_that_kills(outputs, targets):
+            if not os.path.exists(marker) and epochs_journaled(store) >= after:
+                open(marker, "w").close()
+                os.kill(os.getppid(), signal.SIGKILL)     # the driver
+            return loss(outputs, targets)
+        trainable.loss = loss_that_kills
+        return trainable
+    return build_that_kills
+
+
+class KillingASHA(cb.ASHA):
+    """ASHA whose driver dies inside its first decide() that decides something."""
+
+    marker = ""
+
+    def decide(self):
+        decisions = super().decide()
+        if decisions and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return decisions
+
+
+def searcher(point: str, store: str, marker: str) -> cb.Searcher:
+    if point == "decision":
+        search = KillingASHA(build, SPACE, num_trials=8, max_epochs=4, grace_period=1, reduction_factor=2,
+                             max_concurrent=4)
+        search.marker = marker
+        return search
+    if point == "long":          # never killed by itself: 50 epochs for a test to kill
+        return cb.GridSearch(build, SPACE, epochs=50)
+    after = {"mid-epoch": 3, "after-checkpoint": 4}[point]
+    return cb.GridSearch(killing_build(store, after, marker), SPACE, epochs=3)
+
+
+def reference(point: str) -> cb.Searcher:
+    """The same search, never killed."""
+    if point == "decision":
+        return cb.ASHA(build, SPACE, num_trials=8, max_epochs=4, grace_period=1, reduction_factor=2, max_concurrent=4)
+    return cb.GridSearch(build, SPACE, epochs=3)
+
+
+if __name__ == "__main__":
+    store, point = sys.argv[1], sys.argv[2]
+    search = searcher(point, store, store + ".killed")
+    search.fit(digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), store=store, seed=5, verbose=0)

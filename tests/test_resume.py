@@ -1,0 +1,133 @@
+"""Invariant 3: a run whose driver is SIGKILLed resumes to the results of an uninterrupted
+run, bitwise, also after its journal tail or a checkpoint was damaged; one driver per run
+directory; no worker outlives its driver."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+from _crash import reference
+from _models import digits
+
+import cerebro as cb
+
+pytestmark = pytest.mark.slow
+CRASH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_crash.py")
+
+
+def crashed_run(tmp_path, point: str) -> str:
+    store = str(tmp_path / "run")
+    child = subprocess.run([sys.executable, CRASH, store, point], capture_output=True, text=True, timeout=300)
+    assert child.returncode == -9, child.stderr[-2000:]        # killed, not finished
+    assert os.path.exists(store + ".killed")
+    assert not cb.load(store).finished
+    return store
+
+
+def uninterrupted(tmp_path, point: str) -> cb.Result:
+    return reference(point).fit(digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1),
+                                store=tmp_path / "reference", seed=5, verbose=0)
+
+
+def assert_same_results(resumed: cb.Result, expected: cb.Result) -> None:
+    assert resumed.finished
+    pd.testing.assert_frame_equal(resumed.history(), expected.history(), check_exact=True)
+    assert [(t.trial_id, t.config, t.status, t.reason) for t in resumed.trials] == \
+           [(t.trial_id, t.config, t.status, t.reason) for t in expected.trials]
+    for a, b in zip(resumed.trials, expected.trials):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    schedule = resumed.schedule()      # every (trial, epoch, partition) trained exactly once
+    train = schedule[schedule.kind == "train"]
+    assert not train.duplicated(["trial_id", "epoch", "partition"]).any()
+    assert len(train) == 4 * len(resumed.history())
+
+
+def workers_of(store: str) -> list[int]:
+    return [w["pid"] for e in cb.load(store).store.events() if e["event"] in ("run_started", "run_resumed")
+            for w in e["workers"].values()]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def wait_until(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)      # polling a condition, with a deadline
+    return condition()
+
+
+@pytest.mark.parametrize("point", ["mid-epoch", "after-checkpoint", "decision"])
+def test_a_killed_driver_resumes_to_the_uninterrupted_results(tmp_path, point):
+    store = crashed_run(tmp_path, point)
+    orphans = workers_of(store)
+    assert orphans and wait_until(lambda: all(gone(pid) for pid in orphans), timeout=10)
+    resumed = cb.resume(store, verbose=0)
+    assert_same_results(resumed, uninterrupted(tmp_path, point))
+    events = [e["event"] for e in resumed.store.events()]
+    assert events.count("run_resumed") == 1 and events[-1] == "run_finished"
+    assert cb.resume(store, verbose=0).finished      # resuming a finished run changes nothing
+
+
+def flip_byte(path: str, offset_from_end: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(-offset_from_end, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-offset_from_end, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+@pytest.mark.parametrize("damage", ["flipped", "torn"])
+def test_a_damaged_journal_tail_is_dropped_and_the_run_resumes(tmp_path, damage):
+    store = crashed_run(tmp_path, "mid-epoch")
+    journal = os.path.join(store, "journal.jsonl")
+    before = len(list(cb.load(store).store.events()))
+    if damage == "flipped":
+        flip_byte(journal, 20)
+    else:
+        with open(journal, "r+b") as f:
+            f.truncate(os.path.getsize(journal) - 15)
+    assert len(list(cb.load(store).store.events())) == before - 1     # the damaged record is not used
+    resumed = cb.resume(store, verbose=0)
+    assert any(e["event"] == "journal_repaired" for e in resumed.store.events())
+    assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))
+
+
+def test_a_damaged_checkpoint_is_rolled_back_and_its_epochs_redone(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")
+    live = [t for t in cb.load(store).trials if t.status == "running" and t.epochs >= 1]
+    victim = live[0].trial_id
+    flip_byte(os.path.join(store, "trials", victim, "checkpoint.state"), 100)
+    assert "CRC" in cb.load(store).store.checkpoints(victim)[0]["problem"]
+    resumed = cb.resume(store, verbose=0)
+    rolled = [e for e in resumed.store.events() if e["event"] == "trial_rolled_back"]
+    assert [e["trial_id"] for e in rolled] == [victim]
+    assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))
+
+
+def test_one_driver_per_run_directory_until_it_dies(tmp_path):
+    store = str(tmp_path / "run")
+    child = subprocess.Popen([sys.executable, CRASH, store, "long"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: os.path.exists(os.path.join(store, "journal.jsonl")), timeout=120)
+        with pytest.raises(RuntimeError, match=r"^store '.*' is in use by another driver \(pid \d+ on .*\); "
+                                               r"wait for it to end or stop it, then resume$"):
+            cb.resume(store, verbose=0)
+    finally:
+        child.kill()
+        child.wait()
+    resumed = cb.resume(store, verbose=0)
+    assert resumed.finished and all(t.status == "completed" for t in resumed.trials)
