@@ -3,7 +3,7 @@
 ``python _crash.py STORE POINT`` runs it; POINT is ``mid-epoch`` (a worker kills its driver
 in the middle of a sub-epoch once 3 epochs are journaled), ``after-checkpoint`` (at the first
 loss after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside ``decide``) or
-``long`` (not killed: 50 epochs, for a test to kill).
+``long`` or ``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
 The kill happens once: a marker file next to the store remembers it, so the resumed run,
 which unpickles the same build and searcher, goes on undisturbed.
 """
@@ -66,6 +66,8 @@ def searcher(point: str, store: str, marker: str) -> cb.Searcher:
         return search
     if point == "long":          # never killed by itself: 50 epochs for a test to kill
         return cb.GridSearch(build, SPACE, epochs=50)
+    if point == "plain":         # never killed by itself: the reference grid, for a test to stop
+        return reference("mid-epoch")
     after = {"mid-epoch": 3, "after-checkpoint": 4}[point]
     return cb.GridSearch(killing_build(store, after, marker), SPACE, epochs=3)
 

@@ -4,6 +4,7 @@ directory; no worker outlives its driver."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pandas as pd
 import psutil
 import pytest
 import torch
-from _crash import reference
+from _crash import epochs_journaled, reference
 from _models import digits
 
 import cerebro as cb
@@ -131,3 +132,22 @@ def test_one_driver_per_run_directory_until_it_dies(tmp_path):
         child.wait()
     resumed = cb.resume(store, verbose=0)
     assert resumed.finished and all(t.status == "completed" for t in resumed.trials)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_cleanly_and_the_run_resumes(tmp_path, signal_name):
+    store = str(tmp_path / "run")
+    child = subprocess.Popen([sys.executable, CRASH, store, "plain"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: epochs_journaled(store) >= 2, timeout=120)
+        child.send_signal(getattr(signal, signal_name))
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode != 0 and "KeyboardInterrupt" in stderr
+    events = list(cb.load(store).store.events())
+    assert events[-1]["event"] == "run_interrupted"
+    assert all(gone(pid) for pid in workers_of(store))       # stopped with the driver, not orphaned
+    resumed = cb.resume(store, verbose=0)
+    assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))

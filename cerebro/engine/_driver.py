@@ -147,7 +147,7 @@ class Driver:
             self._start_workers(server.getsockname()[:2], accepted)
             self._t0 = time.monotonic() - self._t0_offset
             self._write("append", "run_resumed" if self._resumed else "run_started", workers=self._worker_info(),
-                        time=self._now())
+                        time=self._now(), clock=self._t0)   # clock: time.monotonic() at time 0
             self.progress.start(self.store.path, self.backend.workers)
             self._restore()
             while True:
@@ -161,7 +161,9 @@ class Driver:
             self._write("append", "run_finished", time=self._now(), bytes_sent=self._bytes_sent + sum(
                 w.channel.bytes_sent for w in self._workers.values()), bytes_received=self._bytes_received + sum(
                 w.channel.bytes_received for w in self._workers.values()))
-        except BaseException:
+        except BaseException as error:
+            if isinstance(error, KeyboardInterrupt):    # Ctrl-C or SIGTERM: leave it resumable
+                self._write("append", "run_interrupted", time=self._now())
             self._tear_down(server, acceptor, accepted, stopping)
             try:
                 self._writer.close()

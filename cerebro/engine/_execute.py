@@ -1,14 +1,17 @@
 """``fit``'s HOW: check the run's settings, set up its run directory, drive it to its end."""
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import secrets
+import signal
 import sys
 import sysconfig
+import threading
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
@@ -57,11 +60,28 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     run_store = RunStore.create(store)
     lock = run_store.lock()
     try:
-        return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions, backend,
-                    int(seed), verbose)
+        with sigterm_interrupts():
+            return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions,
+                        backend, int(seed), verbose)
     finally:
         if lock is not None:
             lock.close()
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM stops a run as Ctrl-C does: workers stopped, journal closed, run resumable."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,

@@ -20,7 +20,7 @@ from ..backends import Backend
 from ..report import ConsoleProgress, NoProgress, Result
 from ..store import RunStore
 from ._driver import Driver, describe, diverged
-from ._execute import pickle_build, resolve_backend
+from ._execute import pickle_build, resolve_backend, sigterm_interrupts
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 
 
@@ -131,7 +131,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
                         evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress)
         driver.restore(recovered)
-        driver.run()
+        with sigterm_interrupts():
+            driver.run()
     finally:
         if lock is not None:
             lock.close()
