@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 from . import metrics
 from .backends import Backend, LocalBackend, SparkBackend
 from .data import Dataset
-from .engine import ResumeError, WorkerLostError, resume
+from .engine import ResumeError, TooManyFailuresError, WorkerLostError, resume
 from .report import Result, TrialResult, load
 from .search import (
     ASHA,
@@ -23,5 +23,6 @@ from .search import (
 from .worker import TorchTrainable
 
 __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "LocalBackend", "RandomSearch", "Result",
-           "ResumeError", "Searcher", "SparkBackend", "TPESearch", "TorchTrainable", "TrialResult", "WorkerLostError",
-           "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "uniform"]
+           "ResumeError", "Searcher", "SparkBackend", "TPESearch", "TooManyFailuresError", "TorchTrainable",
+           "TrialResult", "WorkerLostError", "choice", "load", "loguniform", "metrics", "quniform", "randint",
+           "resume", "uniform"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import numpy as np
 import torch
@@ -35,6 +36,8 @@ def build(config: dict) -> cb.TorchTrainable:
     def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if config.get("crash"):
             os._exit(3)
+        if config.get("slow"):
+            time.sleep(config["slow"])      # a trial that takes long (for trial_timeout)
         value = torch.nn.functional.cross_entropy(outputs, targets)
         return value * float("nan") if config.get("diverge") else value
 

@@ -16,7 +16,7 @@ SPACE = {"lr": cb.choice([1e-2, 1e-3])}
 def fails_before_work(tmp_path, search, message, error=ValueError, data=None, **fit):
     store = tmp_path / "run"
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
-        search.fit(digits(partitions=None) if data is None else data, store=store, verbose=0, **fit)
+        search.fit(digits(partitions=None) if data is None else data, store=store, **{"verbose": 0, **fit})
     assert not store.exists()
 
 
@@ -158,3 +158,33 @@ def test_tpe_rejects_a_primitive_it_does_not_know(tmp_path):
     fails_before_work(tmp_path, cb.TPESearch(build, {"lr": Beta()}),
                       "TPESearch cannot sample space['lr']=Beta(); use cb.choice, cb.uniform, cb.loguniform, "
                       "cb.randint or cb.quniform")
+
+
+@pytest.mark.parametrize("fit, message", [
+    ({"trial_timeout": 0}, "trial_timeout=0 must be a positive number of seconds or None"),
+    ({"trial_timeout": "1m"}, "trial_timeout='1m' must be a positive number of seconds or None"),
+    ({"max_failures": -1}, "max_failures=-1 must be an integer >= 0 or None"),
+    ({"max_failures": 1.5}, "max_failures=1.5 must be an integer >= 0 or None"),
+    ({"workers": 0}, "workers=0 must be a positive integer"),
+    ({"backend": "ray"}, "backend='ray' must be 'local' or a Backend instance such as cb.LocalBackend(workers=4)"),
+    ({"seed": -3}, "seed=-3 must be a non-negative integer or None"),
+    ({"verbose": 2}, "verbose=2 must be 0 (silent) or 1 (progress)"),
+])
+def test_fit_settings_are_checked(tmp_path, fit, message):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE), message, **fit)
+
+
+@pytest.mark.parametrize("backend, message", [
+    (lambda: cb.LocalBackend(2, heartbeat_timeout=0), "heartbeat_timeout=0 must be a number of seconds > 1"),
+    (lambda: cb.LocalBackend(2, max_restarts=-1), "max_restarts=-1 must be an integer >= 0"),
+    (lambda: cb.LocalBackend(2, threads_per_worker=0), "threads_per_worker=0 must be a positive integer"),
+])
+def test_backend_settings_are_checked(backend, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        backend()
+
+
+def test_resume_of_a_directory_that_holds_no_run(tmp_path):
+    with pytest.raises(FileNotFoundError, match=f"^{re.escape(repr(str(tmp_path)))} is not a Cerebro run "
+                                                f"directory \\(no run.json\\)$"):
+        cb.resume(tmp_path, verbose=0)

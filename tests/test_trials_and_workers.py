@@ -170,3 +170,25 @@ def test_workers_started_anew_when_none_is_left_give_the_same_results(tmp_path):
     pd.testing.assert_frame_equal(plain.history(), relaunched.history(), check_exact=True)
     for a, b in zip(plain.trials, relaunched.trials):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+def test_a_trial_slower_than_trial_timeout_ends_as_timeout_and_the_others_finish(tmp_path):
+    space = {"slow": cb.choice([0, 0.25])}
+    result = cb.GridSearch(build, space, epochs=2).fit(digits(partitions=2), workers=2, seed=0,
+                                                       store=tmp_path / "run", verbose=0, trial_timeout=1)
+    assert [t.status for t in result.trials] == ["completed", "timeout"]
+    assert re.fullmatch(r"its train sub-epoch of epoch 1 on partition [01] took more than trial_timeout=1 s",
+                        result.trials[1].reason)
+    assert result.best.trial_id == "t0000"
+
+
+def test_more_failures_than_max_failures_stop_the_run(tmp_path):
+    space = {"fail": cb.choice([False, True]), "hidden": cb.choice([8, 16])}
+    with pytest.raises(cb.TooManyFailuresError) as error:
+        cb.GridSearch(build, space, epochs=2).fit(digits(partitions=2), workers=2, seed=0, store=tmp_path / "run",
+                                                  verbose=0, max_failures=1)
+    assert re.fullmatch(r"2 trials ended failed, diverged or timeout, more than max_failures=1: "
+                        r"t000[23] failed \(ValueError: boom: this configuration cannot be built\); "
+                        r"t000[23] failed \(ValueError: boom: this configuration cannot be built\)\. The run "
+                        r"stopped; its journal and checkpoints are in .*", str(error.value))
+    assert list(cb.load(tmp_path / "run").store.events())[-1]["event"] == "trial_ended"

@@ -46,6 +46,27 @@ if TYPE_CHECKING:
 MAX_WORKERS_LOST_PER_TRIAL = 2
 
 
+@dataclass(frozen=True)
+class Limits:
+    """How long a sub-epoch may take, and how many trials may fail before the run stops."""
+
+    trial_timeout: float | None = None
+    max_failures: int | None = None
+
+    def __post_init__(self) -> None:
+        timeout = self.trial_timeout
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not 0 < timeout < math.inf):
+            raise ValueError(f"trial_timeout={timeout!r} must be a positive number of seconds or None")
+        failures = self.max_failures
+        if failures is not None and (isinstance(failures, bool) or not isinstance(failures, int) or failures < 0):
+            raise ValueError(f"max_failures={failures!r} must be an integer >= 0 or None")
+
+
+class TooManyFailuresError(RuntimeError):
+    """More trials failed than ``max_failures`` allows; the run stopped."""
+
+
 class WorkerLostError(RuntimeError):
     """A worker process ended or stopped answering; the run cannot go on without it."""
 
@@ -101,12 +122,15 @@ class Driver:
 
     def __init__(self, policy: SearchPolicy, store: RunStore, backend: Backend, *, seed: int,
                  num_partitions: int, evaluate: bool, build_blob: bytes, progress: Progress,
-                 heartbeat_interval: float = 1.0, startup_timeout: float = 300.0) -> None:
+                 limits: Limits = Limits(), heartbeat_interval: float = 1.0,
+                 startup_timeout: float = 300.0) -> None:
         self.policy, self.store, self.backend = policy, store, backend
         self.seed, self.num_partitions, self.evaluate = seed, num_partitions, evaluate
         self.build_blob, self.progress = build_blob, progress
         self.heartbeat_interval, self.heartbeat_timeout = heartbeat_interval, backend.heartbeat_timeout
         self.startup_timeout = startup_timeout
+        self.limits = limits
+        self._failed: list[str] = []
         self._workers: dict[int, _Worker] = {}
         self._trials: dict[str, _Trial] = {}       # live trials
         self._created = 0
@@ -467,7 +491,8 @@ class Driver:
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(self.seed, trial.trial_id),
             subepoch_seed(self.seed, trial.trial_id, task.epoch, task.partition),
-            trial.version, None if held else trial.state, trial.retune and task.kind == TRAIN))
+            trial.version, None if held else trial.state, trial.retune and task.kind == TRAIN,
+            self.limits.trial_timeout))
         trial.holders.add(worker.index)
 
     def _resend_with_state(self, worker: _Worker) -> None:
@@ -490,7 +515,12 @@ class Driver:
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
         if isinstance(message, SubEpochFailed):
-            self._end(trial, "failed", message.error)
+            if message.timed_out:
+                self._end(trial, "timeout", f"its {task.kind} sub-epoch of epoch {task.epoch} on partition "
+                                            f"{task.partition} took more than trial_timeout="
+                                            f"{self.limits.trial_timeout} s")
+            else:
+                self._end(trial, "failed", message.error)
             return
         sums = Sums(message.rows, message.loss, message.metrics)
         if task.kind == TRAIN:
@@ -664,6 +694,13 @@ class Driver:
                     time=self._now())
         self.progress.trial_ended(trial.trial_id, status, reason)
         self.policy.trial_ended(trial.trial_id, status)
+        if status in ("failed", "diverged", "timeout"):
+            self._failed.append(f"{trial.trial_id} {status} ({(reason or '').strip().splitlines()[-1][:200]})")
+            if self.limits.max_failures is not None and len(self._failed) > self.limits.max_failures:
+                raise TooManyFailuresError(
+                    f"{len(self._failed)} trials ended failed, diverged or timeout, more than max_failures="
+                    f"{self.limits.max_failures}: {'; '.join(self._failed)}. The run stopped; its journal and "
+                    f"checkpoints are in {self.store.path}")
 
 
 def describe(decision: Decision | Exploit) -> str | dict:

@@ -23,14 +23,15 @@ from ..data import Dataset
 from ..report import ConsoleProgress, NoProgress, Result
 from ..store import RunStore
 from ..worker import TorchTrainable
-from ._driver import Driver
+from ._driver import Driver, Limits
 from ._interface import SearchPolicy
 
 
 def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_config: dict[str, Any],
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
-            seed: int | None, verbose: int) -> Result:
+            seed: int | None, verbose: int, trial_timeout: float | None = None,
+            max_failures: int | None = None) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
     ``example_config`` is one configuration of the space, built once on the driver to learn
@@ -51,6 +52,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         raise ValueError(f"seed={seed!r} must be a non-negative integer or None")
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
+    limits = Limits(trial_timeout, max_failures)
     build_blob = pickle_build(build)
     _check_metric(build, example_config, metric, data.has_validation)
     if store is None:
@@ -62,7 +64,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     try:
         with sigterm_interrupts():
             return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions,
-                        backend, int(seed), verbose)
+                        backend, int(seed), verbose, limits)
     finally:
         if lock is not None:
             lock.close()
@@ -86,7 +88,7 @@ def sigterm_interrupts() -> Iterator[None]:
 
 def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,
          searcher_blob: bytes, settings: dict[str, Any], data: Dataset, num_partitions: int, backend: Backend,
-         seed: int, verbose: int) -> Result:
+         seed: int, verbose: int, limits: Limits) -> Result:
     layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_build(build_blob)
     run_store.write_searcher(searcher_blob)
@@ -98,6 +100,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "backend": repr(backend),
         "workers": backend.workers,
         "threads_per_worker": backend.threads_per_worker,
+        "limits": {"trial_timeout": limits.trial_timeout, "max_failures": limits.max_failures},
         "data": {"fingerprint": data.fingerprint(), "partitions": num_partitions,
                  "train_rows": layout.rows["train"], "val_rows": layout.rows["val"],
                  "feature_shape": list(layout.feature_shape), "label_dtype": layout.label_dtype,
@@ -108,7 +111,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     policy.start(seed)
     progress = ConsoleProgress(settings["metric"], settings["mode"]) if verbose else NoProgress()
     Driver(policy, run_store, backend, seed=seed, num_partitions=num_partitions,
-           evaluate=layout.has_validation, build_blob=build_blob, progress=progress).run()
+           evaluate=layout.has_validation, build_blob=build_blob, progress=progress, limits=limits).run()
     result = Result(run_store, build)
     run_store.write_table("history", result.history())
     run_store.write_table("schedule", result.schedule())

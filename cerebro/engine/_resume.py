@@ -19,7 +19,7 @@ import cloudpickle
 from ..backends import Backend
 from ..report import ConsoleProgress, NoProgress, Result
 from ..store import RunStore
-from ._driver import Driver, describe, diverged
+from ._driver import Driver, Limits, describe, diverged
 from ._execute import pickle_build, resolve_backend, sigterm_interrupts
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 
@@ -129,7 +129,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         recovered = replay(policy, events)
         progress = ConsoleProgress(info["searcher"]["metric"], info["searcher"]["mode"]) if verbose else NoProgress()
         driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
-                        evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress)
+                        evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress,
+                        limits=Limits(**info.get("limits", {})))
         driver.restore(recovered)
         with sigterm_interrupts():
             driver.run()

@@ -89,7 +89,7 @@ class Searcher(ABC):
     # --- running it ---------------------------------------------------------------------
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
             store: str | os.PathLike | None = None, seed: int | None = None,
-            verbose: int = 1) -> Result:
+            verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -99,6 +99,10 @@ class Searcher(ABC):
             store: the run directory (default: ``./cerebro_runs/<searcher>-<time>``).
             seed: the run's seed; ``None`` draws one, recorded in run.json and ``result.seed``.
             verbose: 1 shows live progress on stderr, 0 is silent.
+            trial_timeout: seconds one sub-epoch of a trial may take; a trial that takes
+                longer ends as ``timeout`` and the others go on. ``None``: no limit.
+            max_failures: stop the run (:class:`cerebro.TooManyFailuresError`) once more
+                trials than this ended failed, diverged or timeout. ``None``: never.
         """
         if not callable(self.build):
             raise TypeError(f"build={self.build!r} must be a function build(config) -> cb.TorchTrainable")
@@ -112,6 +116,7 @@ class Searcher(ABC):
                     "space": {k: repr(v) for k, v in self.space.items()}, **self._settings()}
         return execute(self, build=self.build, example_config=sample_config(self.space, np.random.default_rng(0)),
                        metric=self.metric, mode=self.mode, settings=settings, data=data,
-                       backend=backend, workers=workers, store=store, seed=seed, verbose=verbose)
+                       backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
+                       trial_timeout=trial_timeout, max_failures=max_failures)
 
 

@@ -29,7 +29,7 @@ from ._protocol import (
     SubEpochFailed,
     TakeOver,
 )
-from ._torch import TorchTrainable
+from ._torch import SubEpochTimeout, TorchTrainable
 from ._wire import Channel, connect
 
 # Built trainables kept per worker, so a trial that comes back is not built again: building
@@ -160,13 +160,16 @@ def _run(task: RunSubEpoch, trainables: _Trainables,
             return StateMissing(task.task_id)
         features, label = data[task.partition]["train" if task.kind == "train" else "val"]
         started = time.perf_counter()
+        deadline = None if task.timeout is None else time.monotonic() + task.timeout
         if task.kind == "train":
-            sums = trainable.train_partition(features, label, task.seed)
+            sums = trainable.train_partition(features, label, task.seed, deadline)
         else:
-            sums = trainable.evaluate_partition(features, label)
+            sums = trainable.evaluate_partition(features, label, deadline)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if task.kind == "train" else None
         trainables.keep(task, trainable, task.version + (task.kind == "train"))
         return SubEpochDone(task.task_id, sums.rows, sums.loss, sums.metrics, compute, state)
+    except SubEpochTimeout:
+        return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
     except Exception:
         return SubEpochFailed(task.task_id, traceback.format_exc())

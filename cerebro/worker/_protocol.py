@@ -67,6 +67,7 @@ class RunSubEpoch:
     state: Any                   # the packed state; None when version is 0 or the worker holds it
     retune: bool = False         # config changed since the state was saved: keep build(config)'s
                                  # optimizer hyperparameters (PBT)
+    timeout: float | None = None   # seconds the sub-epoch may take (trial_timeout)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class StateMissing:
 class SubEpochFailed:
     task_id: int
     error: str                   # the formatted traceback
+    timed_out: bool = False      # it took longer than its timeout
 
 
 @dataclass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -68,10 +69,12 @@ class TorchTrainable:
                 group.update(hyperparameters)
 
     # --- sub-epochs ---------------------------------------------------------------------
-    def train_partition(self, features: torch.Tensor, label: torch.Tensor, seed: int) -> Sums:
+    def train_partition(self, features: torch.Tensor, label: torch.Tensor, seed: int,
+                        deadline: float | None = None) -> Sums:
         """Plain mini-batch SGD over one partition, batches in an order fixed by ``seed``.
 
-        Stops early, with non-finite sums, as soon as the loss stops being finite.
+        Stops early, with non-finite sums, as soon as the loss stops being finite; raises
+        :class:`SubEpochTimeout` after a batch that ends past ``deadline`` (``time.monotonic``).
         """
         generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)  # dropout and any other randomness inside the model
@@ -89,10 +92,11 @@ class TorchTrainable:
             sums.add(loss, outputs.detach(), targets, self.metrics)
             if not math.isfinite(sums.loss):
                 break
+            _check(deadline)
         return sums
 
     @torch.no_grad()
-    def evaluate_partition(self, features: torch.Tensor, label: torch.Tensor) -> Sums:
+    def evaluate_partition(self, features: torch.Tensor, label: torch.Tensor, deadline: float | None = None) -> Sums:
         """Loss and metrics over one partition, in batches of ``batch_size``."""
         sums = Sums.empty(self.metrics)
         self.model.eval()
@@ -100,7 +104,17 @@ class TorchTrainable:
             inputs, targets = features[start:start + self.batch_size], label[start:start + self.batch_size]
             outputs = self.model(inputs)
             sums.add(self.loss(outputs, targets), outputs, targets, self.metrics)
+            _check(deadline)
         return sums
+
+
+class SubEpochTimeout(Exception):
+    """A sub-epoch ran past its trial_timeout."""
+
+
+def _check(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise SubEpochTimeout("the sub-epoch ran past its trial_timeout")
 
 
 @dataclass
