@@ -1,4 +1,30 @@
 import os
+import time
+
+import psutil
+import pytest
 
 # Tests start real workers on this machine; nothing may reach beyond loopback.
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def _live_workers() -> list[psutil.Process]:
+    """Local worker processes (``python -m cerebro.worker``) that still run."""
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = process.info["cmdline"] or []
+        if "cerebro.worker" in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(process)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_worker_outlives_its_test():
+    """After every test, no worker process of its runs is left alive (they may take a few
+    seconds to notice that a killed driver is gone)."""
+    before = {p.pid for p in _live_workers()}
+    yield
+    deadline = time.monotonic() + 15
+    while (left := [p for p in _live_workers() if p.pid not in before]) and time.monotonic() < deadline:
+        time.sleep(0.1)      # polling for the processes to end, with a deadline
+    assert not left, f"worker processes left alive: {[(p.pid, p.info['cmdline']) for p in left]}"
