@@ -427,7 +427,10 @@ class Driver:
         if worker.running is not None:
             task = worker.running[1]
             doing = f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
-        self._write("append", "worker_lost", worker=worker.index, reason=what, time=self._now())
+        running = None if worker.running is None else {
+            "trial_id": worker.running[1].trial_id, "kind": worker.running[1].kind,
+            "epoch": worker.running[1].epoch, "partition": worker.running[1].partition}
+        self._write("append", "worker_lost", worker=worker.index, reason=what, running=running, time=self._now())
         if self._training:
             raise _WorkerGone(worker, f"{what}{doing}")
         raise WorkerLostError(f"{worker.describe()} {what}{doing}; the run stopped. "
