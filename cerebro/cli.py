@@ -1,6 +1,7 @@
-"""``cerebro`` on the command line: demo, run, status."""
+"""``cerebro`` on the command line: demo, run, status, resume, report, export."""
 from __future__ import annotations
 
+import json
 import math
 import runpy
 import sys
@@ -80,3 +81,42 @@ def resume(run_dir: str, workers: int | None, quiet: bool) -> None:
     from . import resume as resume_run
     result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1)
     print_summary(result, Console())
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("-o", "--out", default=None, help="where to write the page (default: RUN_DIR/report.html)")
+def report(run_dir: str, out: str | None) -> None:
+    """Write one self-contained HTML page about a run, finished or still going: ranked
+    trials, learning curves, a Gantt chart of sub-epochs on workers with the utilization,
+    configurations against the objective, rungs or PBT lineage. Opens without network.
+
+    Example: cerebro report cerebro_runs/demo-20261122-101500-ab12 -o report.html
+    """
+    from .report import write_report
+    click.echo(write_report(run_dir, out))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--trial", default="best", show_default=True, help="a trial id such as t0003, or 'best'")
+@click.option("-o", "--out", required=True, help="the file to write, e.g. model.pt")
+@click.option("--torchscript", is_flag=True, help="a TorchScript module instead of the state dict with its config")
+def export(run_dir: str, trial: str, out: str, torchscript: bool) -> None:
+    """Save one trial's trained model: by default ``torch.save({"config", "state_dict"})``,
+    with --torchscript a scripted module that loads without Cerebro or the build code.
+
+    Example: cerebro export cerebro_runs/demo-20261122-101500-ab12 --trial best -o model.pt
+    """
+    import torch
+    result = load(run_dir)
+    ids = [t.trial_id for t in result.trials]
+    if trial != "best" and trial not in ids:
+        raise click.BadParameter(f"{trial!r} is not a trial of this run; trials: {', '.join(ids)}",
+                                 param_hint="--trial")
+    chosen = result.best if trial == "best" else result.trials[ids.index(trial)]
+    if torchscript:
+        torch.jit.script(chosen.model()).save(out)
+    else:
+        torch.save({"trial_id": chosen.trial_id, "config": chosen.config, "state_dict": chosen.state_dict()}, out)
+    click.echo(f"{chosen.trial_id} ({json.dumps(chosen.config)}) -> {out}")

@@ -555,6 +555,7 @@ class Driver:
                 continue
             trial = _Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch)
             self._trials[trial.trial_id] = trial
+            self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
             if rt.epoch == 0:
                 actions.append(lambda trial=trial: self._start_epoch(trial))
                 continue

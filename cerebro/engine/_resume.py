@@ -17,10 +17,10 @@ from typing import Any
 import cloudpickle
 
 from ..backends import Backend
-from ..report import ConsoleProgress, NoProgress, Result
+from ..report import Result
 from ..store import RunStore
 from ._driver import Driver, Limits, describe, diverged
-from ._execute import pickle_build, resolve_backend, sigterm_interrupts
+from ._execute import observers, pickle_build, resolve_backend, sigterm_interrupts
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 
 
@@ -127,7 +127,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             store.append("journal_repaired", dropped_bytes=damaged, time=0.0)
         policy.start(info["seed"])
         recovered = replay(policy, events)
-        progress = ConsoleProgress(info["searcher"]["metric"], info["searcher"]["mode"]) if verbose else NoProgress()
+        progress = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
+                             info.get("tensorboard", False))
         driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
                         evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress,
                         limits=Limits(**info.get("limits", {})))

@@ -89,7 +89,8 @@ class Searcher(ABC):
     # --- running it ---------------------------------------------------------------------
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
             store: str | os.PathLike | None = None, seed: int | None = None,
-            verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None) -> Result:
+            verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
+            tensorboard: bool = True) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -103,6 +104,8 @@ class Searcher(ABC):
                 longer ends as ``timeout`` and the others go on. ``None``: no limit.
             max_failures: stop the run (:class:`cerebro.TooManyFailuresError`) once more
                 trials than this ended failed, diverged or timeout. ``None``: never.
+            tensorboard: write per-trial scalars and hyperparameters under
+                ``store/tensorboard`` (local stores) for ``tensorboard --logdir``.
         """
         if not callable(self.build):
             raise TypeError(f"build={self.build!r} must be a function build(config) -> cb.TorchTrainable")
@@ -117,6 +120,6 @@ class Searcher(ABC):
         return execute(self, build=self.build, example_config=sample_config(self.space, np.random.default_rng(0)),
                        metric=self.metric, mode=self.mode, settings=settings, data=data,
                        backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                       trial_timeout=trial_timeout, max_failures=max_failures)
+                       trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard)
 
 

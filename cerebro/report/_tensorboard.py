@@ -1,0 +1,78 @@
+"""TensorBoard logs of a run: per trial, every epoch's losses and metrics as scalars, and its
+configuration with its final metrics through the HParams plugin, under ``RUN_DIR/tensorboard``
+so that ``tensorboard --logdir RUN_DIR/tensorboard`` compares the trials."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+from ._progress import Progress
+
+
+class TensorBoardLog(Progress):
+    """Writes ``RUN_DIR/tensorboard/<trial_id>/`` event files as the run goes (local stores)."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.directory = os.path.join(run_dir, "tensorboard")
+        self._writers: dict[str, Any] = {}
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._last: dict[str, dict[str, float]] = {}
+
+    def _writer(self, trial_id: str) -> Any:
+        if trial_id not in self._writers:
+            from torch.utils.tensorboard import SummaryWriter
+            self._writers[trial_id] = SummaryWriter(os.path.join(self.directory, trial_id))
+        return self._writers[trial_id]
+
+    def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
+        self._configs[trial_id] = config
+
+    def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
+        writer = self._writer(trial_id)
+        for name, value in metrics.items():
+            writer.add_scalar(name, value, epoch)
+        self._last[trial_id] = metrics
+
+    def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
+        hparams = {key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
+                   for key, value in self._configs.get(trial_id, {}).items()}
+        final = {f"hparam/{name}": value for name, value in self._last.get(trial_id, {}).items()
+                 if math.isfinite(value)}
+        writer = self._writer(trial_id)
+        writer.add_hparams({**hparams, "status": status}, final, run_name="hparams")
+        writer.close()
+        del self._writers[trial_id]
+
+    def finish(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}
+
+
+class Fanout(Progress):
+    """Tells every one of ``observers`` what happens in the run."""
+
+    def __init__(self, *observers: Progress) -> None:
+        self.observers = observers
+
+    def start(self, run_dir: str, workers: int) -> None:
+        for observer in self.observers:
+            observer.start(run_dir, workers)
+
+    def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
+        for observer in self.observers:
+            observer.trial_created(trial_id, config, max_epochs)
+
+    def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
+        for observer in self.observers:
+            observer.epoch_end(trial_id, epoch, metrics)
+
+    def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
+        for observer in self.observers:
+            observer.trial_ended(trial_id, status, reason)
+
+    def finish(self) -> None:
+        for observer in self.observers:
+            observer.finish()

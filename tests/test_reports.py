@@ -1,0 +1,148 @@
+"""What a run shows: TensorBoard event files read back, the HTML report of a finished and of
+a live run, and the report/export/resume commands."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+from _models import build, digits
+from click.testing import CliRunner
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+import cerebro as cb
+from cerebro.cli import main
+from cerebro.report import _html
+
+pytestmark = pytest.mark.slow
+SPACE = {"lr": cb.loguniform(1e-3, 1e-1), "hidden": cb.choice([16, 32])}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> cb.Result:
+    store = tmp_path_factory.mktemp("reports") / "run"
+    return cb.ASHA(build, SPACE, num_trials=6, max_epochs=4, reduction_factor=2, metric="val_accuracy",
+                   mode="max").fit(digits(partitions=2), workers=2, store=store, seed=0, verbose=0)
+
+
+def test_tensorboard_has_every_epoch_of_every_trial_and_its_hparams(run):
+    history = run.history()
+    for trial in run.trials:
+        scalars = EventAccumulator(os.path.join(run.run_dir, "tensorboard", trial.trial_id))
+        scalars.Reload()
+        assert sorted(scalars.Tags()["scalars"]) == ["train_accuracy", "train_loss", "val_accuracy", "val_loss"]
+        rows = history[history.trial_id == trial.trial_id]
+        logged = [(s.step, s.value) for s in scalars.Scalars("val_accuracy")]
+        assert [step for step, _ in logged] == rows.epoch.tolist()
+        assert [value for _, value in logged] == pytest.approx(rows.val_accuracy.tolist(), rel=1e-6)
+        hparams = EventAccumulator(os.path.join(run.run_dir, "tensorboard", trial.trial_id, "hparams"))
+        hparams.Reload()
+        start = plugin_data_pb2.HParamsPluginData.FromString(
+            hparams.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
+        assert start.hparams["lr"].number_value == pytest.approx(trial.config["lr"])
+        assert start.hparams["hidden"].number_value == trial.config["hidden"]
+        assert start.hparams["status"].string_value == trial.status
+        final = hparams.Scalars("hparam/val_accuracy")[-1].value
+        assert final == pytest.approx(trial.metrics["val_accuracy"], rel=1e-6)
+
+
+def test_tensorboard_false_writes_none(tmp_path):
+    cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(digits(partitions=2), workers=2, verbose=0,
+                                                                  store=tmp_path / "run", seed=0, tensorboard=False)
+    assert not os.path.exists(tmp_path / "run" / "tensorboard")
+
+
+def test_report_of_a_finished_run(run, tmp_path):
+    path = cb.report.write_report(run.run_dir, tmp_path / "report.html")
+    page = open(path, encoding="utf-8").read()
+    assert "<script src=" not in page                 # plotly.js is inlined: no network needed
+    for section in ("trials", "curves", "gantt", "parallel", "rungs"):
+        assert f'id="{section}"' in page
+    assert page.count("<tr class='status-") == len(run.trials)
+    gantt = _html.gantt(run)
+    assert sum(len(trace.base) for trace in gantt.data) == len(run.schedule())     # one bar per sub-epoch
+    assert {trace.name for trace in gantt.data} == {t.trial_id for t in run.trials}
+    assert f"utilization {_html.utilization(run.schedule(), 2):.3f}" in gantt.layout.title.text
+    curves = _html.learning_curves(run)
+    assert len(curves.data) == 3 * len(run.trials)    # train loss, val loss, the objective
+    assert max(trace.line.width for trace in curves.data) == 4  # the best trial stands out
+
+
+def test_report_of_a_live_run_shows_what_is_done(run, tmp_path):
+    live = tmp_path / "live"
+    shutil.copytree(run.run_dir, live)
+    with open(live / "journal.jsonl", "rb") as f:
+        lines = f.readlines()
+    with open(live / "journal.jsonl", "wb") as f:
+        f.writelines(lines[:len(lines) // 2])       # as it was half way through
+    result = cb.load(live)
+    assert not result.finished
+    page = open(cb.report.write_report(live), encoding="utf-8").read()
+    assert "not finished (this page shows what is done so far)" in page
+    assert sum(len(trace.base) for trace in _html.gantt(result).data) == len(result.schedule())
+
+
+def test_cli_report_export_and_resume(run, tmp_path):
+    runner = CliRunner()
+    done = runner.invoke(main, ["report", run.run_dir, "-o", str(tmp_path / "r.html")])
+    assert done.exit_code == 0 and os.path.getsize(tmp_path / "r.html") > 100_000
+    done = runner.invoke(main, ["export", run.run_dir, "-o", str(tmp_path / "best.pt")])
+    assert done.exit_code == 0, done.output
+    saved = torch.load(tmp_path / "best.pt")
+    assert saved["trial_id"] == run.best.trial_id and saved["config"] == run.best.config
+    assert all(torch.equal(saved["state_dict"][k], v) for k, v in run.best.state_dict().items())
+    done = runner.invoke(main, ["export", run.run_dir, "--trial", "t0001", "--torchscript", "-o",
+                                str(tmp_path / "t1.ts")])
+    assert done.exit_code == 0, done.output
+    inputs = torch.rand(3, 64)
+    scripted = torch.jit.load(tmp_path / "t1.ts")
+    assert torch.equal(scripted(inputs), run.trials[1].model()(inputs))
+    done = runner.invoke(main, ["export", run.run_dir, "--trial", "t0099", "-o", str(tmp_path / "x.pt")])
+    assert done.exit_code == 2 and "'t0099' is not a trial of this run" in done.output
+    done = runner.invoke(main, ["resume", run.run_dir, "--quiet"])
+    assert done.exit_code == 0 and run.best.trial_id in done.output
+    help_text = runner.invoke(main, ["--help"]).output
+    for command in ("demo", "run", "status", "resume", "report", "export"):
+        assert command in help_text
+    assert json.loads(json.dumps(run.best.config)) == run.best.config
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--virtual-time-budget=10000", "--window-size=1300,2600"]
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Debian's chromium, installed by the test set-up where it is missing (never downloaded
+    by a test tool)."""
+    if shutil.which("chromium") is None and shutil.which("apt-get") is not None:
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900)
+    if shutil.which("chromium") is None:
+        pytest.skip("Debian's chromium package cannot be installed here")
+    return shutil.which("chromium")
+
+
+def test_the_report_opens_in_headless_chromium_without_errors(run, chromium, tmp_path):
+    page = cb.report.write_report(run.run_dir, tmp_path / "report.html")
+    loaded = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                             "--enable-logging=stderr", "--v=0", "--dump-dom", f"file://{page}"],
+                            capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    console = [line for line in loaded.stderr.splitlines() if ":CONSOLE" in line and "WebGL" not in line]
+    assert not [line for line in console if "Uncaught" in line or "Error" in line], console
+    dom = loaded.stdout
+    gantt = dom[dom.index('id="figure-gantt"'):dom.index('id="figure-parallel"')]
+    assert gantt.count('class="point"') == len(run.schedule())          # one bar per sub-epoch, drawn
+    curves = dom[dom.index('id="figure-curves"'):dom.index('id="figure-gantt"')]
+    assert curves.count('class="trace scatter ') == 3 * len(run.trials)   # 3 panels, a curve per trial
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}",
+                    f"--screenshot={shot}", f"file://{page}"], capture_output=True, timeout=120)
+    with open(shot, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(shot) > 50_000
