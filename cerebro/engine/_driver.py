@@ -477,6 +477,7 @@ class Driver:
         for task in tasks:   # all marked running first: a failed send then aborts every one
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
             self._workers[task.worker].running = (task_id, task, self._now())
+            self.progress.sub_epoch_started(task.worker, task.trial_id, task.kind, task.epoch, task.partition)
         gone = None
         for task in tasks:
             worker = self._workers[task.worker]
@@ -511,6 +512,7 @@ class Driver:
         task_id, task, start = worker.running
         assert message.task_id == task_id, f"{worker.describe()} answered task {message.task_id}, not {task_id}"
         worker.running = None
+        self.progress.sub_epoch_finished(worker.index)
         self._write("append", "sub_epoch", trial_id=task.trial_id, epoch=task.epoch, partition=task.partition,
                     worker=worker.index, kind=task.kind, start=start, end=self._now(),
                     compute=getattr(message, "compute_seconds", None))

@@ -1,12 +1,16 @@
-"""Live progress of a run on the console."""
+"""Live progress of a run on the console: on a terminal, a view of what every worker is doing,
+the overall progress with an ETA and the top trials; elsewhere (CI, files), plain lines."""
 from __future__ import annotations
 
+import json
 import math
+import threading
+import time
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-from rich.progress import Progress as _Bar
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
 
 
 class Progress:
@@ -15,6 +19,10 @@ class Progress:
     def start(self, run_dir: str, workers: int) -> None: ...
 
     def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None: ...
+
+    def sub_epoch_started(self, worker: int, trial_id: str, kind: str, epoch: int, partition: int) -> None: ...
+
+    def sub_epoch_finished(self, worker: int) -> None: ...
 
     def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None: ...
 
@@ -27,45 +35,109 @@ NoProgress = Progress
 
 
 class ConsoleProgress(Progress):
-    """A progress bar of epochs, the best ``metric`` so far, and a line per ended trial."""
+    """On a terminal, a live view refreshed a few times a second: per worker what it trains
+    (trial, epoch, partition) and its utilization; epochs done of planned with an ETA; the
+    top 5 trials by ``metric``. On anything else, one plain line per epoch end and per ended
+    trial."""
 
-    def __init__(self, metric: str, mode: str, console: Console | None = None) -> None:
-        self.metric, self.mode = metric, mode
+    def __init__(self, metric: str, mode: str, console: Console | None = None, top: int = 5) -> None:
+        self.metric, self.mode, self.top = metric, mode, top
         self.console = console or Console(stderr=True)
-        self._bar = _Bar(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                         TextColumn("epochs"), TimeElapsedColumn(), console=self.console)
-        self._task = self._bar.add_task("", total=0)
-        self._last: dict[str, tuple[int, dict[str, float]]] = {}
+        self._live: Live | None = None
         self._planned: dict[str, int] = {}
-        self._latest: dict[str, float] = {}
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._last: dict[str, tuple[int, dict[str, float]]] = {}
+        self._status: dict[str, str] = {}
+        self._doing: dict[int, tuple[str, float]] = {}       # worker -> (what, since)
+        self._busy: dict[int, float] = {}
+        self._started = time.monotonic()
+        self._done = 0
+        self._lock = threading.Lock()      # the live view renders on a thread of its own
 
     def start(self, run_dir: str, workers: int) -> None:
-        self.console.print(f"[bold]cerebro[/bold] run in {run_dir} on {workers} workers")
-        self._bar.start()
+        self._started = time.monotonic()
+        self._busy = {w: 0.0 for w in range(workers)}
+        self.console.print(f"[bold]cerebro[/bold] run in {run_dir} on {workers} workers", soft_wrap=True)
+        if self.console.is_terminal:
+            self._live = Live(self._view(), console=self.console, refresh_per_second=4, get_renderable=self._view)
+            self._live.start()
 
     def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
-        self._planned[trial_id] = max_epochs
-        self._bar.update(self._task, total=sum(self._planned.values()))
+        with self._lock:
+            self._planned[trial_id], self._configs[trial_id], self._status[trial_id] = max_epochs, config, "running"
+
+    def sub_epoch_started(self, worker: int, trial_id: str, kind: str, epoch: int, partition: int) -> None:
+        with self._lock:
+            self._doing[worker] = (f"{trial_id} {kind} epoch {epoch} partition {partition}", time.monotonic())
+
+    def sub_epoch_finished(self, worker: int) -> None:
+        with self._lock:
+            what = self._doing.pop(worker, None)
+            if what is not None:
+                self._busy[worker] = self._busy.get(worker, 0.0) + time.monotonic() - what[1]
 
     def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
-        self._last[trial_id] = (epoch, metrics)
-        value = metrics.get(self.metric)
-        if value is not None and math.isfinite(value):
-            self._latest[trial_id] = value
-        # Ranked like result.best: by each trial's latest epoch.
-        best = (min if self.mode == "min" else max)(self._latest.values(), default=None)
-        self._bar.update(self._task, advance=1,
-                         description="" if best is None else f"best {self.metric}={best:.4f}")
+        with self._lock:
+            self._last[trial_id] = (epoch, metrics)
+            self._done += 1
+        if self._live is None:
+            shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+            self.console.print(f"{trial_id} epoch {epoch}: {shown} ({self._done}/{self._total()} epochs{self._eta()})",
+                               highlight=False, soft_wrap=True)
 
     def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
         epoch, metrics = self._last.get(trial_id, (0, {}))
-        # A trial that ends early frees its planned epochs from the bar's total.
-        self._planned[trial_id] = epoch
-        self._bar.update(self._task, total=sum(self._planned.values()))
+        with self._lock:
+            self._planned[trial_id], self._status[trial_id] = epoch, status    # frees its unplanned epochs
         value = metrics.get(self.metric)
         shown = f"{self.metric}={value:.4f}" if value is not None else ""
         why = f" ({reason.strip().splitlines()[-1]})" if reason and status != "completed" else ""
-        self.console.print(f"{trial_id} {status} after {epoch} epochs {shown}{why}")
+        self.console.print(f"{trial_id} {status} after {epoch} epochs {shown}{why}", highlight=False, soft_wrap=True)
 
     def finish(self) -> None:
-        self._bar.stop()
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    # --- what is shown ------------------------------------------------------------------
+    def _total(self) -> int:
+        return sum(self._planned.values())
+
+    def _eta(self) -> str:
+        left = self._total() - self._done
+        if not self._done or left <= 0:
+            return ""
+        return f", ETA {_duration((time.monotonic() - self._started) / self._done * left)}"
+
+    def ranked(self) -> list[tuple[str, float]]:
+        """Trials by their latest ``metric``, best first, as ``result.best`` ranks them."""
+        scored = [(t, m[self.metric]) for t, (_, m) in self._last.items()
+                  if isinstance(m.get(self.metric), (int, float)) and math.isfinite(m[self.metric])
+                  and self._status.get(t) not in ("failed", "diverged", "timeout")]
+        return sorted(scored, key=lambda item: (item[1] if self.mode == "min" else -item[1], item[0]))
+
+    def _view(self) -> Group:
+        with self._lock:
+            return self._render()
+
+    def _render(self) -> Group:
+        now, elapsed = time.monotonic(), max(time.monotonic() - self._started, 1e-9)
+        workers = Table("worker", "training", "utilization", box=None, pad_edge=False)
+        for worker in sorted(self._busy):
+            what, since = self._doing.get(worker, ("idle", now))
+            busy = self._busy[worker] + (now - since if worker in self._doing else 0.0)
+            workers.add_row(f"worker {worker}", what, f"{busy / elapsed:.0%}")
+        top = Table("trial", "epochs", self.metric, "config", box=None, pad_edge=False,
+                    title=f"top {self.top} by {self.metric} ({self.mode})", title_justify="left")
+        for trial_id, value in self.ranked()[:self.top]:
+            top.add_row(trial_id, str(self._last[trial_id][0]), f"{value:.4f}",
+                        json.dumps(self._configs.get(trial_id, {}))[:80])
+        header = (f"{self._done}/{self._total()} epochs · {sum(s == 'running' for s in self._status.values())} "
+                  f"trials live · {_duration(elapsed)} elapsed{self._eta()}")
+        return Group(header, workers, top)
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"

@@ -65,6 +65,14 @@ class Fanout(Progress):
         for observer in self.observers:
             observer.trial_created(trial_id, config, max_epochs)
 
+    def sub_epoch_started(self, worker: int, trial_id: str, kind: str, epoch: int, partition: int) -> None:
+        for observer in self.observers:
+            observer.sub_epoch_started(worker, trial_id, kind, epoch, partition)
+
+    def sub_epoch_finished(self, worker: int) -> None:
+        for observer in self.observers:
+            observer.sub_epoch_finished(worker)
+
     def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
         for observer in self.observers:
             observer.epoch_end(trial_id, epoch, metrics)

@@ -1,0 +1,72 @@
+"""The live view: plain lines where the output is no terminal, worker rows on a terminal,
+nothing with verbose=0."""
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+
+import pytest
+from _models import build, digits
+
+import cerebro as cb
+
+pytestmark = pytest.mark.slow
+SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
+SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from _models import build, digits
+import cerebro as cb
+cb.GridSearch(build, {space}, epochs=2, metric="val_accuracy", mode="max").fit(
+    digits(partitions=2), workers=2, store={store!r}, seed=0)
+"""
+
+
+def test_plain_lines_when_the_output_is_not_a_terminal(tmp_path, capsys):
+    cb.GridSearch(build, SPACE, epochs=2, metric="val_accuracy", mode="max").fit(
+        digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=1)
+    err = capsys.readouterr().err
+    assert "\x1b[" not in err                          # no cursor movement or colour codes
+    lines = err.splitlines()
+    assert lines[0] == f"cerebro run in {tmp_path / 'run'} on 2 workers"
+    assert sum(line.startswith("t000") and " epoch " in line for line in lines) == 8
+    assert any(line.startswith("t0000 epoch 1: train_loss=") and "(1/8 epochs" in line for line in lines)
+    assert sum(" completed after 2 epochs val_accuracy=" in line for line in lines) == 4
+
+
+def test_verbose_0_prints_nothing(tmp_path, capsys):
+    cb.GridSearch(build, SPACE, epochs=1).fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0,
+                                              verbose=0)
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+
+
+def test_a_terminal_shows_every_worker_and_the_top_trials(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)),
+                                    space='{"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}',
+                                    store=str(tmp_path / "run")))
+    controller, terminal = pty.openpty()
+    child = subprocess.Popen([sys.executable, str(script)], stdin=terminal, stdout=terminal, stderr=terminal,
+                             env={**os.environ, "TERM": "xterm-256color", "COLUMNS": "140"})
+    os.close(terminal)
+    output = b""
+    while True:
+        ready, _, _ = select.select([controller], [], [], 1)
+        try:
+            data = os.read(controller, 65536) if ready else b""
+        except OSError:           # the child closed the terminal
+            break
+        if ready and not data:
+            break
+        output += data
+        if not ready and child.poll() is not None:
+            break
+    assert child.wait(timeout=120) == 0
+    text = output.decode(errors="replace")
+    assert "\x1b[" in text                          # a live, redrawn view
+    for row in ("worker 0", "worker 1", "top 5 by val_accuracy (max)", "utilization"):
+        assert row in text
