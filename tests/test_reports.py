@@ -146,3 +146,39 @@ def test_the_report_opens_in_headless_chromium_without_errors(run, chromium, tmp
     with open(shot, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(shot) > 50_000
+
+
+def test_mlflow_has_a_parent_run_a_nested_run_per_trial_and_the_best_model(tmp_path):
+    from mlflow.tracking import MlflowClient
+    result = cb.GridSearch(build, {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16])}, epochs=2,
+                           metric="val_accuracy", mode="max").fit(digits(partitions=2), workers=2, seed=0, verbose=0,
+                                                                  store=tmp_path / "run", mlflow=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cerebro")
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1 and parents[0].data.tags["cerebro.best_trial"] == result.best.trial_id
+    children = {r.data.tags["cerebro.trial_id"]: r for r in runs if r.data.tags.get("mlflow.parentRunId")
+                == parents[0].info.run_id}
+    assert sorted(children) == [t.trial_id for t in result.trials]
+    history = result.history()
+    for trial in result.trials:
+        child = children[trial.trial_id]
+        assert child.data.params["lr"] == json.dumps(trial.config["lr"]) and child.data.params["hidden"] == "16"
+        assert child.data.tags["cerebro.status"] == "completed" and child.info.status == "FINISHED"
+        logged = client.get_metric_history(child.info.run_id, "val_accuracy")
+        rows = history[history.trial_id == trial.trial_id]
+        assert [m.step for m in logged] == rows.epoch.tolist()
+        assert [m.value for m in logged] == pytest.approx(rows.val_accuracy.tolist())
+    artifact = client.download_artifacts(parents[0].info.run_id, "best_model/model.pt", str(tmp_path))
+    saved = torch.load(artifact)
+    assert saved["trial_id"] == result.best.trial_id
+    assert all(torch.equal(saved["state_dict"][k], v) for k, v in result.best.state_dict().items())
+
+
+def test_mlflow_setting_is_checked(tmp_path):
+    with pytest.raises(TypeError, match=r"^mlflow=3 must be True, False or a tracking URI such as "
+                                        r"'http://host:5000'$"):
+        cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(digits(partitions=2), workers=2,
+                                                                      store=tmp_path / "run", mlflow=3)
+    assert not os.path.exists(tmp_path / "run")

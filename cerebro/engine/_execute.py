@@ -21,6 +21,7 @@ import torch
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
+from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import RunStore
 from ..worker import TorchTrainable
 from ._driver import Driver, Limits
@@ -31,7 +32,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, trial_timeout: float | None = None,
-            max_failures: int | None = None, tensorboard: bool = True) -> Result:
+            max_failures: int | None = None, tensorboard: bool = True, mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
     ``example_config`` is one configuration of the space, built once on the driver to learn
@@ -55,6 +56,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     limits = Limits(trial_timeout, max_failures)
     if not isinstance(tensorboard, bool):
         raise TypeError(f"tensorboard={tensorboard!r} must be True or False")
+    check_mlflow(mlflow)
     build_blob = pickle_build(build)
     _check_metric(build, example_config, metric, data.has_validation)
     if store is None:
@@ -66,7 +68,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     try:
         with sigterm_interrupts():
             return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions,
-                        backend, int(seed), verbose, limits, tensorboard)
+                        backend, int(seed), verbose, limits, tensorboard, mlflow)
     finally:
         if lock is not None:
             lock.close()
@@ -90,7 +92,7 @@ def sigterm_interrupts() -> Iterator[None]:
 
 def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,
          searcher_blob: bytes, settings: dict[str, Any], data: Dataset, num_partitions: int, backend: Backend,
-         seed: int, verbose: int, limits: Limits, tensorboard: bool) -> Result:
+         seed: int, verbose: int, limits: Limits, tensorboard: bool, mlflow: bool | str) -> Result:
     layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_build(build_blob)
     run_store.write_searcher(searcher_blob)
@@ -104,6 +106,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "threads_per_worker": backend.threads_per_worker,
         "limits": {"trial_timeout": limits.trial_timeout, "max_failures": limits.max_failures},
         "tensorboard": tensorboard,
+        "mlflow": mlflow,
         "data": {"fingerprint": data.fingerprint(), "partitions": num_partitions,
                  "train_rows": layout.rows["train"], "val_rows": layout.rows["val"],
                  "feature_shape": list(layout.feature_shape), "label_dtype": layout.label_dtype,
@@ -112,21 +115,28 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
                      "python": platform.python_version()},
     })
     policy.start(seed)
-    progress = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard)
+    progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
     Driver(policy, run_store, backend, seed=seed, num_partitions=num_partitions,
            evaluate=layout.has_validation, build_blob=build_blob, progress=progress, limits=limits).run()
     result = Result(run_store, build)
+    if mlflow_log is not None:
+        mlflow_log.log_best(result)
     run_store.write_table("history", result.history())
     run_store.write_table("schedule", result.schedule())
     return result
 
 
-def observers(store: RunStore, metric: str, mode: str, verbose: int, tensorboard: bool) -> Progress:
-    """What the driver tells as the run goes: the console (verbose) and TensorBoard (local stores)."""
-    console = ConsoleProgress(metric, mode) if verbose else NoProgress()
-    if not tensorboard or "://" in store.path:
-        return console
-    return Fanout(console, TensorBoardLog(store.path))
+def observers(store: RunStore, metric: str, mode: str, verbose: int, tensorboard: bool,
+              mlflow: bool | str) -> tuple[Progress, MLflowLog | None]:
+    """What the driver tells as the run goes: the console (verbose), TensorBoard (local
+    stores) and MLflow; the last also on its own, to log the best model at the end."""
+    chosen: list[Progress] = [ConsoleProgress(metric, mode) if verbose else NoProgress()]
+    if tensorboard and "://" not in store.path:
+        chosen.append(TensorBoardLog(store.path))
+    mlflow_log = MLflowLog(tracking_uri(mlflow, store.path), store.path, metric, mode) if mlflow else None
+    if mlflow_log is not None:
+        chosen.append(mlflow_log)
+    return (chosen[0] if len(chosen) == 1 else Fanout(*chosen)), mlflow_log
 
 
 def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:

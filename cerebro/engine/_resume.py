@@ -127,8 +127,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             store.append("journal_repaired", dropped_bytes=damaged, time=0.0)
         policy.start(info["seed"])
         recovered = replay(policy, events)
-        progress = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
-                             info.get("tensorboard", False))
+        progress, mlflow_log = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
+                                         info.get("tensorboard", False), info.get("mlflow", False))
         driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
                         evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress,
                         limits=Limits(**info.get("limits", {})))
@@ -139,6 +139,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         if lock is not None:
             lock.close()
     result = Result(store, build)
+    if mlflow_log is not None:
+        mlflow_log.log_best(result)
     store.write_table("history", result.history())
     store.write_table("schedule", result.schedule())
     return result

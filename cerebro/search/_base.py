@@ -90,7 +90,7 @@ class Searcher(ABC):
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
             store: str | os.PathLike | None = None, seed: int | None = None,
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
-            tensorboard: bool = True) -> Result:
+            tensorboard: bool = True, mlflow: bool | str = False) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -106,6 +106,8 @@ class Searcher(ABC):
                 trials than this ended failed, diverged or timeout. ``None``: never.
             tensorboard: write per-trial scalars and hyperparameters under
                 ``store/tensorboard`` (local stores) for ``tensorboard --logdir``.
+            mlflow: ``True`` logs to MLflow in ``sqlite:///store/mlflow.db``, a string to that
+                tracking URI: a parent run, a nested run per trial, the best model.
         """
         if not callable(self.build):
             raise TypeError(f"build={self.build!r} must be a function build(config) -> cb.TorchTrainable")
@@ -120,6 +122,7 @@ class Searcher(ABC):
         return execute(self, build=self.build, example_config=sample_config(self.space, np.random.default_rng(0)),
                        metric=self.metric, mode=self.mode, settings=settings, data=data,
                        backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                       trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard)
+                       trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard,
+                       mlflow=mlflow)
 
 

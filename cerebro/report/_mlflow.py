@@ -1,0 +1,98 @@
+"""MLflow logging of a run: one parent MLflow run per Cerebro run, a nested run per trial with
+its config as params and its per-epoch metrics, and the best model as an artifact. By
+default the tracking store is ``sqlite:///RUN_DIR/mlflow.db`` with artifacts in
+``RUN_DIR/mlartifacts``; ``fit(..., mlflow="http://host:5000")`` logs to a server instead."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
+
+from ._progress import Progress
+
+if TYPE_CHECKING:
+    from ._result import Result
+
+EXPERIMENT = "cerebro"
+STATUSES = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
+            "timeout": "FAILED"}
+
+
+def check_mlflow(setting: Any) -> None:
+    """``fit``'s ``mlflow=``: False, True, or a tracking URI; the package must be there."""
+    if setting is False:
+        return
+    if setting is not True and not isinstance(setting, str):
+        raise TypeError(f"mlflow={setting!r} must be True, False or a tracking URI such as 'http://host:5000'")
+    try:
+        import mlflow  # noqa: F401
+    except ImportError:
+        raise ImportError("mlflow=... needs the mlflow package: pip install 'cerebro[mlflow]'") from None
+
+
+def tracking_uri(setting: bool | str, run_dir: str) -> str:
+    return f"sqlite:///{os.path.join(run_dir, 'mlflow.db')}" if setting is True else setting
+
+
+class MLflowLog(Progress):
+    """Logs trials to MLflow as the run goes (``MlflowClient``: no global active run)."""
+
+    def __init__(self, uri: str, run_dir: str, metric: str, mode: str) -> None:
+        from mlflow.tracking import MlflowClient
+        self.client, self.run_dir, self.metric, self.mode = MlflowClient(uri), run_dir, metric, mode
+        experiment = self.client.get_experiment_by_name(EXPERIMENT)
+        if experiment is not None:
+            self.experiment_id = experiment.experiment_id
+        else:
+            location = None if "://" in uri and not uri.startswith("sqlite") else \
+                f"file://{os.path.join(run_dir, 'mlartifacts')}"
+            self.experiment_id = self.client.create_experiment(EXPERIMENT, artifact_location=location)
+        self.parent = ""
+        self._children: dict[str, str] = {}
+
+    def start(self, run_dir: str, workers: int) -> None:
+        run = self.client.create_run(self.experiment_id, run_name=os.path.basename(run_dir),
+                                     tags={"cerebro.run_dir": run_dir, "cerebro.workers": str(workers)})
+        self.parent = run.info.run_id
+
+    def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
+        from mlflow.entities import Param
+        run = self.client.create_run(self.experiment_id, run_name=trial_id,
+                                     tags={"mlflow.parentRunId": self.parent, "cerebro.trial_id": trial_id})
+        self._children[trial_id] = run.info.run_id
+        params = [Param(key, json.dumps(value) if not isinstance(value, str) else value)
+                  for key, value in config.items()]
+        self.client.log_batch(run.info.run_id, params=[*params, Param("max_epochs", str(max_epochs))])
+
+    def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        self.client.log_batch(self._children[trial_id],
+                              metrics=[Metric(name, value, now, epoch) for name, value in metrics.items()])
+
+    def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
+        child = self._children[trial_id]
+        self.client.set_tag(child, "cerebro.status", status)
+        if reason:
+            self.client.set_tag(child, "cerebro.reason", reason.strip().splitlines()[-1][:5000])
+        self.client.set_terminated(child, STATUSES.get(status, "FINISHED"))
+
+    def log_best(self, result: Result) -> None:
+        """The best trial's weights and config as the parent run's ``best_model`` artifact."""
+        import torch
+        try:
+            best = result.best
+        except RuntimeError:
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            path = os.path.join(scratch, "model.pt")
+            torch.save({"trial_id": best.trial_id, "config": best.config, "state_dict": best.state_dict()}, path)
+            self.client.log_artifact(self.parent, path, artifact_path="best_model")
+        self.client.set_tag(self.parent, "cerebro.best_trial", best.trial_id)
+        self.client.log_metric(self.parent, f"best_{self.metric}", best.metrics[self.metric])
+
+    def finish(self) -> None:
+        if self.parent:
+            self.client.set_terminated(self.parent, "FINISHED")
