@@ -1,4 +1,4 @@
 """``python -m cerebro`` is the ``cerebro`` command."""
-from .cli import main
+from .cli import entry
 
-main()
+entry()

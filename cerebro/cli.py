@@ -27,9 +27,45 @@ def print_summary(result: Result, console: Console) -> None:
     console.print(table)
 
 
-@click.group()
+@click.group(epilog="""\b
+Examples:
+  cerebro demo                                  a real model selection on bundled digits
+  cerebro run experiment.py --workers 4 --store runs/exp1 --seed 0
+  cerebro status runs/exp1                      where a run stands, live or finished
+  cerebro report runs/exp1                      runs/exp1/report.html, opens offline
+  cerebro resume runs/exp1                      finish a run whose driver died
+  cerebro export runs/exp1 --trial best -o model.pt
+
+Exit codes: 0 success, 1 the run failed or was interrupted, 2 bad usage or bad input.""")
 def main() -> None:
-    """Cerebro: deep-learning model selection with Model Hopper Parallelism."""
+    """Cerebro: deep-learning model selection with Model Hopper Parallelism (MOP).
+
+    The data is partitioned over the workers and never moves; every model trains on one
+    worker's partition for a sub-epoch, then hops to the next worker. A run lives in one run
+    directory (the store): its journal, checkpoints, history and schedule.
+    """
+
+
+def entry() -> None:
+    """The ``cerebro`` command: ``main`` with the exit codes of its help."""
+    from .engine import ResumeError, TooManyFailuresError, WorkerLostError
+    try:
+        main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("interrupted; `cerebro resume RUN_DIR` finishes the run", err=True)
+        sys.exit(1)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(2)
+    except KeyboardInterrupt:
+        click.echo("interrupted; `cerebro resume RUN_DIR` finishes the run", err=True)
+        sys.exit(1)
+    except (WorkerLostError, TooManyFailuresError, ResumeError) as error:
+        click.echo(f"the run failed: {error}", err=True)
+        sys.exit(1)
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(2)
 
 
 @main.command()
@@ -38,7 +74,10 @@ def main() -> None:
 @click.option("--store", default=None, help="run directory (default: ./cerebro_runs/demo-<time>)")
 @click.option("--seed", default=0, show_default=True)
 def demo(workers: int, epochs: int, store: str | None, seed: int) -> None:
-    """Select among 8 MLP/CNN configurations on the bundled 8x8 digits."""
+    """Select among 8 MLP/CNN configurations on the bundled 8x8 digits (about 20 s).
+
+    Example: cerebro demo --workers 2 --epochs 10
+    """
     from . import demo as demo_module
     result = demo_module.search(epochs).fit(demo_module.load_data(), workers=workers, store=store, seed=seed)
     console = Console()
@@ -48,18 +87,59 @@ def demo(workers: int, epochs: int, store: str | None, seed: int) -> None:
 
 
 @main.command()
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
-@click.argument("args", nargs=-1)
-def run(script: str, args: tuple[str, ...]) -> None:
-    """Run an experiment script (one that calls a searcher's fit) as __main__."""
-    sys.argv = [script, *args]
-    runpy.run_path(script, run_name="__main__")
+@click.argument("experiment", type=click.Path(exists=True, dir_okay=False))
+@click.option("--workers", default=2, show_default=True, help="workers (local processes or Spark tasks)")
+@click.option("--backend", type=click.Choice(["local", "spark"]), default="local", show_default=True,
+              help="spark: tasks of a barrier job on the SparkSession that getOrCreate finds")
+@click.option("--store", default=None, help="run directory (default: ./cerebro_runs/<searcher>-<time>)")
+@click.option("--seed", default=None, type=int, help="the run's seed (default: drawn and recorded)")
+@click.option("--trial-timeout", default=None, type=float, help="seconds one sub-epoch of a trial may take")
+@click.option("--max-failures", default=None, type=int, help="stop the run when more trials fail")
+@click.option("--mlflow", default=None, help="'local' for RUN_DIR/mlflow.db, or a tracking URI")
+@click.option("--quiet", is_flag=True, help="no live progress")
+def run(experiment: str, workers: int, backend: str, store: str | None, seed: int | None,
+        trial_timeout: float | None, max_failures: int | None, mlflow: str | None, quiet: bool) -> None:
+    """Run the searcher that EXPERIMENT (a Python file) defines.
+
+    The file defines ``data`` (a cb.Dataset) and ``search`` (a searcher such as
+    cb.GridSearch(build, space, epochs=5)); this command says how to run it.
+
+    \b
+    Example experiment.py:
+      import cerebro as cb, torch
+      from sklearn.datasets import load_digits
+      X, y = load_digits(return_X_y=True)
+      data = cb.Dataset.from_numpy(X.astype("float32") / 16, y, partitions=4)
+      def build(config): ...             # returns a cb.TorchTrainable
+      search = cb.ASHA(build, {"lr": cb.loguniform(1e-3, 1e-1)}, num_trials=16, max_epochs=9)
+    """
+    from . import Dataset, SparkBackend
+    from .search import Searcher
+    names = runpy.run_path(experiment, run_name="cerebro_experiment")
+    data, search = names.get("data"), names.get("search")
+    if not isinstance(data, Dataset) or not isinstance(search, Searcher):
+        raise click.UsageError(f"{experiment} must define `data` (a cb.Dataset) and `search` (a searcher such as "
+                               f"cb.GridSearch); it defines data={type(data).__name__}, "
+                               f"search={type(search).__name__}")
+    if backend == "spark":
+        from pyspark.sql import SparkSession
+        chosen: str | SparkBackend = SparkBackend(SparkSession.builder.getOrCreate(), workers=workers)
+        workers_arg = None
+    else:
+        chosen, workers_arg = "local", workers
+    result = search.fit(data, backend=chosen, workers=workers_arg, store=store, seed=seed, verbose=0 if quiet else 1,
+                        trial_timeout=trial_timeout, max_failures=max_failures,
+                        mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
+    print_summary(result, Console())
 
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def status(run_dir: str) -> None:
-    """Show where a run stands: its trials, their status and metrics."""
+    """Show where a run stands, live or finished: its trials, their status and metrics.
+
+    Example: cerebro status runs/exp1
+    """
     result = load(run_dir)
     console = Console()
     done = sum(t.status != "running" for t in result.trials)

@@ -76,15 +76,46 @@ def test_cerebro_demo_command_runs_a_model_selection(tmp_path):
     assert f"best: {loaded.best.trial_id}" in completed.stdout
 
 
-def test_run_command_executes_an_experiment_script(tmp_path):
+def test_run_command_runs_the_search_an_experiment_file_defines(tmp_path):
     script = tmp_path / "experiment.py"
     script.write_text("""
-import sys
-import cerebro as cb
 from cerebro import demo
-result = demo.search(epochs=1).fit(demo.load_data(), workers=1, store=sys.argv[1], seed=0, verbose=0)
-print("trials", len(result.trials))
+data = demo.load_data()
+search = demo.search(epochs=1)
 """)
-    output = CliRunner().invoke(main, ["run", str(script), str(tmp_path / "run")])
-    assert output.exit_code == 0, output.output
-    assert "trials 8" in output.output
+    completed = subprocess.run([sys.executable, "-m", "cerebro", "run", str(script), "--workers", "1", "--store",
+                                str(tmp_path / "run"), "--seed", "3", "--quiet"], capture_output=True, text=True,
+                               timeout=600)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    loaded = cb.load(tmp_path / "run")
+    assert loaded.finished and len(loaded.trials) == 8 and loaded.seed == 3
+    assert loaded.best.trial_id in completed.stdout
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["run", "{missing}"], 2, "does not exist"),
+    (["run", "{empty}"], 2, "must define `data` (a cb.Dataset) and `search` (a searcher such as cb.GridSearch)"),
+    (["status", "{tmp}"], 2, "is not a Cerebro run directory (no run.json)"),
+    (["resume", "{failing}"], 1, "the run failed: "),
+    (["frobnicate"], 2, "No such command"),
+])
+def test_exit_codes(tmp_path, args, code, message):
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    failing = tmp_path / "failing"
+    (failing / "trials").mkdir(parents=True)
+    (failing / "run.json").write_text('{"seed": 0, "searcher": {"metric": "val_loss", "mode": "min"}, "workers": 1}')
+    paths = {"missing": str(tmp_path / "missing.py"), "empty": str(tmp_path / "empty.py"), "tmp": str(tmp_path),
+             "failing": str(failing)}
+    completed = subprocess.run([sys.executable, "-m", "cerebro", *(a.format(**paths) for a in args)],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == code, completed.stderr[-2000:]
+    assert message in completed.stderr
+
+
+def test_help_explains_every_command_with_examples():
+    completed = subprocess.run([sys.executable, "-m", "cerebro", "--help"], capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0
+    for command in ("demo", "run", "status", "report", "resume", "export"):
+        assert f"cerebro {command}" in completed.stdout
+    assert "Exit codes: 0 success, 1 the run failed or was interrupted, 2 bad usage or bad input." in \
+        " ".join(completed.stdout.split())
