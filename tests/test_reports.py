@@ -120,8 +120,11 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def chromium() -> str:
     """Debian's chromium, installed by the test set-up where it is missing (never downloaded
     by a test tool)."""
-    if shutil.which("chromium") is None and shutil.which("apt-get") is not None:
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=900)
+    for step in (["apt-get", "install", "-y", "-q", "chromium"], ["apt-get", "update", "-q"],
+                 ["apt-get", "install", "-y", "-q", "chromium"]):
+        if shutil.which("chromium") is not None or shutil.which("apt-get") is None:
+            break
+        subprocess.run(step, capture_output=True, timeout=900)
     if shutil.which("chromium") is None:
         pytest.skip("Debian's chromium package cannot be installed here")
     return shutil.which("chromium")
