@@ -118,11 +118,16 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
     Driver(policy, run_store, backend, seed=seed, num_partitions=num_partitions,
            evaluate=layout.has_validation, build_blob=build_blob, progress=progress, limits=limits).run()
-    result = Result(run_store, build)
+    return finished(run_store, build, mlflow_log)
+
+
+def finished(store: RunStore, build: Callable[[dict], Any] | None, mlflow_log: MLflowLog | None) -> Result:
+    """The Result of a run that just ended, with its history and schedule tables written."""
+    result = Result(store, build)
     if mlflow_log is not None:
         mlflow_log.log_best(result)
-    run_store.write_table("history", result.history())
-    run_store.write_table("schedule", result.schedule())
+    store.write_table("history", result.history())
+    store.write_table("schedule", result.schedule())
     return result
 
 

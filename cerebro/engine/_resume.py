@@ -20,7 +20,7 @@ from ..backends import Backend
 from ..report import Result
 from ..store import RunStore
 from ._driver import Driver, Limits, describe, diverged
-from ._execute import observers, pickle_build, resolve_backend, sigterm_interrupts
+from ._execute import finished, observers, pickle_build, resolve_backend, sigterm_interrupts
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 
 
@@ -138,9 +138,4 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     finally:
         if lock is not None:
             lock.close()
-    result = Result(store, build)
-    if mlflow_log is not None:
-        mlflow_log.log_best(result)
-    store.write_table("history", result.history())
-    store.write_table("schedule", result.schedule())
-    return result
+    return finished(store, build, mlflow_log)
