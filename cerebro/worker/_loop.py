@@ -148,6 +148,8 @@ def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event)
         try:
             channel.send(Heartbeat(worker))
         except OSError:
+            if stop.is_set():     # the loop is closing the channel itself
+                return
             # The driver is gone (even killed with SIGKILL): end now, not after the sub-epoch.
             os._exit(0)
 
