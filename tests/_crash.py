@@ -80,6 +80,8 @@ def reference(point: str) -> cb.Searcher:
 
 
 if __name__ == "__main__":
+    # A shell's background job starts with SIGINT ignored; a terminal's Ctrl-C is what is tested.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     store, point = sys.argv[1], sys.argv[2]
     search = searcher(point, store, store + ".killed")
     search.fit(digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), store=store, seed=5, verbose=0)

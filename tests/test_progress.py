@@ -33,7 +33,9 @@ def test_plain_lines_when_the_output_is_not_a_terminal(tmp_path, capsys):
     lines = err.splitlines()
     assert lines[0] == f"cerebro run in {tmp_path / 'run'} on 2 workers"
     assert sum(line.startswith("t000") and " epoch " in line for line in lines) == 8
-    assert any(line.startswith("t0000 epoch 1: train_loss=") and "(1/8 epochs" in line for line in lines)
+    epoch_lines = [line for line in lines if " epoch " in line and line.startswith("t000")]
+    assert "(1/8 epochs" in epoch_lines[0] and "(8/8 epochs)" in epoch_lines[-1]
+    assert any(line.startswith("t0000 epoch 1: train_loss=") for line in epoch_lines)
     assert sum(" completed after 2 epochs val_accuracy=" in line for line in lines) == 4
 
 
