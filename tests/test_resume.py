@@ -82,6 +82,13 @@ def test_a_killed_driver_resumes_to_the_uninterrupted_results(tmp_path, point):
     assert cb.resume(store, verbose=0).finished      # resuming a finished run changes nothing
 
 
+def test_a_run_killed_on_two_workers_resumes_on_one_to_the_same_results(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")
+    resumed = cb.resume(store, backend=cb.LocalBackend(1, threads_per_worker=1), verbose=0)
+    assert [len(e["workers"]) for e in resumed.store.events() if e["event"] == "run_resumed"] == [1]
+    assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))
+
+
 def flip_byte(path: str, offset_from_end: int) -> None:
     with open(path, "r+b") as f:
         f.seek(-offset_from_end, os.SEEK_END)
