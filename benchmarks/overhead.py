@@ -354,7 +354,7 @@ def hop_breakdown(quick: bool) -> dict[str, Any]:
             t4 = time.perf_counter()
             receiver.load_state(unpack_tensors(received))
             t5 = time.perf_counter()
-            store.write_checkpoint("t0000", packed)
+            store.write_checkpoint("t0000", packed, 1)
             t6 = time.perf_counter()
             for name, value in zip(steps, (t1 - t0, t2 - t1, t4 - t3, t5 - t4, t6 - t5)):
                 steps[name].append(1e3 * value)
