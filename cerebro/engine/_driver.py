@@ -37,7 +37,7 @@ from ..worker._protocol import (
 from ..worker._wire import Channel, authenticate
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._scheduler import TRAIN, MOPScheduler, Task
-from ._seeds import init_seed, subepoch_seed, visit_order
+from ._seeds import init_seed, subepoch_seed, trial_name, visit_order
 from ._writer import BackgroundWriter
 
 if TYPE_CHECKING:
@@ -449,7 +449,7 @@ class Driver:
             self._create(request)
 
     def _create(self, request: TrialRequest) -> None:
-        trial = _Trial(f"t{self._created:04d}", dict(request.config), request.max_epochs)
+        trial = _Trial(trial_name(self._created), dict(request.config), request.max_epochs)
         self._created += 1
         self._trials[trial.trial_id] = trial
         self._write("write_config", trial.trial_id, trial.config)

@@ -16,6 +16,11 @@ def trial_index(trial_id: str) -> int:
     return int(trial_id[1:])
 
 
+def trial_name(index: int) -> str:
+    """7 -> ``"t0007"``: trials are named in creation order."""
+    return f"t{index:04d}"
+
+
 def _derive(*keys: int) -> int:
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, np.uint64)[0] >> 1)
 

@@ -5,7 +5,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..engine import Decision, TrialRequest, search_rng, trial_index
+from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
 from ._base import Searcher, check_epochs
 from ._ranking import ranked
 from ._space import sample_config
@@ -15,10 +15,6 @@ def check_reduction(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 2:
         raise ValueError(f"{name}={value!r} must be a number >= 2")
     return float(value)
-
-
-def trial_id(index: int) -> str:
-    return f"t{index:04d}"
 
 
 class ASHA(Searcher):
@@ -102,7 +98,7 @@ class ASHA(Searcher):
             decision = self._judge(index, rung)
             if decision is not None:
                 del self._waiting[index]
-                decisions[trial_id(index)] = decision
+                decisions[trial_name(index)] = decision
         return decisions
 
     def _judge(self, index: int, rung: int) -> Decision | None:
@@ -125,6 +121,6 @@ class ASHA(Searcher):
         return self._reasons.get(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
-        return {"created": self._created, "waiting": {trial_id(i): r for i, r in sorted(self._waiting.items())},
-                "rungs": [{"epoch": epoch, "values": {trial_id(i): v for i, v in sorted(values.items())}}
+        return {"created": self._created, "waiting": {trial_name(i): r for i, r in sorted(self._waiting.items())},
+                "rungs": [{"epoch": epoch, "values": {trial_name(i): v for i, v in sorted(values.items())}}
                           for epoch, values in zip(self._rung_epochs, self._values)]}

@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Decision, TrialRequest, search_rng, trial_index
-from ._asha import check_reduction, trial_id
+from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
+from ._asha import check_reduction
 from ._base import Searcher, check_epochs
 from ._ranking import ranked
 from ._space import sample_config
@@ -115,7 +115,7 @@ class Hyperband(Searcher):
                 keep = order[:bracket.keep[rung + 1]]
                 bracket.members[rung + 1], bracket.decided[rung] = set(keep), True
                 for rank, index in enumerate(order):
-                    decisions[trial_id(index)] = Decision.CONTINUE if index in keep else Decision.STOP
+                    decisions[trial_name(index)] = Decision.CONTINUE if index in keep else Decision.STOP
                     if index not in keep:
                         self._reasons[index] = (
                             f"stopped at rung {rung} (epoch {bracket.rung_epochs[rung]}) of bracket {bracket.s}: "
@@ -130,5 +130,5 @@ class Hyperband(Searcher):
 
     def state(self) -> dict[str, Any]:
         return {"brackets": [{"s": b.s, "rung_epochs": b.rung_epochs, "keep": b.keep,
-                              "rungs": [{trial_id(i): v for i, v in sorted(values.items())} for values in b.values]}
+                              "rungs": [{trial_name(i): v for i, v in sorted(values.items())} for values in b.values]}
                              for b in self._brackets]}

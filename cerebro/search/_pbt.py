@@ -5,8 +5,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from ..engine import Decision, Exploit, TrialRequest, search_rng, trial_index
-from ._asha import trial_id
+from ..engine import Decision, Exploit, TrialRequest, search_rng, trial_index, trial_name
 from ._base import Searcher, check_epochs
 from ._ranking import ranked
 from ._space import Distribution, choice, loguniform, quniform, randint, sample_config, uniform
@@ -113,14 +112,14 @@ class PBT(Searcher):
         decisions: dict[str, Decision | Exploit] = {}
         for index in order:
             if index not in bottom:
-                decisions[trial_id(index)] = Decision.CONTINUE
+                decisions[trial_name(index)] = Decision.CONTINUE
                 continue
             source = top[int(self._rng.integers(len(top)))]
             config = self._explore(self._configs[source])
-            self._exploits.append({"trial_id": trial_id(index), "source": trial_id(source), "config": config,
+            self._exploits.append({"trial_id": trial_name(index), "source": trial_name(source), "config": config,
                                    "epoch": self._generation * self.perturbation_interval})
             self._configs[index] = config
-            decisions[trial_id(index)] = Exploit(trial_id(source), config)
+            decisions[trial_name(index)] = Exploit(trial_name(source), config)
         self._values = {}
         self._generation += 1
         return decisions
@@ -139,7 +138,7 @@ class PBT(Searcher):
         self._live.discard(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
-        return {"generation": self._generation, "configs": {trial_id(i): c for i, c in sorted(self._configs.items())},
+        return {"generation": self._generation, "configs": {trial_name(i): c for i, c in sorted(self._configs.items())},
                 "exploits": list(self._exploits)}
 
 

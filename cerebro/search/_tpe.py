@@ -5,8 +5,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..engine import Decision, TrialRequest, search_rng, trial_index
-from ._asha import trial_id
+from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
 from ._base import Searcher, check_epochs
 from ._space import Distribution, choice, loguniform, plain_value, quniform, randint, uniform
 
@@ -129,4 +128,4 @@ class TPESearch(Searcher):
     def state(self) -> dict[str, Any]:
         told = [t for t in self._study.trials if t.state.is_finished()]
         return {"asked": self._asked,
-                "told": [{"trial_id": trial_id(t.number), "state": t.state.name, "value": t.value} for t in told]}
+                "told": [{"trial_id": trial_name(t.number), "state": t.state.name, "value": t.value} for t in told]}
