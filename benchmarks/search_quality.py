@@ -1,4 +1,5 @@
-"""Grid, random, TPE, Hyperband, ASHA and PBT on one workload and about the same budget.
+"""Grid, random, TPE (plain and pruned by ASHA's rule), Hyperband, ASHA and PBT on one
+workload and about the same budget.
 
 The budget is counted in trial-epochs (one trial training one epoch over all the data);
 each searcher gets about ``BUDGET`` of them, all on MOP with the same 2 workers and seed.
@@ -66,6 +67,9 @@ def searchers(quick: bool) -> dict[str, cb.Searcher]:
         "hyperband": cb.Hyperband(build, SPACE, max_epochs=3 if quick else 9, eta=3, **objective),
         "asha": cb.ASHA(build, SPACE, num_trials=10 if quick else 28, max_epochs=3 if quick else 9, grace_period=1,
                         reduction_factor=3, max_concurrent=8, **objective),
+        "tpe_asha": cb.TPESearch(build, SPACE, num_trials=10 if quick else 28, epochs=3 if quick else 9,
+                                 max_concurrent=8, n_startup_trials=4 if quick else 8, grace_period=1,
+                                 reduction_factor=3, **objective),
         "pbt": cb.PBT(build, SPACE, population=4 if quick else 8, epochs=e if quick else 12,
                       perturbation_interval=1 if quick else 2, **objective),
     }

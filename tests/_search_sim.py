@@ -64,9 +64,7 @@ def simulate(searcher, objective: Callable[[dict, int, list[float]], float], *, 
                 continue
             live = [t.trial_id for t in trials.values() if t.status == "running"]
             assert not live, f"stuck: {live} paused and never decided"
-            if not searcher.suggest():
-                return trials
-            continue
+            return trials       # nothing changed since suggest() returned no trial
         trial = runnable[int(timing.integers(len(runnable)))]
         if fail(trial.config):
             end(trial, "failed")

@@ -140,7 +140,8 @@ SEARCHERS = {
                             max_concurrent=4),
     "hyperband": lambda: cb.Hyperband(build, PBT_SPACE, max_epochs=4, eta=2),
     "pbt": lambda: cb.PBT(build, PBT_SPACE, population=4, epochs=4, perturbation_interval=2),
-    "tpe": lambda: cb.TPESearch(build, PBT_SPACE, num_trials=8, epochs=2, max_concurrent=3, n_startup_trials=3),
+    "tpe": lambda: cb.TPESearch(build, PBT_SPACE, num_trials=8, epochs=3, max_concurrent=3, n_startup_trials=3,
+                                grace_period=1, reduction_factor=2),
 }
 
 

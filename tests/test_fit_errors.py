@@ -134,6 +134,10 @@ ADAPTIVE_SPACE = {"lr": cb.loguniform(1e-3, 1e-1), "hidden": cb.choice([8, 16])}
      "TPESearch cannot sample space['layers']=choice([[8], [8, 8]]): its value [8] is not a number, string, "
      "bool or None (choose a name and map it inside build)"),
     (cb.TPESearch(build, ADAPTIVE_SPACE, n_startup_trials=-1), "n_startup_trials=-1 must be an integer >= 0"),
+    (cb.TPESearch(build, ADAPTIVE_SPACE, epochs=3, grace_period=4), "grace_period=4 must be at most epochs=3"),
+    (cb.TPESearch(build, ADAPTIVE_SPACE, grace_period=0), "grace_period=0 must be an integer >= 1"),
+    (cb.TPESearch(build, ADAPTIVE_SPACE, grace_period=1, reduction_factor=1), "reduction_factor=1 must be a "
+     "number >= 2"),
     (cb.PBT(build, ADAPTIVE_SPACE, mutations=["momentum"]),
      "mutations: 'momentum' is not a key of the space; keys: ['hidden', 'lr']"),
     (cb.PBT(build, {**ADAPTIVE_SPACE, "batch_size": 32}, mutations=["batch_size"]),

@@ -30,6 +30,9 @@ SEARCHERS = {
                           epochs=8, perturbation_interval=2),
     "tpe": lambda: cb.TPESearch(None, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
                                 num_trials=16, epochs=2, max_concurrent=4, n_startup_trials=4),
+    "tpe_pruned": lambda: cb.TPESearch(None, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
+                                       num_trials=16, epochs=9, max_concurrent=4, n_startup_trials=4,
+                                       grace_period=1),
 }
 
 
@@ -157,3 +160,28 @@ def test_tpe_maps_every_primitive_and_keeps_constants():
         assert config["a"] in ("relu", "tanh") and 0 <= config["b"] <= 1 and 1e-4 <= config["c"] <= 1e-1
         assert config["d"] in (2, 3, 4) and config["f"] == "constant"
         assert math.isclose(config["e"] / 0.1, round(config["e"] / 0.1)) and 0.1 <= config["e"] <= 1.0
+
+
+def test_tpe_prunes_by_ashas_rule_and_tells_optuna_what_it_pruned():
+    searcher = cb.TPESearch(None, {"penalty": cb.uniform(0, 1)}, num_trials=24, epochs=9, max_concurrent=5,
+                            n_startup_trials=6, grace_period=1, reduction_factor=3)
+    trials = simulate(searcher, constant, seed=8, timing_seed=1)
+    penalties = [t.config["penalty"] for t in trials.values()]
+    assert [t.epoch for t in trials.values()] == expected_asha(penalties, [1, 3], 3, 9)
+    told = {entry["trial_id"]: entry for entry in searcher.state()["told"]}
+    assert sorted(told) == sorted(trials)
+    for t in trials.values():
+        assert t.status == ("completed" if t.epoch == 9 else "stopped")
+        assert told[t.trial_id]["state"] == ("COMPLETE" if t.status == "completed" else "PRUNED")
+        assert told[t.trial_id]["value"] == t.config["penalty"]     # a pruned trial: its last reported value
+    assert 0 < sum(t.status == "stopped" for t in trials.values()) < len(trials)
+    stopped = next(t for t in trials.values() if t.status == "stopped")
+    assert searcher.stop_reason(stopped.trial_id).startswith(f"stopped at rung {[1, 3].index(stopped.epoch)} ")
+
+
+def test_tpe_without_grace_period_never_prunes():
+    searcher = cb.TPESearch(None, {"penalty": cb.uniform(0, 1)}, num_trials=10, epochs=5, max_concurrent=3,
+                            n_startup_trials=3)
+    trials = simulate(searcher, constant, seed=8)
+    assert all(t.status == "completed" and t.epoch == 5 for t in trials.values())
+    assert {entry["state"] for entry in searcher.state()["told"]} == {"COMPLETE"}

@@ -1,13 +1,12 @@
 """ASHA: asynchronous successive halving, made reproducible."""
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
+from ..engine import Decision, TrialRequest, search_rng, trial_index
 from ._base import Searcher, check_epochs
-from ._ranking import ranked
+from ._rungs import Rungs
 from ._space import sample_config
 
 
@@ -63,64 +62,28 @@ class ASHA(Searcher):
 
     def start(self, seed: int) -> None:
         self._rng = search_rng(seed)
-        self._rung_epochs: list[int] = []
-        epoch = self.grace_period
-        while epoch < self.max_epochs:
-            self._rung_epochs.append(epoch)
-            epoch = math.ceil(epoch * self.reduction_factor)
-        self._values: list[dict[int, float]] = [{} for _ in self._rung_epochs]   # rung -> trial -> value
+        self._rungs = Rungs(self.grace_period, self.reduction_factor, self.max_epochs, self.mode)
         self._created = 0
-        self._live: set[int] = set()
-        self._waiting: dict[int, int] = {}          # paused trial -> its rung
-        self._reasons: dict[int, str] = {}
 
     def suggest(self) -> list[TrialRequest]:
-        count = min(self.num_trials - self._created, self.max_concurrent - len(self._live))
+        count = min(self.num_trials - self._created, self.max_concurrent - len(self._rungs.live))
         requests = [TrialRequest(sample_config(self.space, self._rng), self.max_epochs) for _ in range(count)]
-        self._live.update(range(self._created, self._created + count))
+        for index in range(self._created, self._created + count):
+            self._rungs.started(index)
         self._created += count
         return requests
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
-        if epoch not in self._rung_epochs:
-            return Decision.CONTINUE
-        index, rung = trial_index(trial_id), self._rung_epochs.index(epoch)
-        self._values[rung][index] = metrics[self.metric]
-        decision = self._judge(index, rung)
-        if decision is None:
-            self._waiting[index] = rung
-            return Decision.PAUSE
-        return decision
+        return self._rungs.report(trial_index(trial_id), epoch, metrics[self.metric])
 
     def decide(self) -> dict[str, Decision]:
-        decisions = {}
-        for index, rung in sorted(self._waiting.items()):
-            decision = self._judge(index, rung)
-            if decision is not None:
-                del self._waiting[index]
-                decisions[trial_name(index)] = decision
-        return decisions
-
-    def _judge(self, index: int, rung: int) -> Decision | None:
-        """Go on or stop at ``rung``; None while an older trial may still reach it."""
-        values = self._values[rung]
-        if any(older not in values and older in self._live for older in range(index)):
-            return None
-        peers = {older: value for older, value in values.items() if older <= index}
-        rank = ranked(peers, self.mode).index(index)
-        if rank < len(peers) / self.reduction_factor:
-            return Decision.CONTINUE
-        self._reasons[index] = (f"stopped at rung {rung} (epoch {self._rung_epochs[rung]}): ranked {rank + 1} of "
-                                f"{len(peers)}, only the top {math.ceil(len(peers) / self.reduction_factor)} go on")
-        return Decision.STOP
+        return self._rungs.decide()
 
     def trial_ended(self, trial_id: str, status: str) -> None:
-        self._live.discard(trial_index(trial_id))
+        self._rungs.ended(trial_index(trial_id))
 
     def stop_reason(self, trial_id: str) -> str | None:
-        return self._reasons.get(trial_index(trial_id))
+        return self._rungs.reason(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
-        return {"created": self._created, "waiting": {trial_name(i): r for i, r in sorted(self._waiting.items())},
-                "rungs": [{"epoch": epoch, "values": {trial_name(i): v for i, v in sorted(values.items())}}
-                          for epoch, values in zip(self._rung_epochs, self._values)]}
+        return {"created": self._created, **self._rungs.state()}

@@ -6,7 +6,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
+from ._asha import check_reduction
 from ._base import Searcher, check_epochs
+from ._rungs import Rungs
 from ._space import Distribution, choice, loguniform, plain_value, quniform, randint, uniform
 
 
@@ -40,6 +42,11 @@ class TPESearch(Searcher):
     several per worker to keep them busy); each is told its last epoch's ``metric``. The
     first ``n_startup_trials`` are random.
 
+    With ``grace_period`` set, trials are also pruned by ASHA's rule (see :class:`ASHA`):
+    at rungs ``grace_period * reduction_factor**k`` a trial goes on only if it ranks in the
+    top ``1/reduction_factor`` of the trials that reached the rung; TPE is told a pruned
+    trial as ``PRUNED`` with its per-epoch values, as Optuna's own pruners do.
+
     Reproducible by construction: trial ``i`` is drawn after exactly the results of trials
     ``0 .. i - max_concurrent`` were told, in id order, so timing and the number of workers
     never change which configurations are tried; ``max_concurrent`` does.
@@ -47,16 +54,19 @@ class TPESearch(Searcher):
     Example:
         >>> space = {"lr": cb.loguniform(1e-4, 1e-1), "hidden": cb.choice([64, 256])}
         >>> result = cb.TPESearch(build, space, num_trials=32, epochs=5).fit(data, seed=0)
+        >>> pruned = cb.TPESearch(build, space, num_trials=32, epochs=9, grace_period=1).fit(data, seed=0)
     """
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 20, epochs: int = 10,
-                 max_concurrent: int = 8, n_startup_trials: int = 10, metric: str = "val_loss",
-                 mode: str = "min") -> None:
+                 max_concurrent: int = 8, n_startup_trials: int = 10, grace_period: int | None = None,
+                 reduction_factor: float = 3, metric: str = "val_loss", mode: str = "min") -> None:
         super().__init__(build, space, metric=metric, mode=mode)
         self.num_trials = num_trials
         self.epochs = epochs
         self.max_concurrent = max_concurrent
         self.n_startup_trials = n_startup_trials
+        self.grace_period = grace_period
+        self.reduction_factor = reduction_factor
 
     def _check(self) -> None:
         check_epochs("num_trials", self.num_trials)
@@ -65,6 +75,11 @@ class TPESearch(Searcher):
         if isinstance(self.n_startup_trials, bool) or not isinstance(self.n_startup_trials, int) \
                 or self.n_startup_trials < 0:
             raise ValueError(f"n_startup_trials={self.n_startup_trials!r} must be an integer >= 0")
+        if self.grace_period is not None:
+            check_epochs("grace_period", self.grace_period)
+            if self.grace_period > self.epochs:
+                raise ValueError(f"grace_period={self.grace_period!r} must be at most epochs={self.epochs!r}")
+        check_reduction("reduction_factor", self.reduction_factor)
         self._distributions()
 
     def _distributions(self) -> dict[str, Any]:
@@ -73,7 +88,8 @@ class TPESearch(Searcher):
 
     def _settings(self) -> dict[str, Any]:
         return {"num_trials": self.num_trials, "epochs": self.epochs, "max_concurrent": self.max_concurrent,
-                "n_startup_trials": self.n_startup_trials}
+                "n_startup_trials": self.n_startup_trials, "grace_period": self.grace_period,
+                "reduction_factor": self.reduction_factor}
 
     def start(self, seed: int) -> None:
         import optuna
@@ -83,28 +99,42 @@ class TPESearch(Searcher):
         self._study = optuna.create_study(direction="minimize" if self.mode == "min" else "maximize",
                                           sampler=sampler)
         self._asked = self._told = 0
-        self._last: dict[int, float] = {}             # trial -> its latest value
-        self._results: dict[int, float | None] = {}   # ended trials not told yet: value, or None if it failed
+        self._open: dict[int, Any] = {}               # trial -> its Optuna trial, until told
+        self._curves: dict[int, dict[int, float]] = {}   # trial -> epoch -> value, until told
+        self._ended: dict[int, str] = {}              # ended trials not told yet -> their status
+        # No rungs below `epochs` when grace_period is None: no pruning.
+        self._rungs = Rungs(self.grace_period or self.epochs, self.reduction_factor, self.epochs, self.mode)
 
     def suggest(self) -> list[TrialRequest]:
-        from optuna.trial import TrialState
         requests = []
-        while self._asked < self.num_trials or self._told in self._results:
+        while self._asked < self.num_trials or self._told in self._ended:
             if self._asked < self.num_trials and self._told >= self._asked - self.max_concurrent + 1:
                 requests.append(TrialRequest(self._ask(), self.epochs))
-            elif self._told in self._results:
-                value = self._results.pop(self._told)
-                if value is None:
-                    self._study.tell(self._told, state=TrialState.FAIL)
-                else:
-                    self._study.tell(self._told, value)
+            elif self._told in self._ended:
+                self._tell(self._told, self._ended.pop(self._told))
                 self._told += 1
             else:
                 break           # trial `asked` must see exactly one more result, not there yet
         return requests
 
+    def _tell(self, index: int, status: str) -> None:
+        from optuna.trial import TrialState
+        trial, curve = self._open.pop(index), self._curves.pop(index, {})
+        for epoch, value in sorted(curve.items()):
+            if math.isfinite(value):
+                trial.report(value, epoch)
+        final = curve[max(curve)] if curve else math.nan
+        if status == "completed" and math.isfinite(final):
+            self._study.tell(trial, final)
+        elif status == "stopped":
+            self._study.tell(trial, state=TrialState.PRUNED)
+        else:
+            self._study.tell(trial, state=TrialState.FAIL)
+
     def _ask(self) -> dict[str, Any]:
         trial = self._study.ask(self._distributions())
+        self._open[self._asked] = trial
+        self._rungs.started(self._asked)
         self._asked += 1
         config = {}
         for key, value in self.space.items():
@@ -117,15 +147,23 @@ class TPESearch(Searcher):
         return config
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
-        self._last[trial_index(trial_id)] = metrics[self.metric]
-        return Decision.CONTINUE
+        index = trial_index(trial_id)
+        self._curves.setdefault(index, {})[epoch] = metrics[self.metric]
+        return self._rungs.report(index, epoch, metrics[self.metric])
+
+    def decide(self) -> dict[str, Decision]:
+        return self._rungs.decide()
 
     def trial_ended(self, trial_id: str, status: str) -> None:
         index = trial_index(trial_id)
-        value = self._last.pop(index, None)
-        self._results[index] = value if status == "completed" and value is not None and math.isfinite(value) else None
+        self._rungs.ended(index)
+        self._ended[index] = status
+
+    def stop_reason(self, trial_id: str) -> str | None:
+        return self._rungs.reason(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
         told = [t for t in self._study.trials if t.state.is_finished()]
         return {"asked": self._asked,
-                "told": [{"trial_id": trial_name(t.number), "state": t.state.name, "value": t.value} for t in told]}
+                "told": [{"trial_id": trial_name(t.number), "state": t.state.name, "value": t.value} for t in told],
+                **self._rungs.state()}

@@ -1,0 +1,82 @@
+"""Asynchronous successive-halving rungs, judged reproducibly: ASHA's rule, shared with
+TPE's optional pruning."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..engine import Decision, trial_name
+from ._ranking import ranked
+
+
+class Rungs:
+    """Rungs at ``grace_period * reduction_factor**k`` epochs below ``max_epochs``. A trial
+    reaching a rung goes on only if it ranks in the top ``1/reduction_factor`` of the trials
+    that reached it (Li et al., MLSys 2020).
+
+    A trial is compared with the older trials (smaller index) at its rung, never with
+    whichever happened to arrive first: it waits (``PAUSE``) until every older trial has
+    reached the rung or ended, so the decisions equal those of trials arriving in index
+    order, whatever the timing.
+    """
+
+    def __init__(self, grace_period: int, reduction_factor: float, max_epochs: int, mode: str) -> None:
+        self.reduction_factor, self.mode = reduction_factor, mode
+        self.epochs: list[int] = []
+        epoch = grace_period
+        while epoch < max_epochs:
+            self.epochs.append(epoch)
+            epoch = math.ceil(epoch * reduction_factor)
+        self._values: list[dict[int, float]] = [{} for _ in self.epochs]   # rung -> trial -> value
+        self.live: set[int] = set()              # started, not ended
+        self._waiting: dict[int, int] = {}          # paused trial -> its rung
+        self._reasons: dict[int, str] = {}
+
+    def started(self, index: int) -> None:
+        self.live.add(index)
+
+    def ended(self, index: int) -> None:
+        self.live.discard(index)
+
+    def report(self, index: int, epoch: int, value: float) -> Decision:
+        """Trial ``index`` finished ``epoch`` with ``value``: continue, stop, or wait."""
+        if epoch not in self.epochs:
+            return Decision.CONTINUE
+        rung = self.epochs.index(epoch)
+        self._values[rung][index] = value
+        decision = self._judge(index, rung)
+        if decision is None:
+            self._waiting[index] = rung
+            return Decision.PAUSE
+        return decision
+
+    def decide(self) -> dict[str, Decision]:
+        """Decisions for waiting trials whose older peers have all reached the rung or ended."""
+        decisions = {}
+        for index, rung in sorted(self._waiting.items()):
+            decision = self._judge(index, rung)
+            if decision is not None:
+                del self._waiting[index]
+                decisions[trial_name(index)] = decision
+        return decisions
+
+    def _judge(self, index: int, rung: int) -> Decision | None:
+        """Go on or stop at ``rung``; None while an older trial may still reach it."""
+        values = self._values[rung]
+        if any(older not in values and older in self.live for older in range(index)):
+            return None
+        peers = {older: value for older, value in values.items() if older <= index}
+        rank = ranked(peers, self.mode).index(index)
+        if rank < len(peers) / self.reduction_factor:
+            return Decision.CONTINUE
+        self._reasons[index] = (f"stopped at rung {rung} (epoch {self.epochs[rung]}): ranked {rank + 1} of "
+                                f"{len(peers)}, only the top {math.ceil(len(peers) / self.reduction_factor)} go on")
+        return Decision.STOP
+
+    def reason(self, index: int) -> str | None:
+        return self._reasons.get(index)
+
+    def state(self) -> dict[str, Any]:
+        return {"waiting": {trial_name(i): r for i, r in sorted(self._waiting.items())},
+                "rungs": [{"epoch": epoch, "values": {trial_name(i): v for i, v in sorted(values.items())}}
+                          for epoch, values in zip(self.epochs, self._values)]}
