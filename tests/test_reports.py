@@ -179,6 +179,42 @@ def test_mlflow_has_a_parent_run_a_nested_run_per_trial_and_the_best_model(tmp_p
     assert all(torch.equal(saved["state_dict"][k], v) for k, v in result.best.state_dict().items())
 
 
+class InterruptedOnce(cb.GridSearch):
+    """Grid search whose driver gets a Ctrl-C at the first epoch end, the first time only."""
+
+    def __init__(self, *args, marker: str, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.marker = marker
+
+    def report(self, trial_id, epoch, metrics):
+        if not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            raise KeyboardInterrupt
+        return super().report(trial_id, epoch, metrics)
+
+
+def test_mlflow_marks_an_interrupted_run_killed_and_its_resume_carries_on_the_same_runs(tmp_path):
+    from mlflow.tracking import MlflowClient
+    search = InterruptedOnce(build, {"lr": cb.choice([1e-2, 3e-3])}, epochs=3, marker=str(tmp_path / "once"))
+    with pytest.raises(KeyboardInterrupt):
+        search.fit(digits(partitions=2), workers=2, seed=0, verbose=0, store=tmp_path / "run", mlflow=True)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cerebro").experiment_id
+    interrupted = client.search_runs([experiment])
+    assert len(interrupted) == 3 and {r.info.status for r in interrupted} == {"KILLED"}   # parent, 2 trials
+
+    result = cb.resume(tmp_path / "run", build, verbose=0)
+    runs = client.search_runs([experiment])
+    assert sorted(r.info.run_id for r in runs) == sorted(r.info.run_id for r in interrupted)
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    children = {r.data.tags["cerebro.trial_id"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    history = result.history()
+    for trial in result.trials:
+        logged = client.get_metric_history(children[trial.trial_id].info.run_id, "val_loss")
+        rows = history[history.trial_id == trial.trial_id]     # an epoch redone on resume logs the same value
+        assert {(m.step, m.value) for m in logged} == set(zip(rows.epoch, rows.val_loss.astype(float)))
+
+
 def test_mlflow_setting_is_checked(tmp_path):
     with pytest.raises(TypeError, match=r"^mlflow=3 must be True, False or a tracking URI such as "
                                         r"'http://host:5000'$"):

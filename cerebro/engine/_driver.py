@@ -186,21 +186,21 @@ class Driver:
                 w.channel.bytes_sent for w in self._workers.values()), bytes_received=self._bytes_received + sum(
                 w.channel.bytes_received for w in self._workers.values()))
         except BaseException as error:
-            if isinstance(error, KeyboardInterrupt):    # Ctrl-C or SIGTERM: leave it resumable
+            interrupted = isinstance(error, KeyboardInterrupt)
+            if interrupted:    # Ctrl-C or SIGTERM: leave it resumable
                 self._write("append", "run_interrupted", time=self._now())
-            self._tear_down(server, acceptor, accepted, stopping)
+            self._tear_down(server, acceptor, accepted, stopping, "interrupted" if interrupted else "failed")
             try:
                 self._writer.close()
             except RuntimeError:
                 pass    # the error already on its way is the one to report
             raise
-        self._tear_down(server, acceptor, accepted, stopping)
+        self._tear_down(server, acceptor, accepted, stopping, "finished")
         self._writer.close()
 
     def _tear_down(self, server: socket.socket, acceptor: threading.Thread,
-                   accepted: queue.Queue[tuple[bytes, Channel]], stopping: threading.Event) -> None:
+                   accepted: queue.Queue[tuple[bytes, Channel]], stopping: threading.Event, outcome: str) -> None:
         """Stop the workers and close every socket; each step runs even if one before fails."""
-        self.progress.finish()
         for worker in self._workers.values():
             try:
                 worker.channel.send(Shutdown())
@@ -220,6 +220,7 @@ class Driver:
                 worker.channel.close()
             while not accepted.empty():
                 accepted.get()[1].close()
+            self.progress.finish(outcome)
 
     def _start_workers(self, address: tuple[str, int], accepted: queue.Queue[tuple[bytes, Channel]]) -> None:
         # A fresh token each time: tasks of an abandoned launch can never join a new one.

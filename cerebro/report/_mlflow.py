@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 EXPERIMENT = "cerebro"
 STATUSES = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
             "timeout": "FAILED"}
+OUTCOMES = {"finished": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}
 
 
 def check_mlflow(setting: Any) -> None:
@@ -37,7 +38,8 @@ def tracking_uri(setting: bool | str, run_dir: str) -> str:
 
 
 class MLflowLog(Progress):
-    """Logs trials to MLflow as the run goes (``MlflowClient``: no global active run)."""
+    """Logs trials to MLflow as the run goes (``MlflowClient``: no global active run). A
+    resumed run carries on the MLflow runs it started, found by their ``cerebro.run_dir`` tag."""
 
     def __init__(self, uri: str, run_dir: str, metric: str, mode: str) -> None:
         from mlflow.tracking import MlflowClient
@@ -50,17 +52,43 @@ class MLflowLog(Progress):
                 f"file://{os.path.join(run_dir, 'mlartifacts')}"
             self.experiment_id = self.client.create_experiment(EXPERIMENT, artifact_location=location)
         self.parent = ""
-        self._children: dict[str, str] = {}
+        self._children: dict[str, str] = {}     # trial -> its MLflow run
+        self._open: set[str] = set()             # trials created and not ended
 
     def start(self, run_dir: str, workers: int) -> None:
-        run = self.client.create_run(self.experiment_id, run_name=os.path.basename(run_dir),
-                                     tags={"cerebro.run_dir": run_dir, "cerebro.workers": str(workers)})
-        self.parent = run.info.run_id
+        earlier = self._runs_of(run_dir)
+        parent = next((r for r in earlier if "mlflow.parentRunId" not in r.data.tags), None)
+        if parent is None:
+            parent = self.client.create_run(self.experiment_id, run_name=os.path.basename(run_dir),
+                                            tags={"cerebro.run_dir": run_dir, "cerebro.workers": str(workers)})
+        else:
+            self.client.update_run(parent.info.run_id, status="RUNNING")
+        self.parent = parent.info.run_id
+        self._children = {r.data.tags["cerebro.trial_id"]: r.info.run_id for r in earlier
+                          if r.data.tags.get("mlflow.parentRunId") == self.parent}
+
+    def _runs_of(self, run_dir: str) -> list[Any]:
+        """Every MLflow run tagged with ``run_dir``, all pages."""
+        quote = '"' if '"' not in run_dir else "'"
+        found: list[Any] = []
+        token = None
+        while True:
+            page = self.client.search_runs([self.experiment_id], page_token=token, max_results=1000,
+                                           filter_string=f"tags.`cerebro.run_dir` = {quote}{run_dir}{quote}")
+            found += page
+            token = page.token
+            if not token:
+                return found
 
     def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
         from mlflow.entities import Param
+        self._open.add(trial_id)
+        if trial_id in self._children:       # resumed: its params are logged already
+            self.client.update_run(self._children[trial_id], status="RUNNING")
+            return
         run = self.client.create_run(self.experiment_id, run_name=trial_id,
-                                     tags={"mlflow.parentRunId": self.parent, "cerebro.trial_id": trial_id})
+                                     tags={"mlflow.parentRunId": self.parent, "cerebro.trial_id": trial_id,
+                                           "cerebro.run_dir": self.run_dir})
         self._children[trial_id] = run.info.run_id
         params = [Param(key, json.dumps(value) if not isinstance(value, str) else value)
                   for key, value in config.items()]
@@ -74,6 +102,7 @@ class MLflowLog(Progress):
 
     def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
         child = self._children[trial_id]
+        self._open.discard(trial_id)
         self.client.set_tag(child, "cerebro.status", status)
         if reason:
             self.client.set_tag(child, "cerebro.reason", reason.strip().splitlines()[-1][:5000])
@@ -93,6 +122,10 @@ class MLflowLog(Progress):
         self.client.set_tag(self.parent, "cerebro.best_trial", best.trial_id)
         self.client.log_metric(self.parent, f"best_{self.metric}", best.metrics[self.metric])
 
-    def finish(self) -> None:
-        if self.parent:
-            self.client.set_terminated(self.parent, "FINISHED")
+    def finish(self, outcome: str) -> None:
+        if not self.parent:
+            return
+        for trial_id in sorted(self._open):      # still running when the run was interrupted or failed
+            self.client.set_terminated(self._children[trial_id], OUTCOMES[outcome])
+        self._open.clear()
+        self.client.set_terminated(self.parent, OUTCOMES[outcome])

@@ -28,7 +28,8 @@ class Progress:
 
     def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None: ...
 
-    def finish(self) -> None: ...
+    def finish(self, outcome: str) -> None:
+        """The run ended: ``outcome`` is ``finished``, ``interrupted`` (Ctrl-C, SIGTERM) or ``failed``."""
 
 
 NoProgress = Progress
@@ -94,7 +95,7 @@ class ConsoleProgress(Progress):
         why = f" ({reason.strip().splitlines()[-1]})" if reason and status != "completed" else ""
         self.console.print(f"{trial_id} {status} after {epoch} epochs {shown}{why}", highlight=False, soft_wrap=True)
 
-    def finish(self) -> None:
+    def finish(self, outcome: str) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None

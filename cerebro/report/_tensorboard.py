@@ -45,7 +45,7 @@ class TensorBoardLog(Progress):
         writer.close()
         del self._writers[trial_id]
 
-    def finish(self) -> None:
+    def finish(self, outcome: str) -> None:
         for writer in self._writers.values():
             writer.close()
         self._writers = {}
@@ -81,6 +81,6 @@ class Fanout(Progress):
         for observer in self.observers:
             observer.trial_ended(trial_id, status, reason)
 
-    def finish(self) -> None:
+    def finish(self, outcome: str) -> None:
         for observer in self.observers:
-            observer.finish()
+            observer.finish(outcome)
