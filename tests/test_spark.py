@@ -56,6 +56,13 @@ def test_local_mode_gives_the_local_backends_results_bit_for_bit(tmp_path, local
         assert_same_results(local_result, result)
         assert cb.SparkBackend(spark).workers == 2            # default: every task slot
 
+        # Tasks end by themselves at shutdown, so the next fit reuses their Python processes
+        # (torch imported, seconds saved) instead of Spark killing them.
+        again = cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(
+            digits(partitions=2), backend=cb.SparkBackend(spark, workers=2), seed=SEED, store=tmp_path / "again",
+            verbose=0)
+        assert sorted(w["pid"] for w in again.workers.values()) == sorted(w["pid"] for w in result.workers.values())
+
         started = time.monotonic()
         with pytest.raises(ValueError, match=re.escape("workers=3 needs 3 task slots but the Spark cluster at "
                                                        "local[2] has 2; use workers <= 2 or add executors")):
@@ -87,9 +94,29 @@ def test_a_killed_task_is_relaunched_and_the_results_do_not_change(tmp_path, loc
     finally:
         spark.stop()
     assert marker.exists()
-    events = [e["event"] for e in result.store.events()]
-    assert events.count("workers_restarted") >= 1 and "worker_lost" in events
-    relaunched = {info["pid"] for info in result.workers.values()}    # the latest launch
-    last_epoch = result.schedule()[lambda s: s.epoch == 2]
-    assert set(last_epoch.pid) <= relaunched
+    events = list(result.store.events())
+    names = [e["event"] for e in events]
+    # A failed barrier task fails its stage: every worker starts anew, no partitions hand over.
+    assert names.count("workers_restarted") == 1 and names.count("worker_lost") == 1
+    assert "partitions_moved" not in names
+    restarted = next(e for e in events if e["event"] == "workers_restarted")
+    after = result.schedule()[lambda s: s.start > restarted["time"]]
+    assert len(after) > 0 and set(after.pid) == {info["pid"] for info in result.workers.values()}
     assert_same_results(local_result, result)
+
+
+def test_a_trial_that_kills_its_task_twice_fails_and_only_it(tmp_path):
+    spark = session("local[2]")
+    try:
+        result = cb.GridSearch(build, {"crash": cb.choice([False, True, False])}, epochs=3).fit(
+            digits(partitions=2), backend=cb.SparkBackend(spark, workers=2), seed=0, store=tmp_path / "run",
+            verbose=0)
+    finally:
+        spark.stop()
+    assert [t.status for t in result.trials] == ["completed", "failed", "completed"]
+    error = result.trials[1].error
+    assert error.startswith("lost the 2 workers that ran it: worker ")
+    assert error.count("while running t0001 train epoch 1") == 2
+    names = [e["event"] for e in result.store.events()]
+    assert names.count("workers_restarted") == 2 and names.count("worker_lost") == 2
+    assert result.finished

@@ -11,6 +11,8 @@ from typing import Any
 
 from ._base import Backend, check_heartbeat_timeout, check_positive
 
+SHUTDOWN_GRACE_S = 5.0
+
 
 def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[Any]) -> Iterator[int]:
     """One barrier task: the same worker loop as a local worker process, for the whole run."""
@@ -51,6 +53,8 @@ class SparkBackend(Backend):
         >>> spark = SparkSession.builder.master("spark://host:7077").getOrCreate()
         >>> search.fit(data, backend=cb.SparkBackend(spark, workers=4), store="/shared/runs/exp1")
     """
+
+    workers_fail_together = True    # a failed barrier task fails its whole stage
 
     def __init__(self, spark: Any = None, workers: int | None = None, threads_per_worker: int | None = None,
                  heartbeat_timeout: float = 60.0, driver_port: int = 0, slot_wait: float = 10.0,
@@ -132,6 +136,9 @@ class SparkBackend(Backend):
     def stop(self) -> None:
         if self._job is None:
             return
+        # Workers told to shut down (or whose driver connection closed) end their tasks by
+        # themselves; a cancelled task's Python worker is killed, not reused by the next fit.
+        self._job.join(timeout=SHUTDOWN_GRACE_S)
         deadline = time.monotonic() + 60
         while self._job.is_alive() and time.monotonic() < deadline:
             # again and again: the job may not have been submitted yet when stop() is called

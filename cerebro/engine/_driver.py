@@ -347,7 +347,8 @@ class Driver:
     def _hand_over(self, gone: _WorkerGone) -> None:
         """The surviving workers load a lost worker's partitions from the store and its
         sub-epoch runs again, from the state the driver holds and with the same seeds, so
-        the results do not change (invariant 2)."""
+        the results do not change (invariant 2). Where the backend's workers fail together
+        (Spark), every worker starts anew instead."""
         pending = [gone]
         while pending:
             gone = pending.pop()
@@ -360,7 +361,7 @@ class Driver:
             self.backend.release(worker.index)
             for trial in self._trials.values():
                 trial.holders.discard(worker.index)
-            if not self._workers:
+            if not self._workers or self.backend.workers_fail_together:
                 self._no_worker_left(f"{worker.describe()} {gone.reason}")
             survivors = sorted(self._workers)
             moved: dict[int, list[int]] = {}
