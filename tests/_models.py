@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -28,7 +29,8 @@ def make_model(architecture: str, hidden: int = 32) -> torch.nn.Module:
 
 
 def build(config: dict) -> cb.TorchTrainable:
-    """MLP or CNN with Adam; ``fail`` raises, ``diverge`` makes the loss NaN, ``crash`` kills the worker."""
+    """MLP or CNN with Adam; ``fail`` raises, ``diverge`` makes the loss NaN, ``crash`` kills the worker,
+    ``slow`` sleeps in every batch, ``stuck`` never ends its first batch."""
     if config.get("fail"):
         raise ValueError("boom: this configuration cannot be built")
     model = make_model(config.get("architecture", "mlp"), config.get("hidden", 32))
@@ -38,6 +40,8 @@ def build(config: dict) -> cb.TorchTrainable:
             os._exit(3)
         if config.get("slow"):
             time.sleep(config["slow"])      # a trial that takes long (for trial_timeout)
+        if config.get("stuck"):
+            threading.Event().wait()        # a batch that never ends (the worker still sends heartbeats)
         value = torch.nn.functional.cross_entropy(outputs, targets)
         return value * float("nan") if config.get("diverge") else value
 

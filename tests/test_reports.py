@@ -215,6 +215,20 @@ def test_mlflow_marks_an_interrupted_run_killed_and_its_resume_carries_on_the_sa
         assert {(m.step, m.value) for m in logged} == set(zip(rows.epoch, rows.val_loss.astype(float)))
 
 
+def test_a_new_run_in_a_reused_directory_gets_new_mlflow_runs(tmp_path):
+    from mlflow.tracking import MlflowClient
+    uri = f"sqlite:///{tmp_path / 'tracking.db'}"      # a tracking store outside the run directory
+    for _ in range(2):
+        shutil.rmtree(tmp_path / "run", ignore_errors=True)
+        cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(digits(partitions=2), workers=2, seed=0,
+                                                                      verbose=0, store=tmp_path / "run", mlflow=uri)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("cerebro").experiment_id])
+    parents = {r.info.run_id for r in runs if "mlflow.parentRunId" not in r.data.tags}
+    children = [r.data.tags["mlflow.parentRunId"] for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 2 and sorted(children) == sorted(parents)     # one trial run under each
+
+
 def test_mlflow_setting_is_checked(tmp_path):
     with pytest.raises(TypeError, match=r"^mlflow=3 must be True, False or a tracking URI such as "
                                         r"'http://host:5000'$"):

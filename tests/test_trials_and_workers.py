@@ -53,6 +53,15 @@ def test_a_trial_that_kills_its_workers_fails_and_the_run_goes_on(tmp_path):
     assert result.finished
 
 
+def test_a_restart_after_the_trial_that_caused_it_failed_does_not_use_up_max_restarts(tmp_path):
+    result = cb.GridSearch(build, {"crash": cb.choice([False, True])}, epochs=3).fit(
+        digits(partitions=2), backend=cb.LocalBackend(2, max_restarts=0), seed=0, store=tmp_path / "run", verbose=0)
+    assert [t.status for t in result.trials] == ["completed", "failed"]
+    restarted = [e for e in result.store.events() if e["event"] == "workers_restarted"]
+    assert len(restarted) == 1 and restarted[0]["restart"] == 0
+    assert result.finished
+
+
 def test_when_no_worker_is_left_and_none_may_start_the_run_stops_clearly(tmp_path):
     space = {"crash": cb.choice([True])}
     with pytest.raises(cb.WorkerLostError) as error:
@@ -180,6 +189,24 @@ def test_a_trial_slower_than_trial_timeout_ends_as_timeout_and_the_others_finish
     assert re.fullmatch(r"its train sub-epoch of epoch 1 on partition [01] took more than trial_timeout=1 s",
                         result.trials[1].reason)
     assert result.best.trial_id == "t0000"
+
+
+def test_a_batch_that_never_ends_is_a_timeout_and_its_worker_is_given_up(tmp_path):
+    space = {"stuck": cb.choice([False, True])}
+    result = cb.GridSearch(build, space, epochs=2).fit(
+        digits(partitions=2), backend=cb.LocalBackend(2, heartbeat_timeout=2), seed=0, store=tmp_path / "run",
+        verbose=0, trial_timeout=1)
+    assert [t.status for t in result.trials] == ["completed", "timeout"]
+    assert re.fullmatch(r"its train sub-epoch of epoch 1 on partition [01] ran past trial_timeout=1 s and 2 s more "
+                        r"inside one batch; its worker was given up", result.trials[1].reason)
+    events = list(result.store.events())
+    lost = [e for e in events if e["event"] == "worker_lost"]
+    assert len(lost) == 1 and lost[0]["reason"] == "was stuck in a batch of t0001"
+    assert lost[0]["running"]["trial_id"] == "t0001"
+    stuck = next(e for e in events if e["event"] == "run_started")["workers"][str(lost[0]["worker"])]
+    with pytest.raises(ProcessLookupError):     # the stuck process was ended, not left behind
+        os.kill(stuck["pid"], 0)
+    assert result.trials[0].epochs == 2 and result.finished
 
 
 def test_more_failures_than_max_failures_stop_the_run(tmp_path):

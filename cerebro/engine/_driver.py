@@ -13,6 +13,7 @@ import secrets
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -135,6 +136,7 @@ class Driver:
         self._trials: dict[str, _Trial] = {}       # live trials
         self._created = 0
         self._restarts = 0
+        self._cause_removed = False      # the last loss failed the trial that caused it
         self._bytes_sent = self._bytes_received = 0   # of the channels of workers since replaced
         self._training = False        # workers lost while training may be relaunched; at start-up not
         self._authkey = b""
@@ -220,7 +222,10 @@ class Driver:
                 worker.channel.close()
             while not accepted.empty():
                 accepted.get()[1].close()
-            self.progress.finish(outcome)
+            try:
+                self.progress.finish(outcome)
+            except Exception as error:   # e.g. an MLflow server gone: the run's own outcome stands
+                warnings.warn(f"could not finish logging the run: {type(error).__name__}: {error}", stacklevel=2)
 
     def _start_workers(self, address: tuple[str, int], accepted: queue.Queue[tuple[bytes, Channel]]) -> None:
         # A fresh token each time: tasks of an abandoned launch can never join a new one.
@@ -236,7 +241,8 @@ class Driver:
     def _restart(self, reason: str, address: tuple[str, int], accepted: queue.Queue[tuple[bytes, Channel]]) -> None:
         """Start every worker anew; running sub-epochs run again from the states the driver
         holds, with the same seeds, so the results do not change (invariant 2)."""
-        self._restarts += 1
+        self._restarts += not self._cause_removed
+        self._cause_removed = False
         self._authkey = secrets.token_bytes(32)   # what the old launch still starts cannot join
         for worker in self._workers.values():
             if worker.running is not None:
@@ -349,6 +355,7 @@ class Driver:
         sub-epoch runs again, from the state the driver holds and with the same seeds, so
         the results do not change (invariant 2). Where the backend's workers fail together
         (Spark), every worker starts anew instead."""
+        self._cause_removed = False
         pending = [gone]
         while pending:
             gone = pending.pop()
@@ -389,11 +396,16 @@ class Driver:
         if len(trial.lost_with) >= MAX_WORKERS_LOST_PER_TRIAL:
             self._end(trial, "failed", f"lost the {len(trial.lost_with)} workers that ran it: "
                                        + "; ".join(trial.lost_with))
+            self._cause_removed = True
 
     def _no_worker_left(self, last: str) -> None:
-        if self._restarts < self.backend.max_restarts:
+        """Start every worker anew if allowed. A restart after the trial that took the workers
+        down has failed does not count against ``max_restarts``: that budget is for losses
+        the run cannot blame on a trial."""
+        if self._cause_removed or self._restarts < self.backend.max_restarts:
             raise _Restart(last)
-        raise WorkerLostError(f"{last}; no worker is left and the backend may not start more "
+        together = " (a lost task fails its whole barrier stage)" if self.backend.workers_fail_together else ""
+        raise WorkerLostError(f"{last}; no worker is left{together} and the backend may not start more "
                               f"(max_restarts={self.backend.max_restarts}). "
                               f"Its journal and checkpoints are in {self.store.path}")
 
@@ -417,12 +429,35 @@ class Driver:
 
     def _check_health(self) -> None:
         for index, what in self.backend.exited().items():
+            if index in self._workers and self.backend.workers_fail_together:
+                # The whole launch ended (Spark's job) before a lost connection named the
+                # task that failed first: start anew, blaming no trial.
+                self._cause_removed = False
+                self._no_worker_left(f"the workers {what}")
             if index in self._workers:
                 self._lost(self._workers[index], what)
         now = time.monotonic()
         for worker in self._workers.values():
             if now - worker.last_seen > self.heartbeat_timeout:
                 self._lost(worker, f"sent no heartbeat for {now - worker.last_seen:.0f} s")
+        if self.limits.trial_timeout is not None:
+            for worker in self._workers.values():
+                if worker.running is not None and \
+                        self._now() - worker.running[2] > self.limits.trial_timeout + self.heartbeat_timeout:
+                    self._stuck(worker)
+
+    def _stuck(self, worker: _Worker) -> None:
+        """The worker checks ``trial_timeout`` between batches; a sub-epoch still running
+        ``heartbeat_timeout`` seconds past it is inside a batch that does not end. Its trial
+        ends as ``timeout`` and the worker, which cannot be interrupted, is given up."""
+        _, task, _ = worker.running
+        trial = self._trials.get(task.trial_id)
+        if trial is not None:
+            self._end(trial, "timeout", f"its {task.kind} sub-epoch of epoch {task.epoch} on partition "
+                                        f"{task.partition} ran past trial_timeout={self.limits.trial_timeout} s "
+                                        f"and {self.heartbeat_timeout:.0f} s more inside one batch; its worker "
+                                        f"was given up")
+        self._lost(worker, f"was stuck in a batch of {task.trial_id}")
 
     def _lost(self, worker: _Worker, what: str) -> None:
         doing = ""

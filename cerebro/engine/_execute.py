@@ -132,13 +132,13 @@ def finished(store: RunStore, build: Callable[[dict], Any] | None, mlflow_log: M
 
 
 def observers(store: RunStore, metric: str, mode: str, verbose: int, tensorboard: bool,
-              mlflow: bool | str) -> tuple[Progress, MLflowLog | None]:
+              mlflow: bool | str, resumed: bool = False) -> tuple[Progress, MLflowLog | None]:
     """What the driver tells as the run goes: the console (verbose), TensorBoard (local
     stores) and MLflow; the last also on its own, to log the best model at the end."""
     chosen: list[Progress] = [ConsoleProgress(metric, mode) if verbose else NoProgress()]
     if tensorboard and "://" not in store.path:
         chosen.append(TensorBoardLog(store.path))
-    mlflow_log = MLflowLog(tracking_uri(mlflow, store.path), store.path, metric, mode) if mlflow else None
+    mlflow_log = MLflowLog(tracking_uri(mlflow, store.path), store.path, metric, mode, resumed) if mlflow else None
     if mlflow_log is not None:
         chosen.append(mlflow_log)
     return (chosen[0] if len(chosen) == 1 else Fanout(*chosen)), mlflow_log

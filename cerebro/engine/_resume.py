@@ -128,7 +128,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         policy.start(info["seed"])
         recovered = replay(policy, events)
         progress, mlflow_log = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
-                                         info.get("tensorboard", False), info.get("mlflow", False))
+                                         info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
         driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
                         evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress,
                         limits=Limits(**info.get("limits", {})))

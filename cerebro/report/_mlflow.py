@@ -41,9 +41,10 @@ class MLflowLog(Progress):
     """Logs trials to MLflow as the run goes (``MlflowClient``: no global active run). A
     resumed run carries on the MLflow runs it started, found by their ``cerebro.run_dir`` tag."""
 
-    def __init__(self, uri: str, run_dir: str, metric: str, mode: str) -> None:
+    def __init__(self, uri: str, run_dir: str, metric: str, mode: str, resumed: bool = False) -> None:
         from mlflow.tracking import MlflowClient
         self.client, self.run_dir, self.metric, self.mode = MlflowClient(uri), run_dir, metric, mode
+        self.resumed = resumed
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
         if experiment is not None:
             self.experiment_id = experiment.experiment_id
@@ -56,8 +57,10 @@ class MLflowLog(Progress):
         self._open: set[str] = set()             # trials created and not ended
 
     def start(self, run_dir: str, workers: int) -> None:
-        earlier = self._runs_of(run_dir)
-        parent = next((r for r in earlier if "mlflow.parentRunId" not in r.data.tags), None)
+        # Only a resumed run looks for its runs: a new run in a reused directory starts afresh.
+        earlier = self._runs_of(run_dir) if self.resumed else []
+        parents = [r for r in earlier if "mlflow.parentRunId" not in r.data.tags]
+        parent = max(parents, key=lambda r: r.info.start_time) if parents else None
         if parent is None:
             parent = self.client.create_run(self.experiment_id, run_name=os.path.basename(run_dir),
                                             tags={"cerebro.run_dir": run_dir, "cerebro.workers": str(workers)})
@@ -82,14 +85,15 @@ class MLflowLog(Progress):
 
     def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
         from mlflow.entities import Param
-        self._open.add(trial_id)
         if trial_id in self._children:       # resumed: its params are logged already
             self.client.update_run(self._children[trial_id], status="RUNNING")
+            self._open.add(trial_id)
             return
         run = self.client.create_run(self.experiment_id, run_name=trial_id,
                                      tags={"mlflow.parentRunId": self.parent, "cerebro.trial_id": trial_id,
                                            "cerebro.run_dir": self.run_dir})
         self._children[trial_id] = run.info.run_id
+        self._open.add(trial_id)
         params = [Param(key, json.dumps(value) if not isinstance(value, str) else value)
                   for key, value in config.items()]
         self.client.log_batch(run.info.run_id, params=[*params, Param("max_epochs", str(max_epochs))])

@@ -101,7 +101,9 @@ class Searcher(ABC):
             seed: the run's seed; ``None`` draws one, recorded in run.json and ``result.seed``.
             verbose: 1 shows live progress on stderr, 0 is silent.
             trial_timeout: seconds one sub-epoch of a trial may take; a trial that takes
-                longer ends as ``timeout`` and the others go on. ``None``: no limit.
+                longer ends as ``timeout`` and the others go on. Checked between batches;
+                a batch still running ``heartbeat_timeout`` seconds later has its worker
+                given up (the others take over its partitions). ``None``: no limit.
             max_failures: stop the run (:class:`cerebro.TooManyFailuresError`) once more
                 trials than this ended failed, diverged or timeout. ``None``: never.
             tensorboard: write per-trial scalars and hyperparameters under
