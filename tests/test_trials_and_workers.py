@@ -2,6 +2,7 @@
 with one partition a trial is exactly a plain torch training loop."""
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -49,7 +50,9 @@ def test_a_trial_that_kills_its_workers_fails_and_the_run_goes_on(tmp_path):
     assert error.count("while running t0001 train epoch 1") == 2
     assert "closed its connection" in error or "exited with code 3" in error
     events = [e["event"] for e in result.store.events()]
-    assert events.count("partitions_moved") == 1 and events.count("workers_restarted") == 1
+    # Each loss either hands the partitions over or, with no worker left, starts all anew.
+    assert events.count("worker_lost") == 2
+    assert events.count("partitions_moved") + events.count("workers_restarted") == 2
     assert result.finished
 
 
@@ -122,7 +125,7 @@ def test_a_worker_that_hangs_is_lost_after_its_heartbeat_timeout(tmp_path):
     events = list(result.store.events())
     frozen = [e for e in events if e["event"] == "worker_lost"]
     assert len(frozen) == 2                        # it froze the worker it moved to as well
-    for launch in (e for e in events if e["event"] in ("run_started", "workers_restarted")):
+    for launch in (e for e in events if e["event"] in ("run_started", "workers_restarted", "worker_replaced")):
         for worker in launch["workers"].values():  # every process ended, the frozen ones too
             with pytest.raises(ProcessLookupError):
                 os.kill(worker["pid"], 0)
@@ -158,11 +161,34 @@ def test_a_lost_workers_partitions_move_and_the_results_stay_the_same(tmp_path, 
         assert re.fullmatch(r"sent no heartbeat for [34] s", next(e for e in events if e["event"] == "worker_lost")
                             ["reason"])
     schedule = moved.schedule()
-    after = schedule[schedule.start > next(e["time"] for e in events if e["event"] == "worker_lost")]
-    assert set(after.worker) == {survivor} and set(after.partition) == {0, 1, 2, 3}   # the re-run and the rest
+    replaced = [e["time"] for e in events if e["event"] == "worker_replaced"] or [math.inf]
+    after = schedule[(schedule.start > next(e["time"] for e in events if e["event"] == "worker_lost"))
+                     & (schedule.start < replaced[0])]      # until the lost worker, started anew, is back
+    assert set(after.worker) == {survivor} and set(after.partition) <= {0, 1, 2, 3} and len(after) > 0
     pd.testing.assert_frame_equal(plain.history(), moved.history(), check_exact=True)
     for a, b in zip(plain.trials, moved.trials):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+def test_a_lost_worker_is_started_anew_and_takes_its_partitions_back(tmp_path):
+    marker = tmp_path / "crashed"
+    space = {"lr": cb.choice([1e-2, 3e-3, 1e-3]), "slow": cb.choice([0.06])}     # a run of ~15 s
+    result = cb.GridSearch(crashing_once(str(marker), "sigkill"), space, epochs=5).fit(
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4, store=tmp_path / "run",
+        verbose=0)
+    assert marker.exists() and [t.status for t in result.trials] == ["completed"] * 3
+    events = list(result.store.events())
+    lost = next(e for e in events if e["event"] == "worker_lost")["worker"]
+    started = next(e for e in events if e["event"] == "run_started")["workers"]
+    replaced = next(e for e in events if e["event"] == "worker_replaced")
+    assert replaced["worker"] == lost and replaced["workers"][str(lost)]["pid"] != started[str(lost)]["pid"]
+    assert replaced["workers"][str(lost)]["partitions"] == [lost, lost + 2]
+    schedule = result.schedule()
+    back = schedule[schedule.start > replaced["time"]]
+    assert set(back.worker) == {0, 1}                       # both workers busy again
+    for worker, partitions in back.groupby("worker").partition:
+        assert set(partitions) <= {worker, worker + 2}      # each on its own partitions once more
+    assert set(back[back.worker == lost].pid) == {replaced["workers"][str(lost)]["pid"]}
 
 
 def test_workers_started_anew_when_none_is_left_give_the_same_results(tmp_path):

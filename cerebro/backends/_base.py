@@ -50,3 +50,8 @@ class Backend(ABC):
 
     def release(self, worker: int) -> None:
         """The driver gave up on ``worker`` (lost or hung): end it if it still runs."""
+
+    def replace(self, worker: int) -> bool:
+        """Start ``worker`` anew in the running launch after the driver gave it up; False
+        where this backend cannot (the default): the run goes on with the others."""
+        return False

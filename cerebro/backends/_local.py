@@ -21,7 +21,8 @@ class LocalBackend(Backend):
         heartbeat_timeout: seconds without a heartbeat (sent every second) after which a
             worker counts as lost, e.g. when it hangs or its machine stops answering. The
             other workers then load its partitions and run its sub-epoch again.
-        max_restarts: how often the driver may start every worker anew when none is left.
+        max_restarts: how often the driver may start a lost worker anew (each worker index),
+            and every worker anew when none is left.
 
     Example:
         >>> search.fit(data, backend=cb.LocalBackend(workers=4), store="runs/exp1")
@@ -40,15 +41,22 @@ class LocalBackend(Backend):
         self._processes: list[subprocess.Popen] = []
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
+        self._address, self._authkey = address, authkey
+        self._processes = [self._spawn(worker) for worker in range(self.workers)]
+
+    def _spawn(self, worker: int) -> subprocess.Popen:
         threads = str(self.threads_per_worker)
         # The driver's sys.path, so workers import what a cloudpickled build refers to.
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        env = {**os.environ, AUTHKEY_ENV: authkey.hex(), "OMP_NUM_THREADS": threads,
+        env = {**os.environ, AUTHKEY_ENV: self._authkey.hex(), "OMP_NUM_THREADS": threads,
                "MKL_NUM_THREADS": threads, "PYTHONPATH": path}
-        self._processes = [
-            subprocess.Popen([sys.executable, "-m", "cerebro.worker", address[0], str(address[1]),
-                              str(worker)], env=env, stdin=subprocess.DEVNULL)
-            for worker in range(self.workers)]
+        return subprocess.Popen([sys.executable, "-m", "cerebro.worker", self._address[0], str(self._address[1]),
+                                 str(worker)], env=env, stdin=subprocess.DEVNULL)
+
+    def replace(self, worker: int) -> bool:
+        self.release(worker)
+        self._processes[worker] = self._spawn(worker)
+        return True
 
     def exited(self) -> dict[int, str]:
         return {worker: f"exited with code {process.returncode}" for worker, process in enumerate(self._processes)
@@ -57,6 +65,10 @@ class LocalBackend(Backend):
     def release(self, worker: int) -> None:
         if worker < len(self._processes) and self._processes[worker].poll() is None:
             self._processes[worker].kill()      # SIGKILL ends a stopped (hung) process too
+            try:
+                self._processes[worker].wait(timeout=5)     # reaped: no zombie left behind
+            except subprocess.TimeoutExpired:
+                pass
 
     def stop(self) -> None:
         for process in self._processes:

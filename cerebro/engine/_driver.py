@@ -26,6 +26,7 @@ from ..worker import Sums
 from ..worker._protocol import (
     Hello,
     Ready,
+    Release,
     RunSubEpoch,
     Setup,
     SetupFailed,
@@ -137,6 +138,10 @@ class Driver:
         self._created = 0
         self._restarts = 0
         self._cause_removed = False      # the last loss failed the trial that caused it
+        self._replaced: dict[int, int] = {}        # worker index -> times started anew
+        self._joining: dict[int, float] = {}       # replacement started -> deadline to be ready
+        self._arriving: dict[int, _Worker] = {}    # replacement connected, loading its partitions
+        self._accepted: queue.Queue[tuple[bytes, Channel]] = queue.Queue()
         self._bytes_sent = self._bytes_received = 0   # of the channels of workers since replaced
         self._training = False        # workers lost while training may be relaunched; at start-up not
         self._authkey = b""
@@ -165,7 +170,7 @@ class Driver:
     def run(self) -> None:
         server = socket.create_server(self.backend.driver_address())
         stopping = threading.Event()
-        accepted: queue.Queue[tuple[bytes, Channel]] = queue.Queue()
+        accepted = self._accepted
         acceptor = threading.Thread(target=self._accept_workers, args=(server, accepted, stopping),
                                     name="cerebro-accept", daemon=True)
         try:
@@ -218,7 +223,7 @@ class Driver:
                 pass
             server.close()
             acceptor.join(timeout=10)
-            for worker in self._workers.values():
+            for worker in [*self._workers.values(), *self._arriving.values()]:
                 worker.channel.close()
             while not accepted.empty():
                 accepted.get()[1].close()
@@ -251,6 +256,9 @@ class Driver:
             self._bytes_received += worker.channel.bytes_received
             worker.channel.close()
         self._workers = {}
+        for worker in self._arriving.values():
+            worker.channel.close()
+        self._joining, self._arriving = {}, {}
         for trial in self._trials.values():
             trial.holders.clear()
         for partition in range(self.num_partitions):     # a new launch holds the partitions as at the start
@@ -335,8 +343,12 @@ class Driver:
     def _step(self) -> None:
         self._dispatch()
         self._check_not_stuck()
-        channels = [w.channel for w in self._workers.values()]
+        channels = [w.channel for w in [*self._workers.values(), *self._arriving.values()]]
         for ready in wait(channels, timeout=self.heartbeat_interval):
+            arriving = next((w for w in self._arriving.values() if w.channel is ready), None)
+            if arriving is not None:
+                self._arrived(arriving)
+                continue
             worker = next(w for w in self._workers.values() if w.channel is ready)
             message = self._receive(worker)
             if isinstance(message, StateMissing):
@@ -347,14 +359,16 @@ class Driver:
                 self._lost(worker, f"could not load the partitions it took over: "
                                    f"{message.error.strip().splitlines()[-1]}")
         self._check_health()
+        self._admit()
         self._apply_decisions()
         self._add_trials()
 
     def _hand_over(self, gone: _WorkerGone) -> None:
         """The surviving workers load a lost worker's partitions from the store and its
         sub-epoch runs again, from the state the driver holds and with the same seeds, so
-        the results do not change (invariant 2). Where the backend's workers fail together
-        (Spark), every worker starts anew instead."""
+        the results do not change (invariant 2). The backend starts the lost worker anew
+        where it can (see ``_admit``). Where the backend's workers fail together (Spark),
+        every worker starts anew instead."""
         self._cause_removed = False
         pending = [gone]
         while pending:
@@ -378,12 +392,80 @@ class Driver:
                 moved.setdefault(target, []).append(partition)
             self._write("append", "partitions_moved", lost=worker.index, reason=gone.reason,
                         moved={str(target): partitions for target, partitions in moved.items()}, time=self._now())
+            if self._replaced.get(worker.index, 0) < self.backend.max_restarts and \
+                    self.backend.replace(worker.index):
+                self._replaced[worker.index] = self._replaced.get(worker.index, 0) + 1
+                self._joining[worker.index] = time.monotonic() + self.startup_timeout
             for target, partitions in moved.items():
                 self._workers[target].partitions += partitions
                 try:
                     self._send(self._workers[target], TakeOver(partitions))
                 except _WorkerGone as also:
                     pending.append(also)
+
+    # --- replacements: a lost worker started anew takes its partitions back -------------
+    def _admit(self) -> None:
+        """Replacements that connected get their own partitions to load (``_arrived``
+        follows); one not ready in time, or that exited, is given up: the run goes on."""
+        while True:
+            try:
+                authkey, channel = self._accepted.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                hello = channel.recv() if authkey == self._authkey else None
+            except (EOFError, OSError):
+                hello = None
+            if not isinstance(hello, Hello) or hello.worker not in self._joining:
+                channel.close()         # a task of an abandoned launch, or a replacement given up
+                continue
+            del self._joining[hello.worker]
+            worker = _Worker(hello.worker, channel, hello.pid, hello.host, self._partitions_of(hello.worker),
+                             time.monotonic(), hello.launched_by)
+            try:
+                channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
+                                   self.backend.threads_per_worker, self.heartbeat_interval))
+                self._arriving[worker.index] = worker
+            except OSError:
+                channel.close()
+        exited, now = self.backend.exited(), time.monotonic()
+        for index, deadline in list(self._joining.items()):
+            if index in exited or now > deadline:
+                del self._joining[index]
+        for worker in [w for w in self._arriving.values()
+                       if w.index in exited or now > w.last_seen + self.startup_timeout]:
+            self._give_up(worker, f"exited or was not ready within {self.startup_timeout:.0f} s")
+
+    def _arrived(self, worker: _Worker) -> None:
+        """A replacement loaded its partitions: it takes them back from the workers that
+        held them meanwhile, which free them."""
+        try:
+            message = worker.channel.recv()
+        except (EOFError, OSError):
+            message = None
+        if isinstance(message, SetupFailed):
+            self._give_up(worker, f"could not start: {message.error.strip().splitlines()[-1]}")
+            return
+        if not isinstance(message, Ready) or sorted(message.rows) != worker.partitions:
+            self._give_up(worker, "did not load its partitions")
+            return
+        del self._arriving[worker.index]
+        worker.device, worker.last_seen = message.device, time.monotonic()
+        self._workers[worker.index] = worker
+        for partition in worker.partitions:
+            self.scheduler.move(partition, worker.index)
+        self._write("append", "worker_replaced", worker=worker.index, workers=self._worker_info(), time=self._now())
+        for other in [w for w in self._workers.values() if w is not worker]:
+            taken = [p for p in other.partitions if p in worker.partitions]
+            if taken:
+                other.partitions = [p for p in other.partitions if p not in taken]
+                self._send(other, Release(taken))
+
+    def _give_up(self, worker: _Worker, why: str) -> None:
+        del self._arriving[worker.index]
+        worker.channel.close()
+        self.backend.release(worker.index)
+        self._write("append", "worker_not_replaced", worker=worker.index, reason=why, time=self._now())
 
     def _abort(self, task: Task, reason: str) -> None:
         """``task`` will not finish. A trial whose sub-epochs were on two lost workers is

@@ -104,7 +104,7 @@ class Result:
             trial = self._trials[event["trial_id"]]
             trial.status, trial.reason = event["status"], event.get("reason")
             trial.error = trial.reason if trial.status in ("failed", "diverged", "timeout") else None
-        elif kind in ("run_started", "workers_restarted", "run_resumed"):
+        elif kind in ("run_started", "workers_restarted", "run_resumed", "worker_replaced"):
             self.workers = {int(index): info for index, info in event["workers"].items()}
             if kind == "run_resumed":   # sub-epochs of epochs the crash cut short ran again after it
                 self._redone = {(row["trial_id"], row["epoch"]) for row in self._history}

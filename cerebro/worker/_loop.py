@@ -20,6 +20,7 @@ from ._protocol import (
     Heartbeat,
     Hello,
     Ready,
+    Release,
     RunSubEpoch,
     Setup,
     SetupFailed,
@@ -103,6 +104,10 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
                 return  # the driver is gone: nothing left to do
             if isinstance(message, Shutdown):
                 return
+            if isinstance(message, Release):
+                for partition in message.partitions:
+                    data.pop(partition, None)
+                continue
             if isinstance(message, TakeOver):
                 try:
                     data.update(_load(setup.data_dir, message.partitions, device))

@@ -12,6 +12,7 @@ token and its worker index. The worker connects back over an authenticated chann
                                        driver left out; the driver sends the task again with it
     driver -> TakeOver       a lost worker's partitions: load them from the store too
                              worker -> Ready (all its partitions) | SetupFailed
+    driver -> Release        partitions a replacement of a lost worker took back: free them
     worker -> Heartbeat      (every heartbeat_interval seconds, from a side thread)
     driver -> Shutdown
 """
@@ -94,6 +95,11 @@ class SubEpochFailed:
 
 @dataclass
 class TakeOver:
+    partitions: list[int]
+
+
+@dataclass
+class Release:
     partitions: list[int]
 
 
