@@ -1,9 +1,10 @@
 """What losing a worker costs: time from its death to its sub-epoch running again, and the
 extra wall time of the run, against the same run undisturbed.
 
-The same grid (8 MLP configurations, 4 epochs, 16,384 generated rows, 4 partitions) runs on
-2 local workers, alternately undisturbed and with one worker killed: by SIGKILL (found at
-once: its connection closes) or frozen by SIGSTOP (found when its heartbeats stop, after
+The same grid (8 MLP configurations, 12 epochs, 16,384 generated rows, 4 partitions) runs
+on 2 local workers, alternately undisturbed and with one worker killed: by SIGKILL (found at
+once: its connection closes), by SIGKILL with replacement off (``max_restarts=0``: the
+survivor runs the rest alone), or frozen by SIGSTOP (found when its heartbeats stop, after
 ``heartbeat_timeout``). The disturbance hits the first loss computed once 8 epochs are
 journaled, i.e. in the middle of a sub-epoch; the worker writes the time it happened. Every
 disturbed run must end with the undisturbed run's history, bit for bit.
@@ -31,6 +32,7 @@ import torch
 import cerebro as cb
 
 HEARTBEAT_TIMEOUT = 5.0
+EPOCHS = 12
 SPACE = {"hidden": cb.choice([64, 256]), "lr": cb.choice([1e-3, 3e-3]), "batch_size": cb.choice([32, 64])}
 
 
@@ -58,7 +60,7 @@ def disturbing(store: str, marker: str, how: str):
             if not os.path.exists(marker) and _epochs_journaled(store) >= 8:
                 with open(marker, "w") as f:
                     f.write(repr(time.monotonic()))
-                os.kill(os.getpid(), signal.SIGKILL if how == "sigkill" else signal.SIGSTOP)
+                os.kill(os.getpid(), signal.SIGSTOP if how == "sigstop" else signal.SIGKILL)
             return loss(outputs, targets)
         trainable.loss = disturbing_loss
         return trainable
@@ -75,10 +77,11 @@ def _epochs_journaled(store: str) -> int:
 
 def run(data: cb.Dataset, scratch: str, name: str, how: str | None) -> dict[str, Any]:
     store, marker = os.path.join(scratch, name), os.path.join(scratch, name + ".marker")
-    search = cb.GridSearch(build if how is None else disturbing(store, marker, how), SPACE, epochs=4)
+    search = cb.GridSearch(build if how is None else disturbing(store, marker, how), SPACE, epochs=EPOCHS)
+    backend = cb.LocalBackend(2, threads_per_worker=1, heartbeat_timeout=HEARTBEAT_TIMEOUT,
+                              max_restarts=0 if how == "sigkill_no_replacement" else 2)
     started = time.perf_counter()
-    result = search.fit(data, backend=cb.LocalBackend(2, threads_per_worker=1, heartbeat_timeout=HEARTBEAT_TIMEOUT),
-                        store=store, seed=0, verbose=0)
+    result = search.fit(data, backend=backend, store=store, seed=0, verbose=0)
     entry: dict[str, Any] = {"how": how or "undisturbed", "wall_s": time.perf_counter() - started,
                              "history": result.history()}
     events = list(result.store.events())
@@ -94,6 +97,8 @@ def run(data: cb.Dataset, scratch: str, name: str, how: str | None) -> dict[str,
                          & (schedule.partition == task["partition"]) & (schedule.kind == task["kind"])]
         entry["detected_after_s"] = lost["time"] - (hit - clock0)
         entry["rerun_started_after_s"] = float(rerun.start.iloc[0]) - (hit - clock0)
+        back = [e["time"] for e in events if e["event"] == "worker_replaced"]
+        entry["worker_back_after_s"] = back[0] - (hit - clock0) if back else None
     return entry
 
 
@@ -103,13 +108,14 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/recovery.json")
     args = parser.parse_args()
     data = dataset()
-    runs: dict[str, list[dict[str, Any]]] = {"undisturbed": [], "sigkill": [], "sigstop": []}
+    runs: dict[str, list[dict[str, Any]]] = {"undisturbed": [], "sigkill": [], "sigkill_no_replacement": [],
+                                             "sigstop": []}
     with tempfile.TemporaryDirectory() as scratch:
         for repeat in range(args.repeats):
             for how in runs:
                 entry = run(data, scratch, f"{how}{repeat}", None if how == "undisturbed" else how)
                 runs[how].append(entry)
-                print(f"{how:12} wall {entry['wall_s']:6.1f} s  schedule {entry['schedule_s']:6.1f} s  "
+                print(f"{how:22} wall {entry['wall_s']:6.1f} s  schedule {entry['schedule_s']:6.1f} s  "
                       + (f"detected after {entry['detected_after_s']:5.2f} s  sub-epoch again after "
                          f"{entry['rerun_started_after_s']:5.2f} s" if how != "undisturbed" else ""), flush=True)
     expected = runs["undisturbed"][0]["history"]
@@ -118,7 +124,7 @@ def main() -> None:
             pd.testing.assert_frame_equal(entry.pop("history"), expected, check_exact=True)
     base = statistics.median(e["schedule_s"] for e in runs["undisturbed"])
     table = ["| run | median wall s | median schedule s | extra vs undisturbed | death → detected | "
-             "death → sub-epoch runs again |", "|---|---|---|---|---|---|"]
+             "death → sub-epoch runs again | death → worker back |", "|---|---|---|---|---|---|---|"]
     summary = {}
     for how, entries in runs.items():
         row = {"wall_s": statistics.median(e["wall_s"] for e in entries),
@@ -127,10 +133,13 @@ def main() -> None:
         if how != "undisturbed":
             row["detected_after_s"] = statistics.median(e["detected_after_s"] for e in entries)
             row["rerun_started_after_s"] = statistics.median(e["rerun_started_after_s"] for e in entries)
+            back = [e["worker_back_after_s"] for e in entries if e["worker_back_after_s"] is not None]
+            row["worker_back_after_s"] = statistics.median(back) if back else None
         summary[how] = row
+        back = "" if row.get("worker_back_after_s") is None else f"{row['worker_back_after_s']:.2f} s"
         table.append(f"| {how} | {row['wall_s']:.1f} | {row['schedule_s']:.1f} | {row['extra_s']:+.1f} s | "
-                     + (f"{row['detected_after_s']:.2f} s | {row['rerun_started_after_s']:.2f} s |"
-                        if how != "undisturbed" else "| |"))
+                     + (f"{row['detected_after_s']:.2f} s | {row['rerun_started_after_s']:.2f} s | {back} |"
+                        if how != "undisturbed" else "| | |"))
     print("\n".join(table))
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
