@@ -17,13 +17,15 @@ from .report import Result, load
 def print_summary(result: Result, console: Console) -> None:
     """The trials ranked by the run's metric, as a table."""
     summary = result.summary()
+    if "reason" in summary and summary.reason.isna().all():
+        summary = summary.drop(columns="reason")     # no trial stopped early or failed
     table = Table(title=f"trials ranked by {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
                   pad_edge=False)
     for column in summary.columns:
         table.add_column(str(column), justify="left" if column in ("trial_id", "status") else "right")
     for row in summary.itertuples(index=False):
-        table.add_row(*(f"{v:.4f}" if isinstance(v, float) and not math.isnan(v) and not v.is_integer()
-                        else str(v) for v in row))
+        table.add_row(*("" if v is None else f"{v:.4f}" if isinstance(v, float) and not math.isnan(v)
+                        and not v.is_integer() else str(v) for v in row))
     console.print(table)
 
 
