@@ -5,6 +5,7 @@ import json
 import math
 import runpy
 import sys
+from collections import Counter
 
 import click
 from rich import box
@@ -147,6 +148,10 @@ def status(run_dir: str) -> None:
     done = sum(t.status != "running" for t in result.trials)
     console.print(f"{'finished' if result.finished else 'not finished'}: {done} of "
                   f"{len(result.trials)} trials ended")
+    incidents = Counter(e["event"] for e in result.store.events())
+    if incidents["worker_lost"]:
+        console.print(f"workers: {incidents['worker_lost']} lost, {incidents['worker_replaced']} started anew, "
+                      f"all restarted {incidents['workers_restarted']} times")
     print_summary(result, console)
 
 

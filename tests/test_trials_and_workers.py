@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 import torch
 from _models import build, crashing_once, digits
+from click.testing import CliRunner
 
 import cerebro as cb
+from cerebro.cli import main
 from cerebro.data import read_partition
 from cerebro.engine import init_seed, subepoch_seed
 
@@ -189,6 +191,8 @@ def test_a_lost_worker_is_started_anew_and_takes_its_partitions_back(tmp_path):
     for worker, partitions in back.groupby("worker").partition:
         assert set(partitions) <= {worker, worker + 2}      # each on its own partitions once more
     assert set(back[back.worker == lost].pid) == {replaced["workers"][str(lost)]["pid"]}
+    shown = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
+    assert shown.exit_code == 0 and "workers: 1 lost, 1 started anew, all restarted 0 times" in shown.output
 
 
 def test_workers_started_anew_when_none_is_left_give_the_same_results(tmp_path):
