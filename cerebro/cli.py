@@ -150,8 +150,9 @@ def status(run_dir: str) -> None:
                   f"{len(result.trials)} trials ended")
     incidents = Counter(e["event"] for e in result.store.events())
     if incidents["worker_lost"]:
-        console.print(f"workers: {incidents['worker_lost']} lost, {incidents['worker_replaced']} started anew, "
-                      f"all restarted {incidents['workers_restarted']} times")
+        console.print(f"workers: {incidents['worker_lost']} lost, {incidents['worker_replaced']} started anew"
+                      + (f" ({incidents['worker_not_replaced']} could not be)" if incidents['worker_not_replaced']
+                         else "") + f", all restarted {incidents['workers_restarted']} times")
     print_summary(result, console)
 
 

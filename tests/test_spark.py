@@ -11,6 +11,8 @@ import pytest
 import torch
 from _models import build, crashing_once, digits
 from _spark import session, standalone_cluster
+from test_resume import assert_same_results as assert_same_results_as_uninterrupted
+from test_resume import crashed_run, uninterrupted
 
 import cerebro as cb
 
@@ -120,3 +122,17 @@ def test_a_trial_that_kills_its_task_twice_fails_and_only_it(tmp_path):
     names = [e["event"] for e in result.store.events()]
     assert names.count("workers_restarted") == 2 and names.count("worker_lost") == 2
     assert result.finished
+
+
+def test_a_run_killed_on_local_workers_resumes_on_spark_to_the_same_results(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")       # its driver SIGKILLed in the middle of a sub-epoch
+    spark = session("local[2]")
+    try:
+        resumed = cb.resume(store, backend=cb.SparkBackend(spark, workers=2), verbose=0)
+    finally:
+        spark.stop()
+    assert all(info["launched_by"].startswith("spark task ") for info in resumed.workers.values())
+    at = next(e["time"] for e in resumed.store.events() if e["event"] == "run_resumed")
+    after = resumed.schedule()[lambda s: s.start >= at]
+    assert len(after) > 0 and set(after.pid) == {info["pid"] for info in resumed.workers.values()}
+    assert_same_results_as_uninterrupted(resumed, uninterrupted(tmp_path, "mid-epoch"))

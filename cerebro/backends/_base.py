@@ -27,7 +27,7 @@ class Backend(ABC):
     workers: int
     threads_per_worker: int
     heartbeat_timeout: float   # a worker silent this many seconds is lost
-    max_restarts: int = 0      # times the driver may start all workers anew after losing all
+    max_restarts: int = 0      # times a lost worker may be started anew, and all workers after losing all
     # True where losing one worker ends the others too (Spark's barrier stage): the driver
     # then starts every worker anew at once instead of handing the partitions over.
     workers_fail_together: bool = False

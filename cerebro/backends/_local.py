@@ -39,6 +39,7 @@ class LocalBackend(Backend):
             raise ValueError(f"max_restarts={max_restarts!r} must be an integer >= 0")
         self.max_restarts = max_restarts
         self._processes: list[subprocess.Popen] = []
+        self._unreaped: list[subprocess.Popen] = []     # replaced, killed, not yet ended
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
         self._address, self._authkey = address, authkey
@@ -68,9 +69,11 @@ class LocalBackend(Backend):
             try:
                 self._processes[worker].wait(timeout=5)     # reaped: no zombie left behind
             except subprocess.TimeoutExpired:
-                pass
+                self._unreaped.append(self._processes[worker])   # stop() waits for it
 
     def stop(self) -> None:
+        self._processes += self._unreaped
+        self._unreaped = []
         for process in self._processes:
             if process.poll() is None:
                 process.terminate()

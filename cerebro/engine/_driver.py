@@ -412,8 +412,8 @@ class Driver:
                 authkey, channel = self._accepted.get_nowait()
             except queue.Empty:
                 break
-            try:
-                hello = channel.recv() if authkey == self._authkey else None
+            try:     # only a replacement is expected now: read nothing from anyone else
+                hello = channel.recv() if authkey == self._authkey and self._joining else None
             except (EOFError, OSError):
                 hello = None
             if not isinstance(hello, Hello) or hello.worker not in self._joining:
@@ -422,16 +422,19 @@ class Driver:
             del self._joining[hello.worker]
             worker = _Worker(hello.worker, channel, hello.pid, hello.host, self._partitions_of(hello.worker),
                              time.monotonic(), hello.launched_by)
+            self._arriving[worker.index] = worker
             try:
                 channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
                                    self.backend.threads_per_worker, self.heartbeat_interval))
-                self._arriving[worker.index] = worker
-            except OSError:
-                channel.close()
+            except OSError as error:
+                self._give_up(worker, f"could not be reached ({error})")
         exited, now = self.backend.exited(), time.monotonic()
         for index, deadline in list(self._joining.items()):
             if index in exited or now > deadline:
                 del self._joining[index]
+                self.backend.release(index)
+                self._write("append", "worker_not_replaced", worker=index, time=self._now(),
+                            reason=exited.get(index, f"did not connect within {self.startup_timeout:.0f} s"))
         for worker in [w for w in self._arriving.values()
                        if w.index in exited or now > w.last_seen + self.startup_timeout]:
             self._give_up(worker, f"exited or was not ready within {self.startup_timeout:.0f} s")
@@ -452,14 +455,23 @@ class Driver:
         del self._arriving[worker.index]
         worker.device, worker.last_seen = message.device, time.monotonic()
         self._workers[worker.index] = worker
+        released: dict[int, list[int]] = {}
         for partition in worker.partitions:
             self.scheduler.move(partition, worker.index)
-        self._write("append", "worker_replaced", worker=worker.index, workers=self._worker_info(), time=self._now())
         for other in [w for w in self._workers.values() if w is not worker]:
             taken = [p for p in other.partitions if p in worker.partitions]
             if taken:
                 other.partitions = [p for p in other.partitions if p not in taken]
-                self._send(other, Release(taken))
+                released[other.index] = taken
+        self._write("append", "worker_replaced", worker=worker.index, workers=self._worker_info(), time=self._now())
+        gone = None
+        for index, taken in released.items():
+            try:
+                self._send(self._workers[index], Release(taken))
+            except _WorkerGone as error:   # the others are told all the same
+                gone = gone or error
+        if gone is not None:
+            raise gone
 
     def _give_up(self, worker: _Worker, why: str) -> None:
         del self._arriving[worker.index]
@@ -623,6 +635,12 @@ class Driver:
         trial = self._trials.get(task.trial_id)
         if trial is None:      # it ended meanwhile: nothing left to run
             worker.running = None
+            return
+        if task.partition not in self.scheduler.partitions_of(worker.index):
+            # A replacement took the partition back meanwhile: it runs there instead.
+            self.scheduler.abort(task)
+            worker.running = None
+            self.progress.sub_epoch_finished(worker.index)
             return
         trial.holders.discard(worker.index)
         self._send_task(worker, worker.running[0], task, trial)

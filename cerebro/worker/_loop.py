@@ -85,7 +85,10 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
     """Connect to the driver at ``address`` and serve it until ``Shutdown`` or disconnect."""
     channel = connect(address, authkey)
     channel.send(Hello(worker, os.getpid(), socket.gethostname(), launched_by))
-    setup: Setup = channel.recv()
+    try:
+        setup: Setup = channel.recv()
+    except (EOFError, OSError):
+        return      # the driver gave up on this worker before it set up
     try:
         trainables, data, device = _set_up(setup, worker)
     except Exception:
