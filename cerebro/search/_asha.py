@@ -6,14 +6,8 @@ from typing import Any
 
 from ..engine import Decision, TrialRequest, search_rng, trial_index
 from ._base import Searcher, check_epochs
-from ._rungs import Rungs
+from ._rungs import Rungs, check_reduction
 from ._space import sample_config
-
-
-def check_reduction(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 2:
-        raise ValueError(f"{name}={value!r} must be a number >= 2")
-    return float(value)
 
 
 class ASHA(Searcher):

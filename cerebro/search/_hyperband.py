@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
-from ._asha import check_reduction
 from ._base import Searcher, check_epochs
 from ._ranking import ranked
+from ._rungs import check_reduction
 from ._space import sample_config
 
 

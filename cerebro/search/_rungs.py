@@ -9,6 +9,13 @@ from ..engine import Decision, trial_name
 from ._ranking import ranked
 
 
+def check_reduction(name: str, value: Any) -> float:
+    """A reduction factor (η): how many trials reach a rung for each one that goes on."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 2:
+        raise ValueError(f"{name}={value!r} must be a number >= 2")
+    return float(value)
+
+
 class Rungs:
     """Rungs at ``grace_period * reduction_factor**k`` epochs below ``max_epochs``. A trial
     reaching a rung goes on only if it ranks in the top ``1/reduction_factor`` of the trials

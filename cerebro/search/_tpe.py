@@ -6,9 +6,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
-from ._asha import check_reduction
 from ._base import Searcher, check_epochs
-from ._rungs import Rungs
+from ._rungs import Rungs, check_reduction
 from ._space import Distribution, choice, loguniform, plain_value, quniform, randint, uniform
 
 
