@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cerebro.engine import visit_order
 from cerebro.engine._scheduler import EVAL, TRAIN, MOPScheduler, Task
-from cerebro.engine._seeds import visit_order
 
 # --------------------------------------------------------------------------------------------
 # plain unit tests
@@ -582,18 +582,25 @@ class _Lazy(MOPScheduler):                         # starts at most one sub-epoc
 
 
 class _NeverEvaluates(MOPScheduler):               # forgets the eval visits
-    def _next_for(self, trial_id, state, worker):
-        task = super()._next_for(trial_id, state, worker)
-        return None if task is not None and task.kind == EVAL else task
+    def _push(self, state, kind, partition):
+        if kind != EVAL:
+            super()._push(state, kind, partition)
 
 
 class _EvalsEarly(MOPScheduler):                   # evaluates while the last train sub-epoch runs
-    def _next_for(self, trial_id, state, worker):
-        if state.training and state.trained == len(state.order) - 1:
-            for partition in range(self.num_partitions):
-                if self._owner[partition] == worker and partition not in state.evaluating:
-                    return Task(trial_id, EVAL, state.number, partition, worker)
-        return super()._next_for(trial_id, state, worker)
+    def assign(self, idle_workers):
+        idle = sorted(idle_workers)
+        tasks = super().assign(idle)
+        busy = {t.worker for t in tasks}
+        for state in self._epochs.values():
+            if state.training and state.trained == len(state.order) - 1:
+                for worker in [w for w in idle if w not in busy]:
+                    partition = self.partitions_of(worker)[0]
+                    if partition not in state.evaluating:
+                        state.evaluating.add(partition)
+                        busy.add(worker)
+                        tasks.append(Task(state.trial_id, EVAL, state.number, partition, worker))
+        return tasks
 
 
 _HARNESS_CASE = Case(seed=0, partitions=4, workers=2, evaluate=True, epochs=(2, 2, 1), arrivals=(0, 0, 3),

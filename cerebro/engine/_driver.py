@@ -39,7 +39,8 @@ from ..worker._protocol import (
 from ..worker._wire import Channel, authenticate
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._scheduler import TRAIN, MOPScheduler, Task
-from ._seeds import init_seed, subepoch_seed, trial_name, visit_order
+from ._seeds import init_seed, subepoch_seed, trial_name
+from ._visit_order import VisitScheme, visit_order
 from ._writer import BackgroundWriter
 
 if TYPE_CHECKING:
@@ -124,14 +125,14 @@ class Driver:
 
     def __init__(self, policy: SearchPolicy, store: RunStore, backend: Backend, *, seed: int,
                  num_partitions: int, evaluate: bool, build_blob: bytes, progress: Progress,
-                 limits: Limits = Limits(), heartbeat_interval: float = 1.0,
-                 startup_timeout: float = 300.0) -> None:
+                 limits: Limits = Limits(), visit_scheme: VisitScheme = VisitScheme.LATIN,
+                 heartbeat_interval: float = 1.0, startup_timeout: float = 300.0) -> None:
         self.policy, self.store, self.backend = policy, store, backend
         self.seed, self.num_partitions, self.evaluate = seed, num_partitions, evaluate
         self.build_blob, self.progress = build_blob, progress
         self.heartbeat_interval, self.heartbeat_timeout = heartbeat_interval, backend.heartbeat_timeout
         self.startup_timeout = startup_timeout
-        self.limits = limits
+        self.limits, self.visit_scheme = limits, visit_scheme
         self._failed: list[str] = []
         self._workers: dict[int, _Worker] = {}
         self._trials: dict[str, _Trial] = {}       # live trials
@@ -593,7 +594,8 @@ class Driver:
         trial.epoch += 1
         trial.train_sums, trial.eval_sums = {}, {}
         self.scheduler.start_epoch(trial.trial_id, trial.epoch,
-                                   visit_order(self.seed, trial.trial_id, trial.epoch, self.num_partitions))
+                                   visit_order(self.seed, trial.trial_id, trial.epoch, self.num_partitions,
+                                               self.visit_scheme))
 
     def _check_not_stuck(self) -> None:
         """Every live trial paused with nothing running: the searcher will never decide them."""

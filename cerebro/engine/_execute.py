@@ -26,6 +26,7 @@ from ..store import RunStore
 from ..worker import TorchTrainable
 from ._driver import Driver, Limits
 from ._interface import SearchPolicy
+from ._visit_order import VisitScheme
 
 
 def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_config: dict[str, Any],
@@ -105,6 +106,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "workers": backend.workers,
         "threads_per_worker": backend.threads_per_worker,
         "limits": {"trial_timeout": limits.trial_timeout, "max_failures": limits.max_failures},
+        "visit_order": VisitScheme.LATIN.value,
         "tensorboard": tensorboard,
         "mlflow": mlflow,
         "data": {"fingerprint": data.fingerprint(), "partitions": num_partitions,

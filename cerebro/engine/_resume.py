@@ -22,6 +22,7 @@ from ..store import RunStore
 from ._driver import Driver, Limits, describe, diverged
 from ._execute import finished, observers, pickle_build, resolve_backend, sigterm_interrupts
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
+from ._visit_order import LEGACY_SCHEME, VisitScheme
 
 
 class ResumeError(RuntimeError):
@@ -131,7 +132,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
                                          info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
         driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
                         evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress,
-                        limits=Limits(**info.get("limits", {})))
+                        limits=Limits(**info.get("limits", {})),
+                        visit_scheme=VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)))
         driver.restore(recovered)
         with sigterm_interrupts():
             driver.run()

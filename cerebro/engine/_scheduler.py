@@ -1,16 +1,20 @@
 """The MOP scheduler: pure, deterministic logic that says which sub-epoch runs where next.
 
 It enforces invariant 1 of DESIGN.md: in every epoch a live trial trains on each partition
-exactly once, in the order it was given (which comes from the seed, never from timing); a
-worker runs one sub-epoch at a time; a trial trains on one worker at a time. After its
+exactly once, in the order it was given (its visit order, from the seed, never from timing);
+a worker runs one sub-epoch at a time; a trial trains on one worker at a time. After its
 training sub-epochs, a trial is evaluated on every partition where that partition lies;
 these eval visits may run on several workers at once, as the weights do not change.
 
-Idle workers are filled greedily with the trial that is furthest behind and can use them,
-so workers stay busy while trials progress evenly. It does no I/O and keeps no clocks.
+An idle worker takes, of the steps waiting on its partitions, the one of the trial furthest
+behind (oldest epoch, then fewest steps, then creation order), so trials progress evenly;
+which waiting trial goes first changes when things run, never what they compute. Each
+worker keeps its waiting steps in a heap, so a decision costs O(log n) whatever the number
+of trials and workers. It does no I/O and keeps no clocks.
 """
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -29,8 +33,9 @@ class Task:
     worker: int
 
 
-@dataclass
+@dataclass(eq=False)
 class _Epoch:
+    trial_id: str
     number: int
     order: list[int]
     trained: int = 0
@@ -38,15 +43,21 @@ class _Epoch:
     eval_todo: set[int] = field(default_factory=set)
     evaluating: set[int] = field(default_factory=set)
 
-    def steps_done(self, evaluate: bool) -> int:
-        """Train and eval visits started; evals count only once training is over."""
-        if self.trained < len(self.order) or not evaluate:
-            return self.trained
-        return self.trained + len(self.order) - len(self.eval_todo) - len(self.evaluating)
-
     def finished(self) -> bool:
         return (self.trained == len(self.order) and not self.training
                 and not self.eval_todo and not self.evaluating)
+
+    def waits_on(self, partition: int) -> str | None:
+        """The kind of step that could start on ``partition`` now, if any."""
+        if self.trained < len(self.order):
+            return TRAIN if not self.training and self.order[self.trained] == partition else None
+        return EVAL if partition in self.eval_todo else None
+
+
+# A waiting step in a worker's heap: (epoch, steps trained, trial id, push count, kind,
+# partition, state); the trial furthest behind comes first. Entries are never removed in
+# place: one whose trial moved on is skipped when it surfaces.
+_Entry = tuple[int, int, str, int, str, int, _Epoch]
 
 
 class MOPScheduler:
@@ -55,6 +66,12 @@ class MOPScheduler:
     Args:
         worker_partitions: worker -> the partitions it holds; each partition on one worker.
         evaluate: whether every epoch ends with an eval visit to each partition.
+
+    Example:
+        >>> scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=False)
+        >>> scheduler.start_epoch("t0000", 1, [1, 0])
+        >>> scheduler.assign([0, 1])
+        [Task(trial_id='t0000', kind='train', epoch=1, partition=1, worker=1)]
     """
 
     def __init__(self, worker_partitions: Mapping[int, Iterable[int]], evaluate: bool = True) -> None:
@@ -72,6 +89,11 @@ class MOPScheduler:
         self.num_partitions = len(self._owner)
         self._evaluate = evaluate
         self._epochs: dict[str, _Epoch] = {}
+        self._held: dict[int, set[int]] = {}
+        for partition, worker in self._owner.items():
+            self._held.setdefault(worker, set()).add(partition)
+        self._waiting: dict[int, list[_Entry]] = {worker: [] for worker in self._held}
+        self._pushes = 0
 
     def start_epoch(self, trial_id: str, epoch: int, order: list[int]) -> None:
         """Schedule ``trial_id``'s next epoch, training on partitions in ``order``."""
@@ -80,20 +102,36 @@ class MOPScheduler:
         current = self._epochs.get(trial_id)
         if current is not None and not current.finished():
             raise ValueError(f"{trial_id} is still in epoch {current.number}")
-        self._epochs[trial_id] = _Epoch(epoch, list(order))
+        state = _Epoch(trial_id, epoch, list(order))
+        self._epochs[trial_id] = state
+        self._push(state, TRAIN, state.order[0])
 
     def remove(self, trial_id: str) -> None:
         """Forget a trial (stopped, failed or done); its running sub-epochs are ignored."""
         self._epochs.pop(trial_id, None)
 
     def partitions_of(self, worker: int) -> list[int]:
-        return sorted(p for p, owner in self._owner.items() if owner == worker)
+        return sorted(self._held.get(worker, ()))
 
     def move(self, partition: int, worker: int) -> None:
         """``worker`` now holds ``partition`` (its holder was lost, or workers restarted)."""
         if partition not in self._owner:
             raise ValueError(f"partition {partition} is not one of 0..{self.num_partitions - 1}")
+        previous = self._owner[partition]
+        if previous == worker:
+            return
         self._owner[partition] = worker
+        self._held[previous].discard(partition)
+        self._held.setdefault(worker, set()).add(partition)
+        self._waiting.setdefault(worker, [])
+        # Steps waiting on the partition now wait on its new holder; the old holder's heap
+        # is rebuilt without them (moves are rare: a lost or replaced worker).
+        self._waiting[previous] = [e for e in self._waiting[previous] if e[5] != partition]
+        heapq.heapify(self._waiting[previous])
+        for state in self._epochs.values():
+            kind = state.waits_on(partition)
+            if kind is not None:
+                self._push(state, kind, partition)
 
     def is_live(self, trial_id: str) -> bool:
         return trial_id in self._epochs
@@ -101,10 +139,9 @@ class MOPScheduler:
     def assign(self, idle_workers: Iterable[int]) -> list[Task]:
         """Sub-epochs to start now on ``idle_workers``, at most one per worker."""
         tasks = []
-        for worker in sorted(idle_workers):
-            task = self._pick(worker)
+        for worker in sorted(w for w in idle_workers if self._waiting.get(w)):
+            task = self._pop(worker)
             if task is not None:
-                self._mark_started(task)
                 tasks.append(task)
         return tasks
 
@@ -116,8 +153,12 @@ class MOPScheduler:
         if task.kind == TRAIN:
             state.training = False
             state.trained += 1
-            if state.trained == len(state.order) and self._evaluate:
+            if state.trained < len(state.order):
+                self._push(state, TRAIN, state.order[state.trained])
+            elif self._evaluate:
                 state.eval_todo = set(range(self.num_partitions))
+                for partition in range(self.num_partitions):
+                    self._push(state, EVAL, partition)
         else:
             state.evaluating.discard(task.partition)
         return state.finished()
@@ -128,36 +169,30 @@ class MOPScheduler:
         if state is None or state.number != task.epoch:
             return
         if task.kind == TRAIN:
-            state.training = False
+            if state.training:
+                state.training = False
+                self._push(state, TRAIN, task.partition)
         elif task.partition in state.evaluating:
             state.evaluating.discard(task.partition)
             state.eval_todo.add(task.partition)
+            self._push(state, EVAL, task.partition)
 
-    def _pick(self, worker: int) -> Task | None:
-        best: tuple[tuple[int, int, str], Task] | None = None
-        for trial_id, state in self._epochs.items():
-            task = self._next_for(trial_id, state, worker)
-            if task is not None:
-                key = (state.number, state.steps_done(self._evaluate), trial_id)
-                if best is None or key < best[0]:
-                    best = (key, task)
-        return None if best is None else best[1]
+    def _push(self, state: _Epoch, kind: str, partition: int) -> None:
+        self._pushes += 1
+        entry = (state.number, state.trained, state.trial_id, self._pushes, kind, partition, state)
+        heapq.heappush(self._waiting[self._owner[partition]], entry)
 
-    def _next_for(self, trial_id: str, state: _Epoch, worker: int) -> Task | None:
-        if state.trained < len(state.order):
-            partition = state.order[state.trained]
-            if not state.training and self._owner[partition] == worker:
-                return Task(trial_id, TRAIN, state.number, partition, worker)
-            return None
-        for partition in sorted(state.eval_todo):
-            if self._owner[partition] == worker:
-                return Task(trial_id, EVAL, state.number, partition, worker)
+    def _pop(self, worker: int) -> Task | None:
+        """The first still-valid waiting step of ``worker``, marked started."""
+        heap = self._waiting[worker]
+        while heap:
+            _, _, trial_id, _, kind, partition, state = heapq.heappop(heap)
+            if self._epochs.get(trial_id) is not state or state.waits_on(partition) != kind:
+                continue                           # the trial ended, or moved on meanwhile
+            if kind == TRAIN:
+                state.training = True
+            else:
+                state.eval_todo.discard(partition)
+                state.evaluating.add(partition)
+            return Task(trial_id, kind, state.number, partition, worker)
         return None
-
-    def _mark_started(self, task: Task) -> None:
-        state = self._epochs[task.trial_id]
-        if task.kind == TRAIN:
-            state.training = True
-        else:
-            state.eval_todo.discard(task.partition)
-            state.evaluating.add(task.partition)

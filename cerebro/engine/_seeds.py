@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 # Distinct streams, so a trial's init seed never equals one of its sub-epoch seeds.
-_INIT, _SUBEPOCH, _VISIT_ORDER, _SEARCH = 1, 2, 3, 4
+_INIT, _SUBEPOCH, VISIT_TRIAL, _SEARCH, VISIT_RING = 1, 2, 3, 4, 5
 
 
 def trial_index(trial_id: str) -> int:
@@ -21,26 +21,21 @@ def trial_name(index: int) -> str:
     return f"t{index:04d}"
 
 
-def _derive(*keys: int) -> int:
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed from a stream number and the keys of what it is for."""
     return int(np.random.SeedSequence([int(k) for k in keys]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def init_seed(run_seed: int, trial_id: str) -> int:
     """Seed for building a trial's model (weight initialisation)."""
-    return _derive(run_seed, _INIT, trial_index(trial_id))
+    return derive_seed(run_seed, _INIT, trial_index(trial_id))
 
 
 def subepoch_seed(run_seed: int, trial_id: str, epoch: int, partition: int) -> int:
     """Seed for one train sub-epoch: batch order, dropout and any other torch randomness."""
-    return _derive(run_seed, _SUBEPOCH, trial_index(trial_id), epoch, partition)
-
-
-def visit_order(run_seed: int, trial_id: str, epoch: int, num_partitions: int) -> list[int]:
-    """The order in which a trial trains on the partitions in one epoch."""
-    rng = np.random.default_rng(_derive(run_seed, _VISIT_ORDER, trial_index(trial_id), epoch))
-    return [int(p) for p in rng.permutation(num_partitions)]
+    return derive_seed(run_seed, _SUBEPOCH, trial_index(trial_id), epoch, partition)
 
 
 def search_rng(run_seed: int) -> np.random.Generator:
     """The generator a searcher draws configurations from."""
-    return np.random.default_rng(_derive(run_seed, _SEARCH))
+    return np.random.default_rng(derive_seed(run_seed, _SEARCH))

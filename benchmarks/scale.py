@@ -1,0 +1,407 @@
+"""MOP at cluster scale: the real scheduler and visit order on a simulated clock.
+
+No processes, no torch: ``cerebro.engine.MOPScheduler`` is driven as the driver drives it
+(``start_epoch`` with the run's visit order, ``assign`` with the idle workers, ``complete``
+when a sub-epoch's simulated end comes), over one partition per worker unless
+``--partitions`` says otherwise. Trial *i* costs ``c_i`` per train sub-epoch, drawn
+log-uniform over [1, spread]; an eval sub-epoch costs ``eval_cost * c_i``. For each case
+and cost draw it compares, side by side:
+
+- ``latin``: the visit order runs use now (seeded Latin-square rotation, the default);
+- ``random``: the order of runs made before (a seeded permutation per trial and epoch);
+- ``dynamic``: the paper's randomized scheduler (Cerebro, VLDB 2020, Algorithm 2): an idle
+  worker takes a random idle trial that has not yet visited its partition this epoch. It
+  is not reproducible (the order depends on timing), so Cerebro cannot use it.
+
+efficiency = lower bound / makespan, where lower bound = max(total work / workers, the
+longest trial's own work), a trial's own work counting its eval visits as running in
+parallel. utilization = busy time / (workers x makespan). decision time = wall time of
+``complete`` + ``start_epoch`` + ``assign`` per completed sub-epoch (median and p99).
+
+It also asks when the driver's link, rather than the workers, bounds a run: every train
+sub-epoch moves the trial's state (S bytes) from the driver to a worker and back. With a
+fixed dataset whose epoch takes ``--epoch-seconds`` for a cost-1 trial on one worker, a
+sub-epoch lasts ``c_i * epoch_seconds / P`` s, so the driver must move
+``train sub-epochs * S`` bytes each way within the makespan; the table gives the worker
+count past which it cannot at B bytes/s.
+
+    .venv/bin/python benchmarks/scale.py                       # the default grid (long)
+    .venv/bin/python benchmarks/scale.py --workers 8 64 --ratios 1 2 --draws 1
+    .venv/bin/python benchmarks/scale.py --workers 16 --trials 40 --partitions 20 --spread 10 \\
+        --schedule /tmp/schedule.csv                           # one case, its schedule as CSV
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import json
+import math
+import multiprocessing
+import os
+import platform
+import random
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from cerebro.engine import EVAL, TRAIN, MOPScheduler, Task, VisitScheme, trial_name, visit_order
+
+SCHEMES = ("latin", "random", "dynamic")
+
+
+@dataclass(frozen=True)
+class Case:
+    workers: int
+    trials: int
+    partitions: int
+    spread: float
+    epochs: int
+    evaluate: bool
+    draw: int               # which cost draw (the seed of the costs and of the run)
+    eval_cost: float = 0.1  # an eval sub-epoch's cost relative to a train one
+
+    def costs(self) -> list[float]:
+        """Per-trial train sub-epoch cost, log-uniform over [1, spread]."""
+        if self.spread == 1:
+            return [1.0] * self.trials
+        rng = np.random.default_rng([self.draw, self.workers, self.trials, self.partitions])
+        return [float(c) for c in np.exp(rng.uniform(0.0, math.log(self.spread), self.trials))]
+
+    def lower_bound(self) -> float:
+        costs, P, W = self.costs(), self.partitions, self.workers
+        evals = P if self.evaluate else 0
+        total = sum(self.epochs * c * (P + evals * self.eval_cost) for c in costs)
+        own = max(self.epochs * c * (P + math.ceil(evals / W) * self.eval_cost) for c in costs)
+        return max(total / W, own)
+
+
+@dataclass
+class Outcome:
+    makespan: float = 0.0
+    busy: float = 0.0
+    decisions_ns: list[int] = field(default_factory=list)
+    rows: list[tuple[str, int, int, int, str, float, float]] | None = None   # as Result.schedule()
+    train_sub_epochs: int = 0
+
+
+class DynamicScheduler:
+    """The paper's randomized scheduler: an idle worker takes a random idle trial that still
+    has an unvisited partition (or, after training, an unevaluated one) on it this epoch."""
+
+    def __init__(self, worker_partitions: dict[int, list[int]], evaluate: bool, seed: int) -> None:
+        self._partitions_of = {w: list(ps) for w, ps in worker_partitions.items()}
+        self.num_partitions = sum(len(ps) for ps in worker_partitions.values())
+        self._evaluate = evaluate
+        self._rng = random.Random(seed)
+        self._epoch: dict[str, int] = {}
+        self._todo: dict[str, set[int]] = {}       # partitions still to visit in this phase
+        self._kind: dict[str, str] = {}
+        self._running: dict[str, int] = {}         # trial -> sub-epochs running
+        self._idle: list[str] = []                 # trials free to train: a list for sampling
+        self._slot: dict[str, int] = {}
+
+    def start_epoch(self, trial_id: str, epoch: int) -> None:
+        self._epoch[trial_id], self._kind[trial_id] = epoch, TRAIN
+        self._todo[trial_id] = set(range(self.num_partitions))
+        self._running[trial_id] = 0
+        self._set_idle(trial_id, True)
+
+    def remove(self, trial_id: str) -> None:
+        self._set_idle(trial_id, False)
+        for table in (self._epoch, self._todo, self._kind, self._running):
+            table.pop(trial_id, None)
+
+    def complete(self, task: Task) -> bool:
+        trial = task.trial_id
+        self._running[trial] -= 1
+        if self._todo[trial]:
+            if task.kind == TRAIN:
+                self._set_idle(trial, True)
+            return False
+        if self._kind[trial] == TRAIN and self._evaluate:
+            self._kind[trial], self._todo[trial] = EVAL, set(range(self.num_partitions))
+            self._set_idle(trial, True)
+            return False
+        return self._running[trial] == 0
+
+    def assign(self, idle_workers: Iterable[int]) -> list[Task]:
+        workers = list(idle_workers)
+        self._rng.shuffle(workers)
+        tasks = []
+        for worker in workers:
+            trial = self._sample(worker)
+            if trial is None:
+                continue
+            partition = next(p for p in self._partitions_of[worker] if p in self._todo[trial])
+            self._todo[trial].discard(partition)
+            self._running[trial] += 1
+            if self._kind[trial] == TRAIN or not self._todo[trial]:
+                self._set_idle(trial, False)       # evals of one trial may run side by side
+            tasks.append(Task(trial, self._kind[trial], self._epoch[trial], partition, worker))
+        return tasks
+
+    def _sample(self, worker: int) -> str | None:
+        """A uniformly random idle trial with work on ``worker``: rejection sampling, and a
+        scan when few match (the same distribution, only faster)."""
+        mine = self._partitions_of[worker]
+        fits = lambda trial: any(p in self._todo[trial] for p in mine)   # noqa: E731
+        for _ in range(min(len(self._idle), 16)):
+            trial = self._idle[self._rng.randrange(len(self._idle))]
+            if fits(trial):
+                return trial
+        candidates = [t for t in self._idle if fits(t)]
+        return self._rng.choice(candidates) if candidates else None
+
+    def _set_idle(self, trial: str, idle: bool) -> None:
+        if idle and trial not in self._slot:
+            self._slot[trial] = len(self._idle)
+            self._idle.append(trial)
+        elif not idle and trial in self._slot:
+            slot, last = self._slot.pop(trial), self._idle.pop()
+            if last != trial:
+                self._idle[slot], self._slot[last] = last, slot
+
+
+def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completions: int | None = None) -> Outcome:
+    """Run every trial of ``case`` for ``case.epochs`` epochs on a simulated clock."""
+    W, P = case.workers, case.partitions
+    layout = {w: [p for p in range(P) if p % W == w] for w in range(W)}
+    costs = case.costs()
+    if scheme == "dynamic":
+        scheduler = DynamicScheduler(layout, case.evaluate, seed=case.draw)
+        start = scheduler.start_epoch
+    else:
+        scheduler = MOPScheduler(layout, evaluate=case.evaluate)
+        visit = VisitScheme(scheme)
+
+        def start(trial_id: str, epoch: int) -> None:
+            scheduler.start_epoch(trial_id, epoch, visit_order(case.draw, trial_id, epoch, P, visit))
+    out = Outcome(rows=[] if keep_rows else None)
+    events: list[tuple[float, int, int, Task]] = []
+    idle = set(range(W))
+    sequence = 0
+
+    def launch(tasks: list[Task], now: float) -> None:
+        nonlocal sequence
+        for task in tasks:
+            cost = costs[int(task.trial_id[1:])] * (1.0 if task.kind == TRAIN else case.eval_cost)
+            idle.discard(task.worker)
+            sequence += 1
+            heapq.heappush(events, (now + cost, sequence, task.worker, task))
+
+    for i in range(case.trials):
+        start(trial_name(i), 1)
+    launch(scheduler.assign(idle), 0.0)
+    completions = 0
+    while events:
+        end, _, worker, task = heapq.heappop(events)
+        cost = costs[int(task.trial_id[1:])] * (1.0 if task.kind == TRAIN else case.eval_cost)
+        out.busy += cost
+        out.train_sub_epochs += task.kind == TRAIN
+        if out.rows is not None:
+            out.rows.append((task.trial_id, task.epoch, task.partition, worker, task.kind, end - cost, end))
+        began = time.perf_counter_ns()
+        if scheduler.complete(task):
+            if task.epoch < case.epochs:
+                start(task.trial_id, task.epoch + 1)
+            else:
+                scheduler.remove(task.trial_id)
+        idle.add(worker)
+        tasks = scheduler.assign(idle)
+        out.decisions_ns.append(time.perf_counter_ns() - began)
+        launch(tasks, end)
+        out.makespan = end
+        completions += 1
+        if max_completions is not None and completions >= max_completions:
+            break
+    return out
+
+
+def measure(job: tuple[Case, str]) -> dict:
+    case, scheme = job
+    out = simulate(case, scheme)
+    lower = case.lower_bound()
+    decisions = sorted(out.decisions_ns)
+    return {**asdict(case), "scheme": scheme, "makespan": out.makespan, "lower_bound": lower,
+            "efficiency": lower / out.makespan, "utilization": out.busy / (case.workers * out.makespan),
+            "decision_median_us": decisions[len(decisions) // 2] / 1e3,
+            "decision_p99_us": decisions[int(len(decisions) * 0.99)] / 1e3,
+            "train_sub_epochs": out.train_sub_epochs, "mean_cost": statistics.fmean(case.costs())}
+
+
+def decision_time(workers: int, trials: int, completions: int) -> dict:
+    """Decision time of the real scheduler with many trials, over the first completions."""
+    case = Case(workers, trials, workers, 10.0, 3, True, 0)
+    decisions = sorted(simulate(case, "latin", max_completions=completions).decisions_ns)
+    return {"workers": workers, "trials": trials, "completions": len(decisions),
+            "median_us": decisions[len(decisions) // 2] / 1e3, "p99_us": decisions[int(len(decisions) * 0.99)] / 1e3}
+
+
+def link_bound(rows: list[dict], state_bytes: float, link_bytes_per_s: float, epoch_seconds: float) -> list[dict]:
+    """For each simulated latin run: seconds the driver's link needs (each direction) against
+    the simulated makespan in seconds; the link bounds the run where it needs more."""
+    out = []
+    for r in rows:
+        if r["scheme"] != "latin":
+            continue
+        makespan_s = r["makespan"] * epoch_seconds / r["partitions"]
+        link_s = r["train_sub_epochs"] * state_bytes / link_bytes_per_s
+        out.append({"workers": r["workers"], "trials": r["trials"], "spread": r["spread"], "evaluate": r["evaluate"],
+                    "draw": r["draw"], "makespan_s": makespan_s, "link_s": link_s, "link_bound": link_s > makespan_s})
+    return out
+
+
+def crossover_workers(state_bytes: float, link_bytes_per_s: float, epoch_seconds: float, mean_cost: float) -> float:
+    """Workers W (one partition each, makespan at the lower bound, trials >= workers) past
+    which the link bounds the run: per trial-epoch the link moves W states in
+    W * S / B s while the workers take mean_cost * epoch_seconds / W s per trial-epoch."""
+    return math.sqrt(link_bytes_per_s * epoch_seconds * mean_cost / state_bytes)
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """One line per case: each scheme's mean and worst efficiency over the cost draws."""
+    cases: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["workers"], r["trials"], r["partitions"], r["spread"], r["evaluate"])
+        line = cases.setdefault(key, dict(zip(("workers", "trials", "partitions", "spread", "evaluate"), key)))
+        line.setdefault(r["scheme"], []).append(r)
+    summary = []
+    for line in cases.values():
+        for scheme in SCHEMES:
+            runs = line.pop(scheme, [])
+            if runs:
+                line[f"{scheme}_efficiency"] = statistics.fmean(r["efficiency"] for r in runs)
+                line[f"{scheme}_worst"] = min(r["efficiency"] for r in runs)
+                line[f"{scheme}_utilization"] = statistics.fmean(r["utilization"] for r in runs)
+                line[f"{scheme}_decision_p99_us"] = max(r["decision_p99_us"] for r in runs)
+                line[f"{scheme}_decision_median_us"] = statistics.median(r["decision_median_us"] for r in runs)
+        summary.append(line)
+    return summary
+
+
+def print_table(summary: list[dict], schemes: list[str]) -> None:
+    head = f"{'workers':>7} {'trials':>6} {'parts':>5} {'spread':>6} {'eval':>5}"
+    for s in schemes:
+        head += f" | {s + ' eff (worst)':>19} {'util':>5} {'p50/p99 µs':>12}"
+    print(head)
+    for line in summary:
+        text = (f"{line['workers']:>7} {line['trials']:>6} {line['partitions']:>5} {line['spread']:>5g}x "
+                f"{'yes' if line['evaluate'] else 'no':>5}")
+        for s in schemes:
+            text += (f" | {line[f'{s}_efficiency']:>11.3f} ({line[f'{s}_worst']:.3f}) "
+                     f"{line[f'{s}_utilization']:>5.3f} "
+                     f"{line[f'{s}_decision_median_us']:>5.0f}/{line[f'{s}_decision_p99_us']:<6.0f}")
+        print(text)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, nargs="+", default=[8, 64, 256, 1024])
+    parser.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4], help="trials per worker")
+    parser.add_argument("--trials", type=int, nargs="+", help="trial counts (instead of --ratios)")
+    parser.add_argument("--partitions", type=int, help="partitions (default: one per worker)")
+    parser.add_argument("--spread", type=float, nargs="+", default=[1.0, 10.0], help="cost spread, max/min")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--draws", type=int, default=3, help="cost draws per case")
+    parser.add_argument("--seed", type=int, default=0, help="the first draw's seed")
+    parser.add_argument("--evaluate", action=argparse.BooleanOptionalAction, default=None,
+                        help="with (or without) eval sub-epochs; both if not given")
+    parser.add_argument("--eval-cost", type=float, default=0.1)
+    parser.add_argument("--scheme", nargs="+", choices=SCHEMES, default=list(SCHEMES))
+    parser.add_argument("--decision-workers", type=int, default=1024)
+    parser.add_argument("--decision-trials", type=int, default=10_000)
+    parser.add_argument("--decision-completions", type=int, default=200_000)
+    parser.add_argument("--state-mb", type=float, nargs="+", default=[100.0, 300.0])
+    parser.add_argument("--link-gbit", type=float, default=10.0)
+    parser.add_argument("--epoch-seconds", type=float, default=3600.0,
+                        help="one epoch of a cost-1 trial over all the data on one worker")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results", "scale.json"))
+    parser.add_argument("--schedule", help="write the schedule of the (single) case and scheme as CSV")
+    args = parser.parse_args(argv)
+    for name in ("workers", "ratios", "trials", "draws", "epochs", "jobs", "partitions"):
+        values = getattr(args, name)
+        for value in values if isinstance(values, list) else [values]:
+            if value is not None and value < 1:
+                parser.error(f"--{name}={value} must be at least 1")
+    if args.partitions is not None and args.partitions < max(args.workers):
+        parser.error(f"--partitions={args.partitions} is fewer than --workers={max(args.workers)}: "
+                     f"every worker needs a partition")
+    if any(s < 1 for s in args.spread):
+        parser.error(f"--spread={args.spread} must be at least 1")
+    return args
+
+
+def cases_of(args: argparse.Namespace) -> list[Case]:
+    evaluates = [True, False] if args.evaluate is None else [args.evaluate]
+    cases = []
+    for workers in args.workers:
+        counts = args.trials or [r * workers for r in args.ratios]
+        for trials in counts:
+            for spread in args.spread:
+                for evaluate in evaluates:
+                    for draw in range(args.seed, args.seed + args.draws):
+                        cases.append(Case(workers, trials, args.partitions or workers, spread, args.epochs,
+                                          evaluate, draw, args.eval_cost))
+    return cases
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cases = cases_of(args)
+    if args.schedule:
+        if len(cases) != 1 or len(args.scheme) != 1:
+            print("--schedule needs one case and one --scheme", file=sys.stderr)
+            return 2
+        out = simulate(cases[0], args.scheme[0], keep_rows=True)
+        with open(args.schedule, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["trial_id", "epoch", "partition", "worker", "kind", "start", "end"])
+            writer.writerows(out.rows)
+    jobs = [(case, scheme) for case in cases for scheme in args.scheme]
+    # The biggest first, so the pool's last jobs are short.
+    jobs.sort(key=lambda job: -job[0].trials * job[0].partitions)
+    started = time.monotonic()
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        rows = pool.map(measure, jobs, chunksize=1)
+    summary = summarize(sorted(rows, key=lambda r: (r["workers"], r["trials"], r["spread"], not r["evaluate"])))
+    print_table(summary, args.scheme)
+
+    decisions = decision_time(args.decision_workers, args.decision_trials, args.decision_completions)
+    print(f"\ndecision time, latin, {decisions['workers']} workers, {decisions['trials']} trials, first "
+          f"{decisions['completions']} completions: median {decisions['median_us']:.1f} µs, "
+          f"p99 {decisions['p99_us']:.1f} µs")
+
+    link = 1e9 * args.link_gbit / 8
+    crossovers = []
+    mean_cost = statistics.fmean(r["mean_cost"] for r in rows)
+    print(f"\ndriver link {args.link_gbit:g} Gbit/s, an epoch of a cost-1 trial = {args.epoch_seconds:g} s "
+          f"on one worker (mean trial cost {mean_cost:.2f}):")
+    for mb in args.state_mb:
+        bound = link_bound(rows, mb * 1e6, link, args.epoch_seconds)
+        first = min((b["workers"] for b in bound if b["link_bound"]), default=None)
+        crossover = crossover_workers(mb * 1e6, link, args.epoch_seconds, mean_cost)
+        crossovers.append({"state_mb": mb, "crossover_workers": crossover, "first_simulated_link_bound": first,
+                           "runs": bound})
+        print(f"  state {mb:g} MB: the link bounds the makespan from about {crossover:.0f} workers; "
+              f"first simulated worker count where it does: {first}")
+
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": shlex.join([sys.executable, *sys.argv]), "seconds": time.monotonic() - started,
+                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                   "summary": summary, "runs": rows, "decision_time": decisions, "driver_link": crossovers},
+                  f, indent=1)
+    print(f"\nwrote {args.out} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
