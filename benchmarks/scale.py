@@ -33,6 +33,7 @@ count past which it cannot at B bytes/s.
 from __future__ import annotations
 
 import argparse
+import array
 import csv
 import heapq
 import json
@@ -85,26 +86,33 @@ class Case:
 class Outcome:
     makespan: float = 0.0
     busy: float = 0.0
-    decisions_ns: list[int] = field(default_factory=list)
+    decisions_ns: array.array = field(default_factory=lambda: array.array("q"))   # compact: millions
     rows: list[tuple[str, int, int, int, str, float, float]] | None = None   # as Result.schedule()
     train_sub_epochs: int = 0
 
 
 class DynamicScheduler:
     """The paper's randomized scheduler: an idle worker takes a random idle trial that still
-    has an unvisited partition (or, after training, an unevaluated one) on it this epoch."""
+    has an unvisited partition (or, after training, an unevaluated one) on it this epoch.
+
+    It matches incrementally: after each ``assign`` no idle worker has work from an idle
+    trial, so only the workers and trials freed since can form new pairs.
+    """
 
     def __init__(self, worker_partitions: dict[int, list[int]], evaluate: bool, seed: int) -> None:
         self._partitions_of = {w: list(ps) for w, ps in worker_partitions.items()}
-        self.num_partitions = sum(len(ps) for ps in worker_partitions.values())
+        self._owner = {p: w for w, ps in worker_partitions.items() for p in ps}
+        self.num_partitions = len(self._owner)
         self._evaluate = evaluate
         self._rng = random.Random(seed)
         self._epoch: dict[str, int] = {}
         self._todo: dict[str, set[int]] = {}       # partitions still to visit in this phase
         self._kind: dict[str, str] = {}
         self._running: dict[str, int] = {}         # trial -> sub-epochs running
-        self._idle: list[str] = []                 # trials free to train: a list for sampling
+        self._idle: list[str] = []                 # trials free to take work: a list for sampling
         self._slot: dict[str, int] = {}
+        self._freed: list[str] = []                # trials freed since the last assign
+        self._idle_workers: set[int] = set()       # idle workers already matched against
 
     def start_epoch(self, trial_id: str, epoch: int) -> None:
         self._epoch[trial_id], self._kind[trial_id] = epoch, TRAIN
@@ -131,37 +139,54 @@ class DynamicScheduler:
         return self._running[trial] == 0
 
     def assign(self, idle_workers: Iterable[int]) -> list[Task]:
-        workers = list(idle_workers)
-        self._rng.shuffle(workers)
-        tasks = []
-        for worker in workers:
+        idle = set(idle_workers)
+        fresh = list(idle - self._idle_workers)
+        self._idle_workers = idle
+        self._rng.shuffle(fresh)
+        tasks: list[Task] = []
+        for worker in fresh:                       # each freed worker takes a random idle trial
             trial = self._sample(worker)
-            if trial is None:
-                continue
-            partition = next(p for p in self._partitions_of[worker] if p in self._todo[trial])
-            self._todo[trial].discard(partition)
-            self._running[trial] += 1
-            if self._kind[trial] == TRAIN or not self._todo[trial]:
-                self._set_idle(trial, False)       # evals of one trial may run side by side
-            tasks.append(Task(trial, self._kind[trial], self._epoch[trial], partition, worker))
+            if trial is not None:
+                tasks.append(self._start(trial, worker))
+        freed, self._freed = self._freed, []
+        self._rng.shuffle(freed)
+        for trial in freed:                        # each freed trial goes to random idle workers
+            while trial in self._slot and self._idle_workers:
+                todo = self._todo[trial]
+                if len(todo) < len(self._idle_workers):
+                    workers = sorted({self._owner[p] for p in todo} & self._idle_workers)
+                else:
+                    workers = sorted(w for w in self._idle_workers if any(p in todo for p in self._partitions_of[w]))
+                if not workers:
+                    break
+                tasks.append(self._start(trial, self._rng.choice(workers)))
         return tasks
+
+    def _start(self, trial: str, worker: int) -> Task:
+        partition = next(p for p in self._partitions_of[worker] if p in self._todo[trial])
+        self._todo[trial].discard(partition)
+        self._running[trial] += 1
+        self._idle_workers.discard(worker)
+        if self._kind[trial] == TRAIN or not self._todo[trial]:
+            self._set_idle(trial, False)           # evals of one trial may run side by side
+        return Task(trial, self._kind[trial], self._epoch[trial], partition, worker)
 
     def _sample(self, worker: int) -> str | None:
         """A uniformly random idle trial with work on ``worker``: rejection sampling, and a
         scan when few match (the same distribution, only faster)."""
         mine = self._partitions_of[worker]
-        fits = lambda trial: any(p in self._todo[trial] for p in mine)   # noqa: E731
         for _ in range(min(len(self._idle), 16)):
             trial = self._idle[self._rng.randrange(len(self._idle))]
-            if fits(trial):
+            if any(p in self._todo[trial] for p in mine):
                 return trial
-        candidates = [t for t in self._idle if fits(t)]
+        candidates = [t for t in self._idle if any(p in self._todo[t] for p in mine)]
         return self._rng.choice(candidates) if candidates else None
 
     def _set_idle(self, trial: str, idle: bool) -> None:
         if idle and trial not in self._slot:
             self._slot[trial] = len(self._idle)
             self._idle.append(trial)
+            self._freed.append(trial)
         elif not idle and trial in self._slot:
             slot, last = self._slot.pop(trial), self._idle.pop()
             if last != trial:
