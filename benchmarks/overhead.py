@@ -6,7 +6,9 @@ Three measures, each against a target from DESIGN.md or the engine's own goals:
    that does not change the model). From ``result.schedule()``: busy time (the sum of
    ``end - start`` over every sub-epoch) / (workers x (last end - first start)), i.e.
    after start-up. The same with each sub-epoch's compute time only shows the share spent
-   moving state and waiting on the driver. Target >= 0.95 (DESIGN.md invariant 5).
+   moving state and waiting on the driver. Target >= 0.97 (DESIGN.md invariant 5). The
+   same once more with trials of different sizes (sub-epochs ~5x apart in cost), reported
+   beside it ("heterogeneous").
 2. Hop latency: one ~1M-parameter trial (Linear(1000,1000)+ReLU+Linear(1000,10)) on 2
    workers with one-batch partitions, many epochs. Per train sub-epoch,
    hop = (end - start) - compute: driver -> worker transfer, load, pack, worker -> driver
@@ -100,7 +102,13 @@ def _fit(search: cb.Searcher, data: cb.Dataset) -> tuple[Any, float]:
 
 
 # --- 1. worker utilization ------------------------------------------------------------------
-def utilization(quick: bool) -> dict[str, Any]:
+# Hidden sizes whose train sub-epochs differ about 5x in cost, for the heterogeneous grid.
+HETEROGENEOUS_HIDDEN = [96, 128, 160, 192, 256, 320, 384, 448]
+
+
+def utilization(quick: bool, heterogeneous: bool = False) -> dict[str, Any]:
+    """8 trials on 2 workers: equal ones (a dummy key), or with hidden sizes that make
+    their sub-epochs differ ~5x in cost."""
     settings = dict(trials=8, partitions=4, epochs=2 if quick else 3,
                     rows=8000 if quick else 30000, inputs=64, hidden=256, batch_size=32,
                     validation=0.2)
@@ -109,6 +117,8 @@ def utilization(quick: bool) -> dict[str, Any]:
                                  partitions=settings["partitions"], seed=0)
     space = {"trial": cb.choice(list(range(settings["trials"]))), "inputs": settings["inputs"],
              "hidden": settings["hidden"], "batch_size": settings["batch_size"]}
+    if heterogeneous:
+        space["trial"], space["hidden"] = 0, cb.choice(HETEROGENEOUS_HIDDEN[:settings["trials"]])
     schedule, wall = _fit(cb.GridSearch(build_mlp, space, epochs=settings["epochs"]), data)
     schedule = schedule.sort_values("start").reset_index(drop=True)
 
@@ -158,8 +168,12 @@ def utilization(quick: bool) -> dict[str, Any]:
             long_gaps.append({"worker": int(worker), "from_s": float(rows["end"].iloc[i]),
                               "seconds": float(idle[i]), "then": f"{after['trial_id']} {after['kind']} "
                               f"epoch {after['epoch']} partition {after['partition']}"})
+    train = schedule[schedule["kind"] == "train"]
+    per_trial = train.groupby("trial_id")["compute"].median()
     return {
-        "settings": settings,
+        "settings": {**settings, "heterogeneous": heterogeneous},
+        # slowest / fastest trial's median train sub-epoch compute time
+        "cost_spread": float(per_trial.max() / per_trial.min()),
         "fit_wall_s": wall,
         # Start-up before the schedule's clock starts (meta build, partitions, worker
         # processes importing torch) plus teardown after it ends.
@@ -536,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [("trainer_speed", lambda: trainer_speed(args.quick)),
              ("hop_breakdown", lambda: hop_breakdown(args.quick)),
              ("utilization", lambda: utilization(args.quick)),
+             ("heterogeneous", lambda: utilization(args.quick, heterogeneous=True)),
              ("hop", lambda: hop_latency(args.quick))]
     for name, step in steps:
         t0 = time.perf_counter()
@@ -545,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
 
     u, ts, hb = report["utilization"], report["trainer_speed"], report["hop_breakdown"]
     ha, hs = report["hop"]["adam"], report["hop"]["sgd"]
-    targets = {"utilization": 0.95, "hop_adam_median_ms": 20.0, "trainer_ratio": 0.95}
+    he = report["heterogeneous"]
+    targets = {"utilization": 0.97, "hop_adam_median_ms": 20.0, "trainer_ratio": 0.95}
     report["targets"] = targets
     report["met"] = {"utilization": u["utilization"] >= targets["utilization"],
                      "hop_adam_median_ms": ha["median_ms"] < targets["hop_adam_median_ms"],
@@ -555,8 +571,11 @@ def main(argv: list[str] | None = None) -> int:
     k = u["by_kind_after_first"]
     first = max(w["first_sub_epoch_s"] - w["first_sub_epoch_compute_s"] for w in u["per_worker"].values())
     rows = [
-        (f"utilization, 8 trials on {WORKERS} workers", f"{u['utilization']:.3f}", ">= 0.95",
+        (f"utilization, 8 trials on {WORKERS} workers", f"{u['utilization']:.3f}", ">= 0.97",
          report["met"]["utilization"]),
+        (f"utilization, 8 trials costing up to {he['cost_spread']:.1f}x each other", f"{he['utilization']:.3f}", "",
+         None),
+        ("  steady (after each worker's 1st sub-epoch)", f"{he['steady_utilization']:.3f}", "", None),
         ("  compute only", f"{u['compute_utilization']:.3f}", "", None),
         ("  steady (after each worker's 1st sub-epoch)", f"{u['steady_utilization']:.3f}", "", None),
         ("  steady, compute only", f"{u['steady_compute_utilization']:.3f}", "", None),

@@ -3,6 +3,7 @@ run, bitwise, also after its journal tail or a checkpoint was damaged; one drive
 directory; no worker outlives its driver."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from _crash import epochs_journaled, reference
 from _models import digits
 
 import cerebro as cb
+from cerebro.engine import VisitScheme, visit_order
 
 pytestmark = pytest.mark.slow
 CRASH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_crash.py")
@@ -158,3 +160,24 @@ def test_ctrl_c_or_sigterm_stops_cleanly_and_the_run_resumes(tmp_path, signal_na
     assert all(gone(pid) for pid in workers_of(store))       # stopped with the driver, not orphaned
     resumed = cb.resume(store, verbose=0)
     assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))
+
+
+def test_a_run_made_before_visit_schemes_resumes_with_the_order_it_started_with(tmp_path):
+    """run.json records the visit order scheme; one written before schemes existed has none
+    and used a random order per trial and epoch, which its resumed epochs keep."""
+    store = crashed_run(tmp_path, "mid-epoch")
+    path = os.path.join(store, "run.json")
+    with open(path) as f:
+        info = json.load(f)
+    assert info.pop("visit_order") == "latin"
+    with open(path, "w") as f:
+        json.dump(info, f)
+    before = {(row.trial_id, row.epoch) for row in cb.load(store).history().itertuples()}
+    resumed = cb.resume(store, verbose=0)
+    schedule = resumed.schedule()
+    after = 0
+    for (trial_id, epoch), rows in schedule[schedule.kind == "train"].groupby(["trial_id", "epoch"]):
+        scheme = VisitScheme.LATIN if (trial_id, epoch) in before else VisitScheme.RANDOM
+        after += scheme is VisitScheme.RANDOM
+        assert rows.sort_values("start").partition.tolist() == visit_order(5, trial_id, epoch, 4, scheme)
+    assert before and after

@@ -707,3 +707,38 @@ def test_an_aborted_sub_epoch_is_assigned_again_and_nothing_is_lost():
     assert scheduler.complete(evals[0]) is False          # one eval is still to do
     assert scheduler.assign([0, 1]) == [evals[1]]
     assert scheduler.complete(evals[1]) is True
+
+
+def test_steps_waiting_on_a_moved_partition_run_on_its_new_holder():
+    scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=True)
+    scheduler.start_epoch("t0000", 1, [1, 0])
+    scheduler.move(1, 0)                              # worker 1 lost before anything ran
+    assert scheduler.partitions_of(0) == [0, 1] and scheduler.partitions_of(1) == []
+    assert scheduler.assign([1]) == []
+    [first] = scheduler.assign([0, 1])
+    assert first == Task("t0000", TRAIN, 1, 1, 0)
+    scheduler.complete(first)
+    [second] = scheduler.assign([0, 1])
+    assert second == Task("t0000", TRAIN, 1, 0, 0)
+    scheduler.complete(second)
+    scheduler.move(1, 1)                              # worker 1 is back before the evals
+    evals = scheduler.assign([0, 1])
+    assert sorted(evals, key=lambda t: t.worker) == [Task("t0000", EVAL, 1, 0, 0), Task("t0000", EVAL, 1, 1, 1)]
+    assert [scheduler.complete(t) for t in evals] == [False, True]
+
+
+def test_decisions_do_not_scan_every_trial():
+    """A thousand trials waiting on one worker's partition: each assign looks at a heap top."""
+    scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=False)
+    for i in range(1000):
+        scheduler.start_epoch(f"t{i:04d}", 1, [0, 1])
+    visited = []
+    original = scheduler._epochs.__class__.get
+
+    class Counting(dict):
+        def get(self, key, default=None):
+            visited.append(key)
+            return original(self, key, default)
+    scheduler._epochs = Counting(scheduler._epochs)
+    [task] = scheduler.assign([0, 1])
+    assert task == Task("t0000", TRAIN, 1, 0, 0) and len(visited) == 1
