@@ -369,13 +369,21 @@ def simulate(case: Case, *, shuffle_seed: int | None = None, max_events: int = 2
 
 
 def _check_assignment(case: Case, live: dict[str, _Model], idle: list[int], tasks: list[Task]) -> None:
-    """assign() answers only with steps that are due, and leaves no usable worker idle."""
+    """assign() answers only with steps that are due, and leaves a worker idle only where
+    every step it could run is of a later epoch than a trial training elsewhere that visits
+    that partition next (the partition is held for it)."""
     assert len({t.worker for t in tasks}) == len(tasks), f"two tasks for one worker: {tasks}"
     assert {t.worker for t in tasks} <= set(idle), f"a task for a busy worker: {tasks} (idle {idle})"
     task_of = {t.worker: t for t in tasks}
+
+    def allowed(tid: str, step: tuple[str, int]) -> bool:
+        held = [m.epoch for m in live.values()
+                if m.training and m.trained + 1 < case.partitions and m.order[m.trained + 1] == step[1]]
+        return not held or min(held) >= live[tid].epoch
+
     # replay the answer worker by worker, as the scheduler fills workers in ascending order
     for worker in sorted(idle):
-        candidates = {tid: m.available(worker, case) for tid, m in live.items()}
+        candidates = {tid: [s for s in m.available(worker, case) if allowed(tid, s)] for tid, m in live.items()}
         candidates = {tid: steps for tid, steps in candidates.items() if steps}
         task = task_of.get(worker)
         if task is None:
@@ -389,7 +397,7 @@ def _check_assignment(case: Case, live: dict[str, _Model], idle: list[int], task
         assert task.epoch == model.epoch, f"{task} is not for the trial's current epoch {model.epoch}"
         assert (task.kind, task.partition) in candidates.get(task.trial_id, []), \
             f"{task} is not due (trained {model.trained}, training {model.training}, " \
-            f"eval_todo {sorted(model.eval_todo)}, order {model.order})"
+            f"eval_todo {sorted(model.eval_todo)}, order {model.order}), or its partition is held"
         # the furthest-behind epoch goes first
         assert model.epoch <= min(live[tid].epoch for tid in candidates), \
             f"{task} was chosen over a trial in an older epoch: {candidates}"
@@ -742,3 +750,21 @@ def test_decisions_do_not_scan_every_trial():
     scheduler._epochs = Counting(scheduler._epochs)
     [task] = scheduler.assign([0, 1])
     assert task == Task("t0000", TRAIN, 1, 0, 0) and len(visited) == 1
+
+
+@pytest.mark.parametrize("ending", ["complete", "abort", "remove"])
+def test_a_partition_is_held_for_an_older_trial_training_its_way(ending):
+    """A trial an epoch ahead does not start on the partition a slower trial, training
+    elsewhere, visits next; the hold ends when that sub-epoch ends, however it ends."""
+    scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=False)
+    scheduler.start_epoch("t0000", 1, [0, 1])
+    [slow] = scheduler.assign([0, 1])
+    assert slow == Task("t0000", TRAIN, 1, 0, 0)
+    scheduler.start_epoch("t0001", 2, [1, 0])
+    assert scheduler.assign([1]) == []
+    if ending == "complete":
+        scheduler.complete(slow)
+        assert scheduler.assign([0, 1]) == [Task("t0000", TRAIN, 1, 1, 1)]
+    else:
+        getattr(scheduler, ending)(slow if ending == "abort" else "t0000")
+        assert scheduler.assign([1]) == [Task("t0001", TRAIN, 2, 1, 1)]

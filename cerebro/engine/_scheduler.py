@@ -7,10 +7,14 @@ training sub-epochs, a trial is evaluated on every partition where that partitio
 these eval visits may run on several workers at once, as the weights do not change.
 
 An idle worker takes, of the steps waiting on its partitions, the one of the trial furthest
-behind (oldest epoch, then fewest steps, then creation order), so trials progress evenly;
-which waiting trial goes first changes when things run, never what they compute. Each
-worker keeps its waiting steps in a heap, so a decision costs O(log n) whatever the number
-of trials and workers. It does no I/O and keeps no clocks.
+behind (oldest epoch, then fewest steps, then creation order), so trials progress evenly.
+A partition is also *held* for a trial of an older epoch that is training elsewhere and
+visits it next: a trial of a later epoch does not start there meanwhile, as the older one
+would then wait for it on arrival (trials that finished their epoch early follow the next
+epoch's ring and would otherwise cut across the slow ones still in theirs). Which waiting
+trial goes first changes when things run, never what they compute. Each worker keeps its
+waiting steps in a heap, so a decision costs O(log n) whatever the number of trials and
+workers (``benchmarks/scale.py`` measures both). It does no I/O and keeps no clocks.
 """
 from __future__ import annotations
 
@@ -94,6 +98,7 @@ class MOPScheduler:
             self._held.setdefault(worker, set()).add(partition)
         self._waiting: dict[int, list[_Entry]] = {worker: [] for worker in self._held}
         self._pushes = 0
+        self._held_for: dict[int, dict[str, int]] = {}   # partition -> {training trial visiting it next: epoch}
 
     def start_epoch(self, trial_id: str, epoch: int, order: list[int]) -> None:
         """Schedule ``trial_id``'s next epoch, training on partitions in ``order``."""
@@ -108,7 +113,9 @@ class MOPScheduler:
 
     def remove(self, trial_id: str) -> None:
         """Forget a trial (stopped, failed or done); its running sub-epochs are ignored."""
-        self._epochs.pop(trial_id, None)
+        state = self._epochs.pop(trial_id, None)
+        if state is not None and state.training:
+            self._release(state)
 
     def partitions_of(self, worker: int) -> list[int]:
         return sorted(self._held.get(worker, ()))
@@ -151,6 +158,7 @@ class MOPScheduler:
         if state is None or state.number != task.epoch:
             return False
         if task.kind == TRAIN:
+            self._release(state)
             state.training = False
             state.trained += 1
             if state.trained < len(state.order):
@@ -170,6 +178,7 @@ class MOPScheduler:
             return
         if task.kind == TRAIN:
             if state.training:
+                self._release(state)
                 state.training = False
                 self._push(state, TRAIN, task.partition)
         elif task.partition in state.evaluating:
@@ -183,16 +192,35 @@ class MOPScheduler:
         heapq.heappush(self._waiting[self._owner[partition]], entry)
 
     def _pop(self, worker: int) -> Task | None:
-        """The first still-valid waiting step of ``worker``, marked started."""
-        heap = self._waiting[worker]
+        """The first waiting step of ``worker`` that may start now, marked started."""
+        heap, held = self._waiting[worker], []
+        task = None
         while heap:
-            _, _, trial_id, _, kind, partition, state = heapq.heappop(heap)
+            entry = heapq.heappop(heap)
+            epoch, _, trial_id, _, kind, partition, state = entry
             if self._epochs.get(trial_id) is not state or state.waits_on(partition) != kind:
                 continue                           # the trial ended, or moved on meanwhile
+            holders = self._held_for.get(partition)
+            if holders and min(holders.values()) < epoch:
+                held.append(entry)                 # kept for an older trial on its way here
+                continue
             if kind == TRAIN:
                 state.training = True
+                if state.trained + 1 < len(state.order):
+                    self._held_for.setdefault(state.order[state.trained + 1], {})[trial_id] = epoch
             else:
                 state.eval_todo.discard(partition)
                 state.evaluating.add(partition)
-            return Task(trial_id, kind, state.number, partition, worker)
-        return None
+            task = Task(trial_id, kind, state.number, partition, worker)
+            break
+        for entry in held:
+            heapq.heappush(heap, entry)
+        return task
+
+    def _release(self, state: _Epoch) -> None:
+        """``state``'s train sub-epoch ended: the partition it visits next is no longer held."""
+        if state.trained + 1 < len(state.order):
+            holders = self._held_for[state.order[state.trained + 1]]
+            del holders[state.trial_id]
+            if not holders:
+                del self._held_for[state.order[state.trained + 1]]
