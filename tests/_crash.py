@@ -2,7 +2,9 @@
 
 ``python _crash.py STORE POINT`` runs it; POINT is ``mid-epoch`` (a worker kills its driver
 in the middle of a sub-epoch once 3 epochs are journaled), ``after-checkpoint`` (at the first
-loss after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside ``decide``) or
+loss after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside its first decision
+that stops or promotes a trial, in ``report`` or in ``decide``: which of the two makes it depends
+on timing, that one is made does not) or
 ``long`` or ``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
 The kill happens once: a marker file next to the store remembers it, so the resumed run,
 which unpickles the same build and searcher, goes on undisturbed.
@@ -18,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _models import build, digits  # noqa: E402
 
 import cerebro as cb  # noqa: E402
+from cerebro.engine import Decision  # noqa: E402
 
 SPACE = {"lr": cb.choice([3e-2, 1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
 
@@ -46,16 +49,26 @@ def killing_build(store: str, after: int, marker: str):
 
 
 class KillingASHA(cb.ASHA):
-    """ASHA whose driver dies inside its first decide() that decides something."""
+    """ASHA whose driver dies inside its first decision that stops or promotes a trial."""
 
     marker = ""
 
+    def report(self, trial_id, epoch, metrics):
+        decision = super().report(trial_id, epoch, metrics)
+        if decision is Decision.STOP:
+            self._die()
+        return decision
+
     def decide(self):
         decisions = super().decide()
-        if decisions and not os.path.exists(self.marker):
+        if decisions:
+            self._die()
+        return decisions
+
+    def _die(self) -> None:
+        if not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
-        return decisions
 
 
 def searcher(point: str, store: str, marker: str) -> cb.Searcher:
