@@ -394,8 +394,14 @@ def main(argv: list[str] | None = None) -> int:
     # The biggest first, so the pool's last jobs are short.
     jobs.sort(key=lambda job: -job[0].trials * job[0].partitions)
     started = time.monotonic()
+    rows = []
     with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
-        rows = pool.map(measure, jobs, chunksize=1)
+        for row in pool.imap_unordered(measure, jobs):
+            rows.append(row)
+            print(f"[{len(rows)}/{len(jobs)} {time.monotonic() - started:.0f} s] {row['scheme']} "
+                  f"{row['workers']} workers {row['trials']} trials spread {row['spread']:g} "
+                  f"eval {row['evaluate']} draw {row['draw']}: efficiency {row['efficiency']:.3f}",
+                  file=sys.stderr, flush=True)
     summary = summarize(sorted(rows, key=lambda r: (r["workers"], r["trials"], r["spread"], not r["evaluate"])))
     print_table(summary, args.scheme)
 
