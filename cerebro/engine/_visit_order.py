@@ -17,7 +17,7 @@ other schemes: with equal trial costs it keeps every worker busy at any scale.
 
 ``RANDOM`` is the order of runs made before: an independent seeded permutation per trial
 and epoch (Cerebro, VLDB 2020). Random orders collide: trials queue for the same worker while
-others idle, which costs 15-25 % of the workers from 8 of them up.
+others idle, which costs 9-41 % of the workers with equal trial costs (benchmarks/scale.py).
 """
 from __future__ import annotations
 
