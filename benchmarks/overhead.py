@@ -103,7 +103,7 @@ def _fit(search: cb.Searcher, data: cb.Dataset) -> tuple[Any, float]:
 
 # --- 1. worker utilization ------------------------------------------------------------------
 # Hidden sizes whose train sub-epochs differ about 5x in cost, for the heterogeneous grid.
-HETEROGENEOUS_HIDDEN = [96, 128, 160, 192, 256, 320, 384, 448]
+HETEROGENEOUS_HIDDEN = [64, 96, 128, 160, 224, 288, 384, 512]
 
 
 def utilization(quick: bool, heterogeneous: bool = False) -> dict[str, Any]:
