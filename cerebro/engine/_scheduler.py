@@ -93,10 +93,10 @@ class MOPScheduler:
         self.num_partitions = len(self._owner)
         self._evaluate = evaluate
         self._epochs: dict[str, _Epoch] = {}
-        self._held: dict[int, set[int]] = {}
+        self._partitions: dict[int, set[int]] = {}       # worker -> the partitions it holds
         for partition, worker in self._owner.items():
-            self._held.setdefault(worker, set()).add(partition)
-        self._waiting: dict[int, list[_Entry]] = {worker: [] for worker in self._held}
+            self._partitions.setdefault(worker, set()).add(partition)
+        self._waiting: dict[int, list[_Entry]] = {worker: [] for worker in self._partitions}
         self._pushes = 0
         self._held_for: dict[int, dict[str, int]] = {}   # partition -> {training trial visiting it next: epoch}
 
@@ -118,7 +118,7 @@ class MOPScheduler:
             self._release(state)
 
     def partitions_of(self, worker: int) -> list[int]:
-        return sorted(self._held.get(worker, ()))
+        return sorted(self._partitions.get(worker, ()))
 
     def move(self, partition: int, worker: int) -> None:
         """``worker`` now holds ``partition`` (its holder was lost, or workers restarted)."""
@@ -128,8 +128,8 @@ class MOPScheduler:
         if previous == worker:
             return
         self._owner[partition] = worker
-        self._held[previous].discard(partition)
-        self._held.setdefault(worker, set()).add(partition)
+        self._partitions[previous].discard(partition)
+        self._partitions.setdefault(worker, set()).add(partition)
         self._waiting.setdefault(worker, [])
         # Steps waiting on the partition now wait on its new holder; the old holder's heap
         # is rebuilt without them (moves are rare: a lost or replaced worker).
