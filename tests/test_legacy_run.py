@@ -1,0 +1,50 @@
+"""A run directory written before the engine redesign (``fixtures/legacy_run``, an ASHA
+search whose driver was SIGKILLed after 17 epochs; ``fixtures/make_legacy_run.py`` made it)
+still loads, and resumes to the results of an uninterrupted run, bitwise."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import pandas as pd
+import pytest
+import torch
+
+import cerebro as cb
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+sys.path.insert(0, FIXTURES)
+
+import make_legacy_run  # noqa: E402
+
+
+@pytest.fixture
+def legacy_run(tmp_path) -> str:
+    """A copy: loading or resuming must not touch the committed fixture."""
+    return shutil.copytree(os.path.join(FIXTURES, "legacy_run"), tmp_path / "legacy_run")
+
+
+def test_a_run_directory_of_the_old_engine_loads(legacy_run):
+    result = cb.load(legacy_run)
+    assert not result.finished
+    assert [t.trial_id for t in result.trials] == [f"t000{i}" for i in range(7)]
+    assert [t.status for t in result.trials] == ["completed", "completed", "running", "running", "running",
+                                                 "stopped", "running"]
+    history = result.history()
+    assert len(history) == 17
+    assert history.groupby("trial_id").epoch.max().to_dict() == {
+        "t0000": 4, "t0001": 4, "t0002": 3, "t0003": 3, "t0004": 1, "t0005": 1, "t0006": 1}
+    assert len(result.schedule()) == 75
+
+
+@pytest.mark.slow
+def test_a_run_directory_of_the_old_engine_resumes_to_the_uninterrupted_results(legacy_run, tmp_path):
+    resumed = cb.resume(legacy_run, backend=cb.LocalBackend(2, threads_per_worker=1), verbose=0)
+    expected = make_legacy_run.fit(str(tmp_path / "uninterrupted"))
+    assert resumed.finished
+    pd.testing.assert_frame_equal(resumed.history(), expected.history(), check_exact=True)
+    assert [(t.trial_id, t.config, t.status, t.reason) for t in resumed.trials] == \
+           [(t.trial_id, t.config, t.status, t.reason) for t in expected.trials]
+    for a, b in zip(resumed.trials, expected.trials):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
