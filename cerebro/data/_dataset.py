@@ -9,8 +9,9 @@ from typing import Any, Union
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
-from ._partitions import PartitionLayout, write_partitions
+from ._partitions import SPLITS, PartitionLayout, column, write_layout, write_table
 
 Validation = Union[float, "Dataset", tuple, None]
 
@@ -223,3 +224,19 @@ def _column_block(column: pd.Series, name: str, flatten_scalar: bool = False) ->
         raise TypeError(f"column {name!r} must be numeric or hold numeric arrays; got dtype object")
     values = column.to_numpy()
     return values if flatten_scalar else values.reshape(-1, 1)
+
+
+def write_partitions(dataset: Dataset, data_dir: str, num_partitions: int) -> PartitionLayout:
+    """Split ``dataset``'s shuffled rows into ``num_partitions`` contiguous slices, per split."""
+    dataset.check_partitions(num_partitions)
+    rows: dict[str, list[int]] = {}
+    for split, (features, label) in zip(SPLITS, (dataset.train_arrays(), dataset.validation_arrays())):
+        rows[split] = []
+        for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
+            table = pa.table({"features": column(features[chunk]), "label": column(label[chunk])})
+            write_table(table, data_dir, split, partition)
+            rows[split].append(len(chunk))
+    layout = PartitionLayout(num_partitions, tuple(dataset.features.shape[1:]),
+                             tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows)
+    write_layout(data_dir, layout)
+    return layout

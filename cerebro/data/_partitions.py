@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..store import _files as files
-
-if TYPE_CHECKING:
-    from ._dataset import Dataset
 
 SPLITS = ("train", "val")
 
@@ -54,22 +50,6 @@ def column(array: np.ndarray) -> pa.Array:
         return pa.array(array)
     flat = array.reshape(len(array), int(np.prod(array.shape[1:])))
     return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
-
-
-def write_partitions(dataset: Dataset, data_dir: str, num_partitions: int) -> PartitionLayout:
-    """Split ``dataset``'s shuffled rows into ``num_partitions`` contiguous slices, per split."""
-    dataset.check_partitions(num_partitions)
-    rows: dict[str, list[int]] = {}
-    for split, (features, label) in zip(SPLITS, (dataset.train_arrays(), dataset.validation_arrays())):
-        rows[split] = []
-        for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
-            table = pa.table({"features": column(features[chunk]), "label": column(label[chunk])})
-            write_table(table, data_dir, split, partition)
-            rows[split].append(len(chunk))
-    layout = PartitionLayout(num_partitions, tuple(dataset.features.shape[1:]),
-                             tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows)
-    write_layout(data_dir, layout)
-    return layout
 
 
 def write_layout(data_dir: str, layout: PartitionLayout) -> None:
