@@ -1,4 +1,7 @@
-from ._dataset import Dataset, write_partitions
+from ._arrays import ArrayDataset, write_partitions
+from ._dataset import Dataset
 from ._partitions import PartitionLayout, read_layout, read_partition
+from ._spark import SparkDataset
 
-__all__ = ["Dataset", "PartitionLayout", "read_layout", "read_partition", "write_partitions"]
+__all__ = ["ArrayDataset", "Dataset", "PartitionLayout", "SparkDataset", "read_layout", "read_partition",
+           "write_partitions"]

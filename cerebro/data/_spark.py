@@ -16,13 +16,13 @@ import pandas as pd
 import pyarrow as pa
 
 from ..store import _files as files
-from ._dataset import Dataset, _check_partitions
+from ._dataset import Dataset
 from ._partitions import SPLITS, PartitionLayout, column, partition_file, write_layout, write_table
 
 _VALIDATION_BUCKETS = 1_000_000
 
 
-class SparkDataset(Dataset):
+class SparkDataset(Dataset, constructors=("from_spark",)):
     """Training data that stays in Spark until ``fit`` writes its partitions; made by
     :meth:`cerebro.Dataset.from_spark`."""
 
@@ -34,10 +34,7 @@ class SparkDataset(Dataset):
 
         if not isinstance(df, DataFrame):
             raise TypeError(f"from_spark needs a pyspark.sql.DataFrame; got {type(df).__name__}")
-        _check_partitions(partitions)
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-            raise ValueError(f"seed={seed!r} must be an integer")
-        self.partitions, self.seed, self.validation = partitions, int(seed), validation
+        super().__init__(validation=validation, partitions=partitions, seed=seed)
         fields = {f.name: f.dataType for f in df.schema.fields}
 
         def need(name: str) -> Any:
@@ -138,18 +135,21 @@ class SparkDataset(Dataset):
         if self.partitions is not None:
             self.check_partitions(self.partitions)
 
+    @classmethod
+    def from_spark(cls, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
+                   partitions: int | None = None, seed: int = 0) -> SparkDataset:
+        """See :meth:`cerebro.Dataset.from_spark`."""
+        return cls(df, features=features, label=label, validation=validation, partitions=partitions, seed=seed)
+
     @property
     def num_train_rows(self) -> int:
+        """The number of training rows (counted once, in Spark)."""
         return self._train_rows
 
     @property
     def has_validation(self) -> bool:
+        """Whether any rows are for validation."""
         return self._val_rows > 0
-
-    def train_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        raise TypeError("a Spark dataset's rows stay in Spark; fit writes them as partitions")
-
-    validation_arrays = train_arrays
 
     def write(self, data_dir: str, num_partitions: int) -> PartitionLayout:
         """Write every (split, partition) from the executor that holds it; nothing is collected."""
@@ -195,6 +195,7 @@ class SparkDataset(Dataset):
         return layout
 
     def fingerprint(self) -> str:
+        """A hash of the partitions' rows, known once :meth:`write` has written them."""
         if self._fingerprint is None:
             raise RuntimeError("a Spark dataset's fingerprint is known once fit has written its partitions")
         return self._fingerprint

@@ -1,0 +1,207 @@
+"""``ArrayDataset``: numpy / pandas / Parquet data in memory, checked once, split into train and
+validation rows; and :func:`write_partitions`, which writes it as a run's partitions."""
+from __future__ import annotations
+
+import hashlib
+import numbers
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ._dataset import Dataset, Validation
+from ._partitions import SPLITS, PartitionLayout, column, write_layout, write_table
+
+
+def _as_features(features: Any) -> np.ndarray:
+    array = np.asarray(features)
+    if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
+        raise TypeError(f"features must be numeric; got dtype {array.dtype}")
+    if array.ndim < 2:
+        raise ValueError(f"features must have shape (rows, ...) with at least 2 dimensions; "
+                         f"got shape {array.shape}")
+    _check_finite("features", array)   # before float32, where huge values would become inf
+    if np.issubdtype(array.dtype, np.floating) and array.size and np.abs(array).max() > np.finfo(np.float32).max:
+        raise ValueError(f"features hold values beyond float32's range (max |x| = {np.abs(array).max():.3g})")
+    return np.ascontiguousarray(array, dtype=np.float32)
+
+
+def _as_label(label: Any) -> np.ndarray:
+    array = np.asarray(label)
+    if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
+        return np.ascontiguousarray(array, dtype=np.int64)
+    if np.issubdtype(array.dtype, np.floating):
+        return np.ascontiguousarray(array, dtype=np.float32)
+    raise TypeError(f"label must be numeric (class indices 0..K-1 or float targets); "
+                    f"got dtype {array.dtype}")
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    if np.issubdtype(array.dtype, np.floating) and array.size:
+        bad = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+        if bad.any():
+            raise ValueError(f"{name}: {int(bad.sum())} rows hold NaN or infinite values "
+                             f"(first at row {int(np.argmax(bad))})")
+
+
+class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_parquet")):
+    """Features and a label held in memory as checked arrays (float32 features; int64 class
+    indices or float32 targets), split by ``seed`` into training and validation rows; made by
+    :meth:`cerebro.Dataset.from_numpy`, :meth:`~cerebro.Dataset.from_pandas` and
+    :meth:`~cerebro.Dataset.from_parquet`.
+
+    Attributes:
+        features: every row's features, float32, of shape (rows, ...).
+        label: every row's label, int64 class indices or float32 targets, of shape (rows, ...).
+    """
+
+    def __init__(self, features: Any, label: Any, *, validation: Validation = 0.2,
+                 partitions: int | None = None, seed: int = 0) -> None:
+        self.features = _as_features(features)
+        self.label = _as_label(label)
+        if len(self.features) != len(self.label):
+            raise ValueError(f"features have {len(self.features)} rows but label has "
+                             f"{len(self.label)}; they must have the same number of rows")
+        if len(self.features) == 0:
+            raise ValueError("data is empty: features and label have 0 rows")
+        _check_finite("label", self.label)
+        super().__init__(validation=validation, partitions=partitions, seed=seed)
+        self._train_rows, self._val_rows, self._val = self._split(validation)
+        if self.partitions is not None:
+            self.check_partitions(self.partitions)
+
+    # --- constructors (documented on Dataset) --------------------------------------------
+    @classmethod
+    def from_numpy(cls, features: Any, label: Any, *, validation: Validation = 0.2,
+                   partitions: int | None = None, seed: int = 0) -> ArrayDataset:
+        """See :meth:`cerebro.Dataset.from_numpy`."""
+        return cls(features, label, validation=validation, partitions=partitions, seed=seed)
+
+    @classmethod
+    def from_pandas(cls, df: pd.DataFrame, *, features: Sequence[str] | None = None,
+                    label: str, validation: Validation = 0.2, partitions: int | None = None,
+                    seed: int = 0) -> ArrayDataset:
+        """See :meth:`cerebro.Dataset.from_pandas`."""
+        if not isinstance(df, pd.DataFrame):
+            raise TypeError(f"from_pandas needs a pandas DataFrame; got {type(df).__name__}")
+        columns = [str(c) for c in df.columns]
+        if label not in df.columns:
+            raise ValueError(f"label column {label!r} is not in the DataFrame; columns are {columns}")
+        if features is None:
+            features = [c for c in df.columns if c != label]
+        if isinstance(features, str):
+            features = [features]
+        if len(features) == 0:
+            raise ValueError("features=[] must name at least one column")
+        missing = [c for c in features if c not in df.columns]
+        if missing:
+            raise ValueError(f"feature columns {missing} are not in the DataFrame; columns are {columns}")
+        blocks = [_column_block(df[c], c) for c in features]
+        return cls(np.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0],
+                   _column_block(df[label], label, flatten_scalar=True),
+                   validation=validation, partitions=partitions, seed=seed)
+
+    @classmethod
+    def from_parquet(cls, path: str | os.PathLike, *, features: Sequence[str] | None = None,
+                     label: str, validation: Validation = 0.2, partitions: int | None = None,
+                     seed: int = 0) -> ArrayDataset:
+        """See :meth:`cerebro.Dataset.from_parquet`."""
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"Parquet path {str(path)!r} does not exist")
+        columns = None if features is None else [*([features] if isinstance(features, str) else features), label]
+        return cls.from_pandas(pd.read_parquet(path, columns=columns), features=features,
+                               label=label, validation=validation, partitions=partitions, seed=seed)
+
+    # --- the split ----------------------------------------------------------------------
+    def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, ArrayDataset | None]:
+        rows = np.random.default_rng(self.seed).permutation(len(self.features))
+        is_number = isinstance(validation, numbers.Real) and not isinstance(validation, (bool, np.bool_))
+        if validation is None or (is_number and validation == 0):
+            return rows, rows[:0], None
+        if is_number:
+            if not 0 < validation < 1:
+                raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), "
+                                 f"a Dataset or a (features, label) pair")
+            held_out = int(round(len(rows) * validation))
+            if held_out >= len(rows):
+                raise ValueError(f"validation={validation!r} leaves no training rows out of {len(rows)}")
+            return rows[held_out:], rows[:held_out], None
+        if isinstance(validation, tuple) and len(validation) == 2:
+            validation = ArrayDataset(*validation, validation=None, seed=self.seed)
+        if not isinstance(validation, ArrayDataset):
+            raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), "
+                             f"a Dataset or a (features, label) pair")
+        if validation.features.shape[1:] != self.features.shape[1:]:
+            raise ValueError(f"validation features have shape {validation.features.shape[1:]} per row; "
+                             f"training features have {self.features.shape[1:]}")
+        if validation.label.shape[1:] != self.label.shape[1:] or validation.label.dtype != self.label.dtype:
+            raise ValueError(f"validation label ({validation.label.dtype}, {validation.label.shape[1:]}) "
+                             f"differs from the training label ({self.label.dtype}, {self.label.shape[1:]})")
+        return rows, rows[:0], validation
+
+    # --- what a run uses ----------------------------------------------------------------
+    @property
+    def num_train_rows(self) -> int:
+        """The number of training rows."""
+        return len(self._train_rows)
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether rows are held out or a separate validation set was given."""
+        return len(self._val_rows) > 0 or self._val is not None
+
+    def train_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Training rows in their seeded, shuffled order."""
+        return self.features[self._train_rows], self.label[self._train_rows]
+
+    def validation_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Validation rows in their seeded, shuffled order (empty without validation)."""
+        if self._val is not None:
+            rows = np.random.default_rng(self.seed).permutation(len(self._val.features))
+            return self._val.features[rows], self._val.label[rows]
+        return self.features[self._val_rows], self.label[self._val_rows]
+
+    def write(self, data_dir: str, num_partitions: int) -> PartitionLayout:
+        """Write the partitions into a run's ``data/`` folder (see :mod:`cerebro.data._partitions`)."""
+        return write_partitions(self, data_dir, num_partitions)
+
+    def fingerprint(self) -> str:
+        """A hash of the rows and the split: two runs on equal fingerprints saw equal data."""
+        digest = hashlib.sha256()
+        for array in (*self.train_arrays(), *self.validation_arrays()):
+            digest.update(f"{array.dtype}{array.shape}".encode())
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return digest.hexdigest()[:16]
+
+
+def _column_block(column: pd.Series, name: str, flatten_scalar: bool = False) -> np.ndarray:
+    """A column as an array of shape (rows, ...): scalars become one feature, arrays stack."""
+    if len(column) and isinstance(column.iloc[0], (list, tuple, np.ndarray)):
+        try:
+            block = np.stack([np.asarray(v) for v in column])
+        except ValueError as error:
+            raise ValueError(f"column {name!r} holds arrays of different shapes: {error}") from None
+        return block.reshape(len(block), -1) if not flatten_scalar else block
+    if column.dtype == object:
+        raise TypeError(f"column {name!r} must be numeric or hold numeric arrays; got dtype object")
+    values = column.to_numpy()
+    return values if flatten_scalar else values.reshape(-1, 1)
+
+
+def write_partitions(dataset: ArrayDataset, data_dir: str, num_partitions: int) -> PartitionLayout:
+    """Split ``dataset``'s shuffled rows into ``num_partitions`` contiguous slices, per split."""
+    dataset.check_partitions(num_partitions)
+    rows: dict[str, list[int]] = {}
+    for split, (features, label) in zip(SPLITS, (dataset.train_arrays(), dataset.validation_arrays())):
+        rows[split] = []
+        for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
+            table = pa.table({"features": column(features[chunk]), "label": column(label[chunk])})
+            write_table(table, data_dir, split, partition)
+            rows[split].append(len(chunk))
+    layout = PartitionLayout(num_partitions, tuple(dataset.features.shape[1:]),
+                             tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows)
+    write_layout(data_dir, layout)
+    return layout
