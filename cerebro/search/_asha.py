@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from .._checks import Constraint, Integer, Real
 from ..engine import Decision, TrialRequest, search_rng, trial_index
-from ._base import Searcher, check_epochs
-from ._rungs import Rungs, check_reduction
+from ._base import Searcher
+from ._rungs import Rungs
 from ._space import sample_config
 
 
@@ -31,6 +32,10 @@ class ASHA(Searcher):
         ...                  reduction_factor=3).fit(data, seed=0)
     """
 
+    _parameters: ClassVar[dict[str, Constraint]] = {
+        "num_trials": Integer(low=1), "max_epochs": Integer(low=1), "grace_period": Integer(low=1),
+        "reduction_factor": Real(low=2), "max_concurrent": Integer(low=1)}
+
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 20,
                  max_epochs: int = 27, grace_period: int = 1, reduction_factor: float = 3,
                  max_concurrent: int = 16, metric: str = "val_loss", mode: str = "min") -> None:
@@ -42,24 +47,18 @@ class ASHA(Searcher):
         self.max_concurrent = max_concurrent
 
     def _check(self) -> None:
-        check_epochs("num_trials", self.num_trials)
-        check_epochs("max_epochs", self.max_epochs)
-        check_epochs("grace_period", self.grace_period)
-        check_epochs("max_concurrent", self.max_concurrent)
-        check_reduction("reduction_factor", self.reduction_factor)
+        """The first rung cannot lie beyond ``max_epochs``."""
         if self.grace_period > self.max_epochs:
             raise ValueError(f"grace_period={self.grace_period!r} must be at most max_epochs={self.max_epochs!r}")
 
-    def _settings(self) -> dict[str, Any]:
-        return {"num_trials": self.num_trials, "max_epochs": self.max_epochs, "grace_period": self.grace_period,
-                "reduction_factor": self.reduction_factor, "max_concurrent": self.max_concurrent}
-
     def start(self, seed: int) -> None:
+        """Draw from the run's ``seed``, with empty rungs and no trial created yet."""
         self._rng = search_rng(seed)
         self._rungs = Rungs(self.grace_period, self.reduction_factor, self.max_epochs, self.mode)
         self._created = 0
 
     def suggest(self) -> list[TrialRequest]:
+        """New trials up to ``max_concurrent`` live ones, until ``num_trials`` were created."""
         count = min(self.num_trials - self._created, self.max_concurrent - len(self._rungs.live))
         requests = [TrialRequest(sample_config(self.space, self._rng), self.max_epochs) for _ in range(count)]
         for index in range(self._created, self._created + count):
@@ -68,16 +67,21 @@ class ASHA(Searcher):
         return requests
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
+        """Go on between rungs; at a rung go on, stop, or wait for the older trials (see :class:`Rungs`)."""
         return self._rungs.report(trial_index(trial_id), epoch, metrics[self.metric])
 
     def decide(self) -> dict[str, Decision]:
+        """Decisions for waiting trials whose older peers have all reached the rung or ended."""
         return self._rungs.decide()
 
     def trial_ended(self, trial_id: str, status: str) -> None:
+        """A trial that ended no longer holds up younger ones at its next rung."""
         self._rungs.ended(trial_index(trial_id))
 
     def stop_reason(self, trial_id: str) -> str | None:
+        """The rung a stopped trial was stopped at, its rank and how many went on."""
         return self._rungs.reason(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
+        """How many trials were created, the waiting trials and every rung's values."""
         return {"created": self._created, **self._rungs.state()}

@@ -1,27 +1,24 @@
 """The searcher base class: WHAT to search, and ``fit`` that runs it with MOP."""
 from __future__ import annotations
 
+import inspect
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from .. import _checks
+from .._checks import Constraint, OneOf, String
 from ..engine import Decision, Exploit, TrialRequest, execute
-from ._space import check_space, sample_config
+from ._space import SearchSpace, sample_config
 
 if TYPE_CHECKING:
     from ..backends import Backend
     from ..data import Dataset
     from ..report import Result
     from ..worker import TorchTrainable
-
-
-def check_epochs(name: str, value: Any) -> int:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be an integer >= 1")
-    return int(value)
 
 
 class Searcher(ABC):
@@ -42,7 +39,20 @@ class Searcher(ABC):
         metric: what ``result.best`` ranks by: ``val_loss`` (default), ``train_loss``, or
             ``train_<name>`` / ``val_<name>`` for a metric the trainable logs.
         mode: ``"min"`` or ``"max"``.
+
+    Each class declares its own constructor arguments once, in ``_parameters``: name ->
+    :class:`cerebro._checks.Constraint`. The declarations, merged along the class hierarchy
+    (:meth:`_declared`), drive the checks at ``fit``, the settings in run.json and the
+    ``repr``. An argument is stored under its own name, as given. :meth:`_check` is left
+    for rules between arguments.
     """
+
+    _parameters: ClassVar[dict[str, Constraint]] = {
+        "build": _checks.Callable(description="a function build(config) -> cb.TorchTrainable"),
+        "space": SearchSpace(),
+        "metric": String(description="a string such as 'val_loss'"),
+        "mode": OneOf("min", "max"),
+    }
 
     def __init__(self, build: Callable[[dict], TorchTrainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min") -> None:
@@ -75,16 +85,47 @@ class Searcher(ABC):
         """The search's state as JSON-safe data, written to the journal at each decision."""
         return {}
 
-    # --- hooks for subclasses -----------------------------------------------------------
-    def _check(self) -> None:
-        """Validate the subclass's own constructor arguments; raise ValueError naming them."""
-
     def start(self, seed: int) -> None:
         """Reset the search for a new run with the run's ``seed``; called once per ``fit``."""
 
+    # --- the declared arguments -----------------------------------------------------------
+    @classmethod
+    def _declared(cls) -> dict[str, Constraint]:
+        """Every declared argument -> its constraint, from the ``_parameters`` of this class
+        and its bases, in the order of ``__init__``'s signature (undeclared ones last)."""
+        merged: dict[str, Constraint] = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(vars(klass).get("_parameters", {}))
+        order = list(inspect.signature(cls.__init__).parameters)
+        return dict(sorted(merged.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
+
+    def _validate(self) -> None:
+        """Check every declared argument against its constraint, in the signature's order, then
+        :meth:`_check`'s rules between them; the first failure raises."""
+        for name, constraint in self._declared().items():
+            constraint.check(name, getattr(self, name))
+        self._check()
+
+    def _check(self) -> None:
+        """Rules between arguments, checked after each argument passed its own constraint;
+        raise ValueError naming them. The default has none."""
+
     def _settings(self) -> dict[str, Any]:
-        """The subclass's arguments, for run.json."""
-        return {}
+        """The arguments as JSON-safe data for run.json: the class, ``metric``, ``mode``, the
+        space's primitives as text, then the other declared arguments (not ``build``,
+        which is pickled)."""
+        rest = {name: getattr(self, name) for name in self._declared()
+                if name not in ("build", "space", "metric", "mode")}
+        return {"class": type(self).__name__, "metric": self.metric, "mode": self.mode,
+                "space": {key: repr(value) for key, value in self.space.items()}, **rest}
+
+    def __repr__(self) -> str:
+        """The constructor call with every declared argument, e.g. ``ASHA(build=build, ...)``;
+        a function shows as its name."""
+        def shown(value: Any) -> str:
+            return value.__name__ if callable(value) and hasattr(value, "__name__") else repr(value)
+        arguments = ", ".join(f"{name}={shown(getattr(self, name))}" for name in self._declared())
+        return f"{type(self).__name__}({arguments})"
 
     # --- running it ---------------------------------------------------------------------
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
@@ -111,18 +152,9 @@ class Searcher(ABC):
             mlflow: ``True`` logs to MLflow in ``sqlite:///store/mlflow.db``, a string to that
                 tracking URI: a parent run, a nested run per trial, the best model.
         """
-        if not callable(self.build):
-            raise TypeError(f"build={self.build!r} must be a function build(config) -> cb.TorchTrainable")
-        check_space(self.space)
-        if self.mode not in ("min", "max"):
-            raise ValueError(f"mode={self.mode!r} must be 'min' or 'max'")
-        if not isinstance(self.metric, str):
-            raise TypeError(f"metric={self.metric!r} must be a string such as 'val_loss'")
-        self._check()
-        settings = {"class": type(self).__name__, "metric": self.metric, "mode": self.mode,
-                    "space": {k: repr(v) for k, v in self.space.items()}, **self._settings()}
+        self._validate()
         return execute(self, build=self.build, example_config=sample_config(self.space, np.random.default_rng(0)),
-                       metric=self.metric, mode=self.mode, settings=settings, data=data,
+                       metric=self.metric, mode=self.mode, settings=self._settings(), data=data,
                        backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                        trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard,
                        mlflow=mlflow)

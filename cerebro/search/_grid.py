@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from .._checks import Constraint, Integer
 from ..engine import TrialRequest
-from ._base import Searcher, check_epochs
+from ._base import Searcher
 from ._space import Distribution, choice
 
 
@@ -23,25 +24,26 @@ class GridSearch(Searcher):
         ...                        mode="max").fit(data, workers=2)
     """
 
+    _parameters: ClassVar[dict[str, Constraint]] = {"epochs": Integer(low=1)}
+
     def __init__(self, build: Callable, space: Mapping[str, Any], *, epochs: int = 10,
                  metric: str = "val_loss", mode: str = "min") -> None:
         super().__init__(build, space, metric=metric, mode=mode)
         self.epochs = epochs
 
     def _check(self) -> None:
-        check_epochs("epochs", self.epochs)
+        """Every primitive in the space must be a ``cb.choice``, the only one a grid enumerates."""
         for key, value in self.space.items():
             if isinstance(value, Distribution) and not isinstance(value, choice):
                 raise ValueError(f"GridSearch can only enumerate cb.choice values; space[{key!r}] is "
                                  f"{value!r}. Use cb.choice([...]) or cb.RandomSearch")
 
     def start(self, seed: int) -> None:
+        """The grid is still to be suggested."""
         self._pending = True
 
-    def _settings(self) -> dict[str, Any]:
-        return {"epochs": self.epochs}
-
     def suggest(self) -> list[TrialRequest]:
+        """The whole grid at once, in ``itertools.product`` order; nothing after that."""
         if not self._pending:
             return []
         self._pending = False

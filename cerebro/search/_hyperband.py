@@ -4,12 +4,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from .._checks import Constraint, Integer, Real
 from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
-from ._base import Searcher, check_epochs
+from ._base import Searcher
 from ._ranking import ranked
-from ._rungs import check_reduction
 from ._space import sample_config
 
 
@@ -45,32 +45,29 @@ class Hyperband(Searcher):
         >>> result = cb.Hyperband(build, space, max_epochs=27, eta=3).fit(data, seed=0)
     """
 
+    _parameters: ClassVar[dict[str, Constraint]] = {"max_epochs": Integer(low=1), "eta": Real(low=2)}
+
     def __init__(self, build: Callable, space: Mapping[str, Any], *, max_epochs: int = 81, eta: float = 3,
                  metric: str = "val_loss", mode: str = "min") -> None:
         super().__init__(build, space, metric=metric, mode=mode)
         self.max_epochs = max_epochs
         self.eta = eta
 
-    def _check(self) -> None:
-        check_epochs("max_epochs", self.max_epochs)
-        check_reduction("eta", self.eta)
-
-    def _settings(self) -> dict[str, Any]:
-        return {"max_epochs": self.max_epochs, "eta": self.eta}
-
     def brackets(self) -> list[_Bracket]:
         """The brackets, largest first, with their rungs and how many trials each rung keeps."""
+        eta = float(self.eta)        # a numpy integer eta cannot be raised to a negative power
         s_max = 0
-        while self.eta ** (s_max + 1) <= self.max_epochs:
+        while eta ** (s_max + 1) <= self.max_epochs:
             s_max += 1
         brackets = []
         for s in range(s_max, -1, -1):
-            n = math.ceil((s_max + 1) / (s + 1) * self.eta ** s - 1e-9)
-            brackets.append(_Bracket(s, [max(1, round(self.max_epochs * self.eta ** (i - s))) for i in range(s + 1)],
-                                     [math.floor(n * self.eta ** -i + 1e-9) for i in range(s + 1)]))
+            n = math.ceil((s_max + 1) / (s + 1) * eta ** s - 1e-9)
+            brackets.append(_Bracket(s, [max(1, round(self.max_epochs * eta ** (i - s))) for i in range(s + 1)],
+                                     [math.floor(n * eta ** -i + 1e-9) for i in range(s + 1)]))
         return brackets
 
     def start(self, seed: int) -> None:
+        """Draw from the run's ``seed``; the brackets are still to be filled."""
         self._rng = search_rng(seed)
         self._brackets = self.brackets()
         self._bracket_of: dict[int, _Bracket] = {}
@@ -79,6 +76,7 @@ class Hyperband(Searcher):
         self._reasons: dict[int, str] = {}
 
     def suggest(self) -> list[TrialRequest]:
+        """Every bracket's first rung at once, largest bracket first; nothing after that."""
         if not self._pending:
             return []
         self._pending = False
@@ -96,6 +94,7 @@ class Hyperband(Searcher):
         return requests
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
+        """Pause a trial at each rung of its bracket below ``max_epochs``; go on between them."""
         index = trial_index(trial_id)
         bracket = self._bracket_of[index]
         if epoch not in bracket.rung_epochs[:-1]:
@@ -104,6 +103,7 @@ class Hyperband(Searcher):
         return Decision.PAUSE
 
     def decide(self) -> dict[str, Decision]:
+        """Decide each rung whose trials have all reported or ended: the top ones go on."""
         decisions = {}
         for bracket in self._brackets:
             for rung in range(len(bracket.rung_epochs) - 1):
@@ -123,12 +123,15 @@ class Hyperband(Searcher):
         return decisions
 
     def trial_ended(self, trial_id: str, status: str) -> None:
+        """A trial that ended no longer holds up its rung's decision."""
         self._ended.add(trial_index(trial_id))
 
     def stop_reason(self, trial_id: str) -> str | None:
+        """The rung and bracket a stopped trial was stopped at, its rank and how many went on."""
         return self._reasons.get(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
+        """Every bracket's rungs, how many each keeps, and the values reported there."""
         return {"brackets": [{"s": b.s, "rung_epochs": b.rung_epochs, "keep": b.keep,
                               "rungs": [{trial_name(i): v for i, v in sorted(values.items())} for values in b.values]}
                              for b in self._brackets]}

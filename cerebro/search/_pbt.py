@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from .._checks import All, Constraint, Integer, Items, Optional, Real
 from ..engine import Decision, Exploit, TrialRequest, search_rng, trial_index, trial_name
-from ._base import Searcher, check_epochs
+from ._base import Searcher
 from ._ranking import ranked
 from ._space import Distribution, choice, loguniform, quniform, randint, sample_config, uniform
 
@@ -35,6 +36,15 @@ class PBT(Searcher):
         ...                 perturbation_interval=2).fit(data, seed=0)
     """
 
+    _parameters: ClassVar[dict[str, Constraint]] = {
+        "population": All(Integer(low=1), Integer(low=2, description="at least 2: PBT copies between trials")),
+        "epochs": Integer(low=1),
+        "perturbation_interval": Integer(low=1),
+        "mutations": Optional(Items(description="a list of keys of the space")),
+        "quantile_fraction": Real(low=0, high=0.5, low_open=True),
+        "resample_probability": Real(low=0, high=1),
+    }
+
     def __init__(self, build: Callable, space: Mapping[str, Any], *, population: int = 8, epochs: int = 10,
                  perturbation_interval: int = 2, mutations: Collection[str] | None = None,
                  quantile_fraction: float = 0.25, resample_probability: float = 0.25,
@@ -48,20 +58,7 @@ class PBT(Searcher):
         self.resample_probability = resample_probability
 
     def _check(self) -> None:
-        check_epochs("population", self.population)
-        if self.population < 2:
-            raise ValueError(f"population={self.population!r} must be at least 2: PBT copies between trials")
-        check_epochs("epochs", self.epochs)
-        check_epochs("perturbation_interval", self.perturbation_interval)
-        if isinstance(self.quantile_fraction, bool) or not isinstance(self.quantile_fraction, (int, float)) \
-                or not 0 < self.quantile_fraction <= 0.5:
-            raise ValueError(f"quantile_fraction={self.quantile_fraction!r} must be in (0, 0.5]")
-        if isinstance(self.resample_probability, bool) or not isinstance(self.resample_probability, (int, float)) \
-                or not 0 <= self.resample_probability <= 1:
-            raise ValueError(f"resample_probability={self.resample_probability!r} must be in [0, 1]")
-        if isinstance(self.mutations, (str, bytes)) or (self.mutations is not None
-                                                        and not isinstance(self.mutations, Collection)):
-            raise TypeError(f"mutations={self.mutations!r} must be a list of keys of the space")
+        """``mutations`` must name primitives of the space, and something must be left to explore."""
         for key in self.mutations or ():
             if key not in self.space:
                 raise ValueError(f"mutations: {key!r} is not a key of the space; keys: {sorted(self.space)}")
@@ -73,16 +70,17 @@ class PBT(Searcher):
                              "name the keys to mutate with mutations=[...]")
 
     def _mutated_keys(self) -> list[str]:
+        """The keys explored, in the space's order: ``mutations``, or every uniform and loguniform key."""
         if self.mutations is not None:
             return [key for key in self.space if key in self.mutations]
         return [key for key, value in self.space.items() if isinstance(value, (uniform, loguniform))]
 
     def _settings(self) -> dict[str, Any]:
-        return {"population": self.population, "epochs": self.epochs,
-                "perturbation_interval": self.perturbation_interval, "mutations": self._mutated_keys(),
-                "quantile_fraction": self.quantile_fraction, "resample_probability": self.resample_probability}
+        """As every searcher's, with the keys explored as ``mutations``, also when it was None."""
+        return {**super()._settings(), "mutations": self._mutated_keys()}
 
     def start(self, seed: int) -> None:
+        """Draw from the run's ``seed``; the population is still to be created."""
         self._rng = search_rng(seed)
         self._configs: dict[int, dict[str, Any]] = {}
         self._live: set[int] = set()
@@ -91,6 +89,7 @@ class PBT(Searcher):
         self._exploits: list[dict[str, Any]] = []
 
     def suggest(self) -> list[TrialRequest]:
+        """The whole population at once, each for ``epochs``; nothing after that."""
         if self._configs:
             return []
         self._configs = {index: sample_config(self.space, self._rng) for index in range(self.population)}
@@ -98,12 +97,14 @@ class PBT(Searcher):
         return [TrialRequest(config, self.epochs) for config in self._configs.values()]
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
+        """Pause a trial every ``perturbation_interval`` epochs (not at its last); go on between."""
         if epoch % self.perturbation_interval or epoch >= self.epochs:
             return Decision.CONTINUE
         self._values[trial_index(trial_id)] = metrics[self.metric]
         return Decision.PAUSE
 
     def decide(self) -> dict[str, Decision | Exploit]:
+        """Once every live trial paused: the bottom quantile exploits the top, the rest go on."""
         if not self._values or any(index not in self._values for index in self._live):
             return {}          # part of the population is still training towards this generation
         order = ranked(self._values, self.mode)
@@ -125,6 +126,7 @@ class PBT(Searcher):
         return decisions
 
     def _explore(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with every mutated key resampled or perturbed, drawn from the search's rng."""
         new = dict(config)
         for key in self._mutated_keys():
             primitive = self.space[key]
@@ -135,9 +137,11 @@ class PBT(Searcher):
         return new
 
     def trial_ended(self, trial_id: str, status: str) -> None:
+        """A trial that ended no longer holds up the generation."""
         self._live.discard(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
+        """The generation, every trial's current config and the exploits so far."""
         return {"generation": self._generation, "configs": {trial_name(i): c for i, c in sorted(self._configs.items())},
                 "exploits": list(self._exploits)}
 

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from .._checks import Constraint, Integer
 from ..engine import TrialRequest, search_rng
-from ._base import Searcher, check_epochs
+from ._base import Searcher
 from ._space import sample_config
 
 
@@ -20,24 +21,21 @@ class RandomSearch(Searcher):
         >>> result = cb.RandomSearch(build, space, num_trials=16, epochs=5).fit(data, seed=0)
     """
 
+    _parameters: ClassVar[dict[str, Constraint]] = {"num_trials": Integer(low=1), "epochs": Integer(low=1)}
+
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 10,
                  epochs: int = 10, metric: str = "val_loss", mode: str = "min") -> None:
         super().__init__(build, space, metric=metric, mode=mode)
         self.num_trials = num_trials
         self.epochs = epochs
 
-    def _check(self) -> None:
-        check_epochs("num_trials", self.num_trials)
-        check_epochs("epochs", self.epochs)
-
     def start(self, seed: int) -> None:
+        """Draw from the run's ``seed``; all trials are still to be suggested."""
         self._rng = search_rng(seed)
         self._pending = True
 
-    def _settings(self) -> dict[str, Any]:
-        return {"num_trials": self.num_trials, "epochs": self.epochs}
-
     def suggest(self) -> list[TrialRequest]:
+        """All ``num_trials`` configurations at once, drawn in trial order; nothing after that."""
         if not self._pending:
             return []
         self._pending = False

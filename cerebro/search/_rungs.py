@@ -9,13 +9,6 @@ from ..engine import Decision, trial_name
 from ._ranking import ranked
 
 
-def check_reduction(name: str, value: Any) -> float:
-    """A reduction factor (η): how many trials reach a rung for each one that goes on."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 2:
-        raise ValueError(f"{name}={value!r} must be a number >= 2")
-    return float(value)
-
-
 class Rungs:
     """Rungs at ``grace_period * reduction_factor**k`` epochs below ``max_epochs``. A trial
     reaching a rung goes on only if it ranks in the top ``1/reduction_factor`` of the trials
@@ -40,9 +33,11 @@ class Rungs:
         self._reasons: dict[int, str] = {}
 
     def started(self, index: int) -> None:
+        """Trial ``index`` started: younger trials wait for it at every rung."""
         self.live.add(index)
 
     def ended(self, index: int) -> None:
+        """Trial ``index`` ended: younger trials no longer wait for it."""
         self.live.discard(index)
 
     def report(self, index: int, epoch: int, value: float) -> Decision:
@@ -81,9 +76,11 @@ class Rungs:
         return Decision.STOP
 
     def reason(self, index: int) -> str | None:
+        """Why trial ``index`` was stopped, or None if it was not."""
         return self._reasons.get(index)
 
     def state(self) -> dict[str, Any]:
+        """The waiting trials with their rung, and every rung's epoch and values, as JSON-safe data."""
         return {"waiting": {trial_name(i): r for i, r in sorted(self._waiting.items())},
                 "rungs": [{"epoch": epoch, "values": {trial_name(i): v for i, v in sorted(values.items())}}
                           for epoch, values in zip(self.epochs, self._values)]}

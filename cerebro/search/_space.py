@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import Constraint
+
 
 class Distribution(ABC):
     """One dimension of a search space."""
@@ -153,3 +155,13 @@ def sample_config(space: Mapping[str, Any], rng: np.random.Generator) -> dict[st
     """Draw one configuration; keys are sampled in the space's order, so a seed fixes it."""
     return {key: value.sample(rng) if isinstance(value, Distribution) else plain_value(value, key)
             for key, value in space.items()}
+
+
+class SearchSpace(Constraint):
+    """The constraint on a searcher's ``space``: :func:`check_space`, with its messages."""
+
+    def __init__(self) -> None:
+        super().__init__(description="a dict from parameter name to a value or primitive")
+
+    def check(self, name: str, value: Any) -> None:
+        check_space(value)

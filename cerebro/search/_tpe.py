@@ -3,15 +3,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
+from .._checks import Constraint, Integer, Optional, Real
 from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
-from ._base import Searcher, check_epochs
-from ._rungs import Rungs, check_reduction
+from ._base import Searcher
+from ._rungs import Rungs
 from ._space import Distribution, choice, loguniform, plain_value, quniform, randint, uniform
 
 
 def _optuna_distribution(key: str, primitive: Distribution) -> Any:
+    """Optuna's distribution for ``space[key]``; a ValueError for a primitive or a choice
+    value Optuna cannot store. ``randint``'s exclusive ``high`` becomes Optuna's inclusive
+    one, ``quniform``'s bounds the outermost multiples of ``q`` inside them."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
     if isinstance(primitive, uniform):
         return FloatDistribution(primitive.low, primitive.high)
@@ -56,9 +60,14 @@ class TPESearch(Searcher):
         >>> pruned = cb.TPESearch(build, space, num_trials=32, epochs=9, grace_period=1).fit(data, seed=0)
     """
 
+    _parameters: ClassVar[dict[str, Constraint]] = {
+        "num_trials": Integer(low=1), "epochs": Integer(low=1), "max_concurrent": Integer(low=1),
+        "n_startup_trials": Integer(low=0), "grace_period": Optional(Integer(low=1)), "reduction_factor": Real(low=2)}
+
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 20, epochs: int = 10,
                  max_concurrent: int = 8, n_startup_trials: int = 10, grace_period: int | None = None,
                  reduction_factor: float = 3, metric: str = "val_loss", mode: str = "min") -> None:
+        """Store the arguments as given; ``fit`` checks them."""
         super().__init__(build, space, metric=metric, mode=mode)
         self.num_trials = num_trials
         self.epochs = epochs
@@ -68,29 +77,19 @@ class TPESearch(Searcher):
         self.reduction_factor = reduction_factor
 
     def _check(self) -> None:
-        check_epochs("num_trials", self.num_trials)
-        check_epochs("epochs", self.epochs)
-        check_epochs("max_concurrent", self.max_concurrent)
-        if isinstance(self.n_startup_trials, bool) or not isinstance(self.n_startup_trials, int) \
-                or self.n_startup_trials < 0:
-            raise ValueError(f"n_startup_trials={self.n_startup_trials!r} must be an integer >= 0")
-        if self.grace_period is not None:
-            check_epochs("grace_period", self.grace_period)
-            if self.grace_period > self.epochs:
-                raise ValueError(f"grace_period={self.grace_period!r} must be at most epochs={self.epochs!r}")
-        check_reduction("reduction_factor", self.reduction_factor)
+        """The first rung cannot lie beyond ``epochs``, and Optuna must be able to sample the space."""
+        if self.grace_period is not None and self.grace_period > self.epochs:
+            raise ValueError(f"grace_period={self.grace_period!r} must be at most epochs={self.epochs!r}")
         self._distributions()
 
     def _distributions(self) -> dict[str, Any]:
+        """Optuna's distribution for every primitive of the space; constants are left out."""
         return {key: _optuna_distribution(key, value) for key, value in self.space.items()
                 if isinstance(value, Distribution)}
 
-    def _settings(self) -> dict[str, Any]:
-        return {"num_trials": self.num_trials, "epochs": self.epochs, "max_concurrent": self.max_concurrent,
-                "n_startup_trials": self.n_startup_trials, "grace_period": self.grace_period,
-                "reduction_factor": self.reduction_factor}
-
     def start(self, seed: int) -> None:
+        """A fresh Optuna study whose TPE sampler is seeded from the run's ``seed``; nothing
+        asked or told yet; rungs for pruning when ``grace_period`` is set."""
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=int(search_rng(seed).integers(2**31)),
@@ -105,6 +104,8 @@ class TPESearch(Searcher):
         self._rungs = Rungs(self.grace_period or self.epochs, self.reduction_factor, self.epochs, self.mode)
 
     def suggest(self) -> list[TrialRequest]:
+        """Tell ended trials in id order and ask new ones, each after exactly the results of
+        the trials ``max_concurrent`` or more before it were told."""
         requests = []
         while self._asked < self.num_trials or self._told in self._ended:
             if self._asked < self.num_trials and self._told >= self._asked - self.max_concurrent + 1:
@@ -117,6 +118,8 @@ class TPESearch(Searcher):
         return requests
 
     def _tell(self, index: int, status: str) -> None:
+        """Tell Optuna how trial ``index`` ended, with its per-epoch values: a completed one
+        its last value, a stopped one ``PRUNED``, any other (or a non-finite value) ``FAIL``."""
         from optuna.trial import TrialState
         trial, curve = self._open.pop(index), self._curves.pop(index, {})
         for epoch, value in sorted(curve.items()):
@@ -131,6 +134,8 @@ class TPESearch(Searcher):
             self._study.tell(trial, state=TrialState.FAIL)
 
     def _ask(self) -> dict[str, Any]:
+        """Ask Optuna for the next trial's parameters and return its config, constants
+        included, as plain values (``quniform`` values snapped to their multiple of ``q``)."""
         trial = self._study.ask(self._distributions())
         self._open[self._asked] = trial
         self._rungs.started(self._asked)
@@ -146,22 +151,27 @@ class TPESearch(Searcher):
         return config
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
+        """Record the epoch's value for Optuna; at a rung, go on, stop or wait as ASHA does."""
         index = trial_index(trial_id)
         self._curves.setdefault(index, {})[epoch] = metrics[self.metric]
         return self._rungs.report(index, epoch, metrics[self.metric])
 
     def decide(self) -> dict[str, Decision]:
+        """Decisions for trials waiting at a rung whose older peers have all reached it or ended."""
         return self._rungs.decide()
 
     def trial_ended(self, trial_id: str, status: str) -> None:
+        """Hold the ended trial's ``status`` until its turn to be told, in id order."""
         index = trial_index(trial_id)
         self._rungs.ended(index)
         self._ended[index] = status
 
     def stop_reason(self, trial_id: str) -> str | None:
+        """The rung a pruned trial was stopped at, its rank and how many went on."""
         return self._rungs.reason(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
+        """How many trials were asked, every told trial's state and value, and the rungs."""
         told = [t for t in self._study.trials if t.state.is_finished()]
         return {"asked": self._asked,
                 "told": [{"trial_id": trial_name(t.number), "state": t.state.name, "value": t.value} for t in told],
