@@ -7,7 +7,7 @@ import struct
 import threading
 from types import SimpleNamespace
 
-from cerebro.engine import Driver
+from cerebro.engine._pool import WorkerPool
 from cerebro.worker._wire import connect
 
 KEY = b"run-token"
@@ -18,7 +18,7 @@ def test_acceptor_survives_a_reset_and_a_stranger_then_stops():
     accepted: queue.Queue = queue.Queue()
     stopping = threading.Event()
     driver = SimpleNamespace(heartbeat_timeout=5.0, _authkey=KEY)
-    acceptor = threading.Thread(target=Driver._accept_workers, args=(driver, server, accepted, stopping))
+    acceptor = threading.Thread(target=WorkerPool._accept_workers, args=(driver, server, accepted, stopping))
     acceptor.start()
 
     reset = socket.create_connection(server.getsockname())

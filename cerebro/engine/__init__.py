@@ -1,4 +1,5 @@
-from ._driver import Driver, TooManyFailuresError, WorkerLostError
+from ._driver import Driver
+from ._errors import TooManyFailuresError, WorkerLostError
 from ._execute import execute
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._resume import ResumeError, resume

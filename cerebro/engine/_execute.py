@@ -24,8 +24,9 @@ from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, Tens
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import RunStore
 from ..worker import TorchTrainable
-from ._driver import Driver, Limits
+from ._driver import Driver
 from ._interface import SearchPolicy
+from ._settings import Limits, RunSettings
 from ._visit_order import VisitScheme
 
 
@@ -118,8 +119,8 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     })
     policy.start(seed)
     progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
-    Driver(policy, run_store, backend, seed=seed, num_partitions=num_partitions,
-           evaluate=layout.has_validation, build_blob=build_blob, progress=progress, limits=limits).run()
+    settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN)
+    Driver(policy, run_store, backend, settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)
 
 

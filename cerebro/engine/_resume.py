@@ -18,10 +18,12 @@ import cloudpickle
 
 from ..backends import Backend
 from ..report import Result
-from ..store import RunStore
-from ._driver import Driver, Limits, describe, diverged
+from ..store import JournalRepaired, RunStore, TrialRolledBack, TrialStatus
+from ._driver import Driver
 from ._execute import finished, observers, pickle_build, resolve_backend, sigterm_interrupts
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
+from ._settings import Limits, RunSettings
+from ._trials import Trial, TrialBook, describe, diverged
 from ._visit_order import LEGACY_SCHEME, VisitScheme
 
 
@@ -37,7 +39,7 @@ class RecoveredTrial:
     max_epochs: int
     epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
-    status: str | None = None                 # set once the trial ended
+    status: TrialStatus | None = None         # set once the trial ended
     decision: Decision | None = None          # report's answer at ``epoch``
     decision_journaled: bool = False
     pending: Decision | Exploit | None = None   # decided by decide(), not carried out yet
@@ -89,8 +91,8 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
         elif kind == "exploit":
             trial.config, trial.exploited_at, trial.pending = dict(event["config"]), event["epoch"], Decision.CONTINUE
         elif kind == "trial_ended":
-            trial.status, trial.pending = event["status"], None
-            policy.trial_ended(trial.trial_id, event["status"])
+            trial.status, trial.pending = TrialStatus(event["status"]), None
+            policy.trial_ended(trial.trial_id, trial.status)
     return Recovered(trials, suggested, last_time)
 
 
@@ -125,19 +127,65 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
                                   else info["workers"])
         if damaged:
             store.truncate_journal(good)
-            store.append("journal_repaired", dropped_bytes=damaged, time=0.0)
+            store.emit(JournalRepaired(damaged, 0.0))
         policy.start(info["seed"])
         recovered = replay(policy, events)
         progress, mlflow_log = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
                                          info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
-        driver = Driver(policy, store, backend, seed=info["seed"], num_partitions=info["data"]["partitions"],
-                        evaluate=sum(info["data"]["val_rows"]) > 0, build_blob=build_blob, progress=progress,
-                        limits=Limits(**info.get("limits", {})),
-                        visit_scheme=VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)))
-        driver.restore(recovered)
+        settings = RunSettings(info["seed"], info["data"]["partitions"], sum(info["data"]["val_rows"]) > 0,
+                               Limits(**info.get("limits", {})),
+                               VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)))
+        driver = Driver(policy, store, backend, settings, build_blob=build_blob, progress=progress,
+                        take_up=lambda book: take_up(book, store, recovered), time_offset=recovered.last_time)
         with sigterm_interrupts():
             driver.run()
     finally:
         if lock is not None:
             lock.close()
     return finished(store, build, mlflow_log)
+
+
+def take_up(book: TrialBook, store: RunStore, recovered: Recovered) -> None:
+    """Put the live trials of the crashed run into ``book``: each continues from the
+    checkpoint of its last journaled epoch, or, where that checkpoint is damaged, from an
+    earlier one, redoing the epochs in between silently (``Trial.catch_up``)."""
+    book.created = len(recovered.trials)
+    book.decide_due = True
+    actions: list[tuple[Trial, RecoveredTrial | None]] = []     # None: start its next epoch
+    for rt in recovered.trials.values():
+        if rt.status is not None:
+            continue
+        trial = Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch)
+        book.adopt(trial)
+        if rt.epoch == 0:
+            actions.append((trial, None))
+            continue
+        exploited = rt.exploited_at == rt.epoch
+        found = [c for c in store.checkpoints(trial.trial_id) if "state" in c]
+        exact = [c for c in found if c["epoch"] == rt.epoch and c["exploit"] == exploited]
+        earlier = [c for c in found if c["epoch"] < rt.epoch and not c["exploit"]]
+        if exact:
+            trial.state, trial.version = exact[0]["state"], 1
+            actions.append((trial, rt))
+            continue
+        if exploited or rt.exploited_at is not None:
+            raise ResumeError(f"the checkpoint of {trial.trial_id} after its PBT exploit at epoch "
+                              f"{rt.exploited_at} is damaged or missing: {store.checkpoints(trial.trial_id)}")
+        # Roll back to an earlier good checkpoint (or the start) and redo the journaled epochs.
+        if earlier:
+            trial.state, trial.version, trial.epoch = earlier[0]["state"], 1, earlier[0]["epoch"]
+        else:
+            trial.state, trial.version, trial.epoch = None, 0, 0
+        trial.catch_up, trial.recovered = rt.epoch, rt
+        checkpoints = [c.get("problem", c.get("epoch")) for c in store.checkpoints(trial.trial_id)]
+        book.recorder.emit(TrialRolledBack(trial.trial_id, rt.epoch, trial.epoch, checkpoints, book.recorder.now()))
+        actions.append((trial, None))
+    for trial, rt in actions:
+        if rt is None:
+            book.start_epoch(trial)
+        else:
+            book.carry_on(trial, rt)
+    book.carry_out({rt.trial_id: rt.pending for rt in recovered.trials.values()
+                    if rt.status is None and rt.pending is not None})
+    for request in recovered.unstarted:
+        book.create(request)

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..store import Event, RunStore
+
 
 class BackgroundWriter:
     """Runs write calls one at a time, in the order given, on a thread of its own.
@@ -43,3 +45,27 @@ class BackgroundWriter:
     def _raise_error(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"writing to the run directory failed: {self._error!r}") from self._error
+
+
+class StoreRecorder:
+    """The run's events and trial files, written in order off the driver's loop."""
+
+    def __init__(self, store: RunStore, now: Callable[[], float]) -> None:
+        self.store, self.now, self.path = store, now, store.path
+        self._writer = BackgroundWriter()
+
+    def emit(self, event: Event) -> None:
+        self._writer.submit(self.store.emit, event)
+
+    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None:
+        self._writer.submit(self.store.write_checkpoint, trial_id, state, epoch, exploit)
+
+    def write_config(self, trial_id: str, config: dict[str, Any]) -> None:
+        self._writer.submit(self.store.write_config, trial_id, config)
+
+    def write_error(self, trial_id: str, error: str) -> None:
+        self._writer.submit(self.store.write_error, trial_id, error)
+
+    def close(self) -> None:
+        """Finish every write; raises the first write's error, if one failed."""
+        self._writer.close()

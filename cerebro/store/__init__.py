@@ -1,3 +1,28 @@
+from ._events import (
+    EVENTS,
+    Decided,
+    DecidedPaused,
+    EpochEnd,
+    Event,
+    Exploited,
+    JournalRepaired,
+    PartitionsMoved,
+    RunFinished,
+    RunInterrupted,
+    RunResumed,
+    RunStarted,
+    SearchState,
+    SubEpoch,
+    TrialCreated,
+    TrialEnded,
+    TrialRolledBack,
+    TrialStatus,
+    WorkerLost,
+    WorkerNotReplaced,
+    WorkerReplaced,
+    WorkersRestarted,
+    parse_event,
+)
 from ._run_store import RunStore
 from ._state_codec import (
                            TensorBytes,
@@ -10,5 +35,8 @@ from ._state_codec import (
                            write_message,
 )
 
-__all__ = ["RunStore", "TensorBytes", "frames", "pack_tensors", "parse", "read_exactly",
-           "read_message", "unpack_tensors", "write_message"]
+__all__ = ["EVENTS", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited", "JournalRepaired",
+           "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState",
+           "SubEpoch", "TensorBytes", "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus", "WorkerLost",
+           "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors", "parse",
+           "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]

@@ -28,6 +28,7 @@ from typing import IO, Any
 import pandas as pd
 
 from . import _files as files
+from ._events import Event
 from ._state_codec import frames, read_message, write_message
 
 
@@ -126,6 +127,10 @@ class RunStore:
             f.write(body[:-1] + b', "crc": "%08x"}\n' % zlib.crc32(body))
             if event in _DURABLE:
                 files.sync(f)
+
+    def emit(self, event: Event) -> None:
+        """Add one typed event to the journal (see :mod:`cerebro.store._events`)."""
+        self.append(event.name, **event.record())
 
     def events(self) -> Iterator[dict[str, Any]]:
         """The journal's events up to the first torn or corrupted line (a crash mid-write)."""

@@ -1,0 +1,313 @@
+"""The trial book: each live trial's lifecycle, as pure logic (no processes, no sockets).
+
+A trial is created from the searcher's request, trains epoch after epoch (the scheduler
+plans its sub-epochs), and at each epoch end its metrics are the row-weighted means of its
+sub-epochs'; the searcher then says whether it goes on, stops, or waits for a decision
+(:meth:`TrialBook.apply_decisions`), possibly an exploit of another trial's state (PBT).
+A trial ends completed, stopped, failed, diverged or timeout; failures count against
+``max_failures``. Everything it decides goes out through ``recorder`` as typed events.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..report import Progress
+from ..store import (
+    Decided,
+    DecidedPaused,
+    EpochEnd,
+    Event,
+    Exploited,
+    SearchState,
+    TrialCreated,
+    TrialEnded,
+    TrialStatus,
+)
+from ..worker import Sums
+from ._errors import TooManyFailuresError
+from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
+from ._scheduler import TRAIN, MOPScheduler, Task
+from ._seeds import trial_name
+from ._settings import RunSettings
+from ._visit_order import visit_order
+
+MAX_WORKERS_LOST_PER_TRIAL = 2
+
+
+class Recorder(Protocol):
+    """Where the book's events and a trial's files go (the run directory, in order)."""
+
+    path: str     # the run directory, for error messages
+
+    def emit(self, event: Event) -> None: ...
+    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None: ...
+    def write_config(self, trial_id: str, config: dict[str, Any]) -> None: ...
+    def write_error(self, trial_id: str, error: str) -> None: ...
+    def now(self) -> float: ...
+
+
+@dataclass
+class Trial:
+    trial_id: str
+    config: dict
+    max_epochs: int
+    epoch: int = 0
+    state: object = None          # packed, as it came from the worker
+    version: int = 0              # train sub-epochs the state has seen
+    holders: set[int] = field(default_factory=set)         # workers holding this version
+    paused: bool = False          # waits for the searcher's decide()
+    retune: bool = False          # config changed (PBT): optimizer hyperparameters from build(config)
+    lost_with: list[str] = field(default_factory=list)      # workers lost while running it
+    train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
+    eval_sums: dict[int, Sums] = field(default_factory=dict)
+    # Resume: epochs up to ``catch_up`` ran before the crash and are redone silently; then
+    # the trial goes on as ``recovered`` (a ``_resume.RecoveredTrial``) says.
+    catch_up: int = 0
+    recovered: Any = None
+
+
+class TrialBook:
+    """The live trials of a run, and what happens to them at each epoch end."""
+
+    def __init__(self, policy: SearchPolicy, scheduler: MOPScheduler, settings: RunSettings,
+                 recorder: Recorder, progress: Progress) -> None:
+        self.policy, self.scheduler, self.settings = policy, scheduler, settings
+        self.recorder, self.progress = recorder, progress
+        self.live: dict[str, Trial] = {}
+        self.created = 0
+        self.failures: list[str] = []
+        self.suggest_due = True
+        self.decide_due = False
+
+    # --- creation -----------------------------------------------------------------------
+    def add_trials(self) -> None:
+        """Ask the searcher for trials at the start and after an epoch or a trial ended."""
+        if not self.suggest_due:
+            return
+        self.suggest_due = False
+        requests = self.policy.suggest()
+        if requests:
+            self._write_search_state()
+        for request in requests:
+            self.create(request)
+
+    def create(self, request: TrialRequest) -> None:
+        trial = Trial(trial_name(self.created), dict(request.config), request.max_epochs)
+        self.created += 1
+        self.live[trial.trial_id] = trial
+        self.recorder.write_config(trial.trial_id, trial.config)
+        self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now()))
+        self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
+        self.start_epoch(trial)
+
+    def adopt(self, trial: Trial) -> None:
+        """Take up a trial of the run before a crash (resume)."""
+        self.live[trial.trial_id] = trial
+        self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
+
+    def start_epoch(self, trial: Trial) -> None:
+        trial.epoch += 1
+        trial.train_sums, trial.eval_sums = {}, {}
+        self.scheduler.start_epoch(trial.trial_id, trial.epoch, visit_order(
+            self.settings.seed, trial.trial_id, trial.epoch, self.settings.num_partitions,
+            self.settings.visit_scheme))
+
+    # --- sub-epochs ---------------------------------------------------------------------
+    def sub_epoch_done(self, task: Task, worker: int, sums: Sums, state: object) -> None:
+        """``task`` ran on ``worker``; at the trial's epoch end, report it to the searcher."""
+        trial = self.live.get(task.trial_id)
+        if trial is None:      # an eval visit of a trial that ended meanwhile
+            return
+        if task.kind == TRAIN:
+            trial.state, trial.version, trial.holders = state, trial.version + 1, {worker}
+            trial.retune = False
+            trial.train_sums[task.partition] = sums
+            if not math.isfinite(sums.loss):
+                self.end(trial, TrialStatus.DIVERGED, f"train loss became {sums.loss / max(sums.rows, 1)} "
+                                                      f"in epoch {task.epoch} on partition {task.partition}")
+                return
+        else:
+            trial.eval_sums[task.partition] = sums
+        if self.scheduler.complete(task):
+            self._end_epoch(trial)
+
+    def worker_lost(self, task: Task, reason: str) -> bool:
+        """``task`` will not finish: its worker was lost. A trial whose sub-epochs were on
+        two lost workers is taken for their cause (it crashes or hangs its worker) and
+        fails, not the run; returns True then."""
+        self.scheduler.abort(task)
+        trial = self.live.get(task.trial_id)
+        if trial is None:
+            return False
+        trial.lost_with.append(reason)
+        if len(trial.lost_with) < MAX_WORKERS_LOST_PER_TRIAL:
+            return False
+        self.end(trial, TrialStatus.FAILED, f"lost the {len(trial.lost_with)} workers that ran it: "
+                                            + "; ".join(trial.lost_with))
+        return True
+
+    def forget_holder(self, worker: int) -> None:
+        """``worker`` is gone: no trial's state is held there any more."""
+        for trial in self.live.values():
+            trial.holders.discard(worker)
+
+    # --- epoch ends and decisions -------------------------------------------------------
+    def _end_epoch(self, trial: Trial) -> None:
+        if trial.epoch <= trial.catch_up:      # resume: journaled and reported before the crash
+            self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch)
+            if trial.epoch < trial.catch_up:
+                self.start_epoch(trial)
+            else:
+                trial.catch_up = 0
+                self.carry_on(trial, trial.recovered)
+            return
+        metrics = {**mean_metrics("train", trial.train_sums), **mean_metrics("val", trial.eval_sums)}
+        self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch)
+        self.recorder.emit(EpochEnd(trial.trial_id, trial.epoch, metrics, self.recorder.now()))
+        self.suggest_due = True
+        self.progress.epoch_end(trial.trial_id, trial.epoch, metrics)
+        bad = diverged(metrics)
+        if bad:
+            self.end(trial, TrialStatus.DIVERGED, f"{bad} is {metrics[bad]} after epoch {trial.epoch}")
+            return
+        decision = self.policy.report(trial.trial_id, trial.epoch, metrics)
+        self.recorder.emit(Decided(trial.trial_id, trial.epoch, decision.value))
+        self.decide_due = True
+        if decision is Decision.PAUSE:
+            trial.paused = True
+        else:
+            self.go_on(trial, decision)
+
+    def carry_on(self, trial: Trial, resumed: Any) -> None:
+        """Do what the crashed driver had decided, or was deciding, after ``trial.epoch``;
+        ``resumed`` is the trial as ``_resume.replay`` recovered it."""
+        bad = diverged(resumed.metrics)
+        if bad:
+            self.end(trial, TrialStatus.DIVERGED, f"{bad} is {resumed.metrics[bad]} after epoch {trial.epoch}")
+            return
+        if resumed.pending is not None or resumed.decision is Decision.PAUSE:
+            trial.paused = True          # decided by carry_out, or later by decide()
+            if not resumed.decision_journaled:
+                self.recorder.emit(Decided(trial.trial_id, trial.epoch, Decision.PAUSE.value))
+            return
+        if not resumed.decision_journaled:
+            self.recorder.emit(Decided(trial.trial_id, trial.epoch, resumed.decision.value))
+        self.go_on(trial, resumed.decision)
+
+    def go_on(self, trial: Trial, decision: Decision) -> None:
+        """Carry out CONTINUE or STOP for a trial at the end of an epoch."""
+        if decision is Decision.STOP and trial.epoch < trial.max_epochs:
+            self.end(trial, TrialStatus.STOPPED, self.policy.stop_reason(trial.trial_id))
+        elif decision in (Decision.STOP, Decision.CONTINUE) and trial.epoch >= trial.max_epochs:
+            self.end(trial, TrialStatus.COMPLETED, None)
+        elif decision is Decision.CONTINUE:
+            self.start_epoch(trial)
+        else:
+            raise RuntimeError(f"{type(self.policy).__name__} answered {decision!r} for {trial.trial_id}; "
+                               f"expected CONTINUE, STOP or PAUSE")
+
+    def apply_decisions(self) -> None:
+        """Carry out what the searcher decided for paused trials."""
+        if not self.decide_due:
+            return
+        self.decide_due = False
+        decisions = self.policy.decide()
+        if not decisions:
+            return
+        self._write_search_state()
+        self.recorder.emit(DecidedPaused({t: describe(d) for t, d in decisions.items()}, self.recorder.now()))
+        self.carry_out(decisions)
+
+    def carry_out(self, decisions: dict[str, Decision | Exploit]) -> None:
+        """Exploits first, so every source still holds the state of the epoch it paused at."""
+        for trial_id, decision in sorted(decisions.items(), key=lambda item: not isinstance(item[1], Exploit)):
+            trial = self.live.get(trial_id)
+            if trial is None or not trial.paused:
+                raise RuntimeError(f"{type(self.policy).__name__} decided {decision!r} for {trial_id}, "
+                                   f"which is not a paused trial")
+            self.decide_due = True    # what ends or goes on may unblock other decisions
+            if isinstance(decision, Exploit):
+                self._exploit(trial, decision)
+                decision = Decision.CONTINUE
+            trial.paused = False
+            self.go_on(trial, decision)
+
+    def check_not_stuck(self, running: bool) -> None:
+        """Every live trial paused with nothing ``running``: the searcher will never decide them."""
+        if self.live and all(t.paused for t in self.live.values()) and not running:
+            raise RuntimeError(f"{type(self.policy).__name__} paused trials {sorted(self.live)} "
+                               f"and decided none of them; the run cannot go on")
+
+    def _write_search_state(self) -> None:
+        state = self.policy.state()
+        if state:
+            self.recorder.emit(SearchState(self.recorder.now(), state))
+
+    def _exploit(self, trial: Trial, exploit: Exploit) -> None:
+        source = self.live.get(exploit.source)
+        if source is None or not source.paused or source.epoch != trial.epoch:
+            raise RuntimeError(f"{trial.trial_id} cannot exploit {exploit.source}: the source must be a trial "
+                               f"paused at the same epoch ({trial.epoch})")
+        self.recorder.emit(Exploited(trial.trial_id, trial.epoch, source.trial_id, trial.config,
+                                     dict(exploit.config), self.recorder.now()))
+        trial.config, trial.state = dict(exploit.config), source.state
+        # A new version no worker holds: the state is sent again, and the trainable rebuilt.
+        trial.version, trial.holders, trial.retune = trial.version + 1, set(), True
+        self.recorder.write_config(trial.trial_id, trial.config)
+        self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch, True)
+
+    # --- ends ---------------------------------------------------------------------------
+    def end(self, trial: Trial, status: TrialStatus, reason: str | None) -> None:
+        """``trial`` ends as ``status``; too many failures stop the run (``max_failures``)."""
+        del self.live[trial.trial_id]
+        self.scheduler.remove(trial.trial_id)
+        self.suggest_due = self.decide_due = True
+        if reason and status is TrialStatus.FAILED:
+            self.recorder.write_error(trial.trial_id, reason)
+        self.recorder.emit(TrialEnded(trial.trial_id, status, reason, self.recorder.now()))
+        self.progress.trial_ended(trial.trial_id, status, reason)
+        self.policy.trial_ended(trial.trial_id, status)
+        if status.is_failure:
+            self.failures.append(f"{trial.trial_id} {status} ({(reason or '').strip().splitlines()[-1][:200]})")
+            limit = self.settings.limits.max_failures
+            if limit is not None and len(self.failures) > limit:
+                raise TooManyFailuresError(
+                    f"{len(self.failures)} trials ended failed, diverged or timeout, more than max_failures="
+                    f"{limit}: {'; '.join(self.failures)}. The run stopped; its journal and "
+                    f"checkpoints are in {self.recorder.path}")
+
+
+def describe(decision: Decision | Exploit) -> str | dict:
+    """A decision as journal data."""
+    if isinstance(decision, Exploit):
+        return {"exploit": decision.source, "config": decision.config}
+    return decision.value
+
+
+def diverged(metrics: dict[str, float]) -> str | None:
+    """The first loss in ``metrics`` that is not finite: the trial diverged."""
+    return next((name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])),
+                None)
+
+
+def mean_metrics(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:
+    """Row-weighted means over partitions, added in partition order so results are bitwise stable."""
+    if not sums:
+        return {}
+    ordered = [sums[p] for p in sorted(sums)]
+    rows = sum(s.rows for s in ordered)
+    if rows == 0:
+        return {}
+    loss = 0.0
+    for s in ordered:
+        loss += s.loss
+    means = {f"{prefix}_loss": loss / rows}
+    for name in ordered[0].metrics:
+        total = 0.0
+        for s in ordered:
+            total += s.metrics[name]
+        means[f"{prefix}_{name}"] = total / rows
+    return means
+

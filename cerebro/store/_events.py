@@ -1,0 +1,233 @@
+"""The journal's schema: one frozen dataclass per event, and the statuses a trial ends with.
+
+A journal line is ``{"event": <name>, <the event's fields>..., "crc": ...}``; the names and
+fields are those the journal had from the start, so every run directory ever written reads
+with :func:`parse_event`. ``time`` is seconds since the run started (its ``clock`` in
+``run_started``).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+
+class TrialStatus(enum.StrEnum):
+    """Where a trial stands; a ``str``, so it compares and serializes as its value."""
+
+    RUNNING = "running"
+    PAUSED = "paused"          # waits for the searcher's decision, which needs other trials
+    COMPLETED = "completed"    # trained its max_epochs
+    STOPPED = "stopped"        # the searcher stopped it early
+    FAILED = "failed"          # its build or a sub-epoch raised, or it took its workers down
+    DIVERGED = "diverged"      # a loss became NaN or infinite
+    TIMEOUT = "timeout"        # a sub-epoch ran past trial_timeout
+
+    @property
+    def is_finished(self) -> bool:
+        return self not in (TrialStatus.RUNNING, TrialStatus.PAUSED)
+
+    @property
+    def is_failure(self) -> bool:
+        """Counts against ``max_failures``."""
+        return self in (TrialStatus.FAILED, TrialStatus.DIVERGED, TrialStatus.TIMEOUT)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of the journal's events; ``name`` is the ``event`` field of its line."""
+
+    name: ClassVar[str]
+
+    def record(self) -> dict[str, Any]:
+        """The event's fields, in declaration order, as they go into its journal line."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    name = "run_started"
+    workers: dict[int, dict[str, Any]]
+    time: float
+    clock: float            # time.monotonic() on the driver at time 0
+
+
+@dataclass(frozen=True)
+class RunResumed(RunStarted):
+    name = "run_resumed"
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    name = "run_finished"
+    time: float
+    bytes_sent: int
+    bytes_received: int
+
+
+@dataclass(frozen=True)
+class RunInterrupted(Event):
+    name = "run_interrupted"
+    time: float
+
+
+@dataclass(frozen=True)
+class JournalRepaired(Event):
+    name = "journal_repaired"
+    dropped_bytes: int
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerLost(Event):
+    name = "worker_lost"
+    worker: int
+    reason: str
+    running: dict[str, Any] | None     # the sub-epoch it was running: trial_id, kind, epoch, partition
+    time: float
+
+
+@dataclass(frozen=True)
+class PartitionsMoved(Event):
+    name = "partitions_moved"
+    lost: int
+    reason: str
+    moved: dict[str, list[int]]        # surviving worker -> the lost worker's partitions it took
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerReplaced(Event):
+    name = "worker_replaced"
+    worker: int
+    workers: dict[int, dict[str, Any]]
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkerNotReplaced(Event):
+    name = "worker_not_replaced"
+    worker: int
+    reason: str
+    time: float
+
+
+@dataclass(frozen=True)
+class WorkersRestarted(Event):
+    name = "workers_restarted"
+    reason: str
+    restart: int
+    workers: dict[int, dict[str, Any]]
+    time: float
+
+
+@dataclass(frozen=True)
+class TrialCreated(Event):
+    name = "trial_created"
+    trial_id: str
+    config: dict[str, Any]
+    max_epochs: int
+    time: float
+
+
+@dataclass(frozen=True)
+class SubEpoch(Event):
+    name = "sub_epoch"
+    trial_id: str
+    epoch: int
+    partition: int
+    worker: int
+    kind: str                 # "train" | "eval"
+    start: float
+    end: float
+    compute: float | None     # seconds in the training or evaluation loop; None if it failed
+
+
+@dataclass(frozen=True)
+class EpochEnd(Event):
+    name = "epoch_end"
+    trial_id: str
+    epoch: int
+    metrics: dict[str, float]
+    time: float
+
+
+@dataclass(frozen=True)
+class Decided(Event):
+    """The searcher's answer to ``report`` at an epoch end: continue, stop or pause."""
+
+    name = "decision"
+    trial_id: str
+    epoch: int
+    decision: str
+
+
+@dataclass(frozen=True)
+class DecidedPaused(Event):
+    """What ``decide`` answered for paused trials: trial -> "continue", "stop" or an exploit."""
+
+    name = "decide"
+    decisions: dict[str, Any]
+    time: float
+
+
+@dataclass(frozen=True)
+class SearchState(Event):
+    """The searcher's state (JSON data, for people reading the journal; resume does not need it)."""
+
+    name = "search_state"
+    time: float
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Exploited(Event):
+    name = "exploit"
+    trial_id: str
+    epoch: int
+    source: str
+    previous_config: dict[str, Any]
+    config: dict[str, Any]
+    time: float
+
+
+@dataclass(frozen=True)
+class TrialEnded(Event):
+    name = "trial_ended"
+    trial_id: str
+    status: TrialStatus
+    reason: str | None
+    time: float
+
+
+@dataclass(frozen=True)
+class TrialRolledBack(Event):
+    """Resume found a trial's latest checkpoint damaged: it redoes epochs from ``to_epoch``."""
+
+    name = "trial_rolled_back"
+    trial_id: str
+    from_epoch: int
+    to_epoch: int
+    checkpoints: list[Any]
+    time: float
+
+
+EVENTS: dict[str, type[Event]] = {cls.name: cls for cls in (
+    RunStarted, RunResumed, RunFinished, RunInterrupted, JournalRepaired, WorkerLost, PartitionsMoved,
+    WorkerReplaced, WorkerNotReplaced, WorkersRestarted, TrialCreated, SubEpoch, EpochEnd, Decided,
+    DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack)}
+
+
+def parse_event(record: dict[str, Any]) -> Event | None:
+    """The typed event of a journal line; None for a name this version does not know.
+
+    Fields a line lacks (written by an older version) take None; fields this version does
+    not know are ignored.
+    """
+    cls = EVENTS.get(record.get("event", ""))
+    if cls is None:
+        return None
+    values = {f.name: record.get(f.name) for f in fields(cls)}
+    if cls is TrialEnded:
+        values["status"] = TrialStatus(values["status"])
+    return cls(**values)
