@@ -85,10 +85,12 @@ class Integer(Constraint):
         self.low, self.high = low, high
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is an integral number, not a bool, within the bounds."""
         return isinstance(value, numbers.Integral) and not _is_bool(value) and \
             _within(value, self.low, self.high, False, False)
 
     def describe(self) -> str:
+        """``"an integer"`` with the bounds: ``">= 1"``, ``"<= 9"`` or ``"in [0, 3]"``."""
         return f"an integer {_bounds(self.low, self.high, False, False)}".rstrip()
 
 
@@ -109,10 +111,12 @@ class Real(Constraint):
         self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is a real number, not a bool, within the bounds."""
         return isinstance(value, numbers.Real) and not _is_bool(value) and \
             _within(value, self.low, self.high, self.low_open, self.high_open)
 
     def describe(self) -> str:
+        """``"a number"`` with one bound (``">= 2"``, ``"< 1"``), or the interval alone: ``"in (0, 0.5]"``."""
         bounds = _bounds(self.low, self.high, self.low_open, self.high_open)
         return bounds if bounds.startswith("in ") else f"a number {bounds}".rstrip()
 
@@ -129,10 +133,12 @@ class OneOf(Constraint):
         self.options = options
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is hashable and equals one of the options, a bool only a bool."""
         return isinstance(value, collections.abc.Hashable) and any(
             _is_bool(value) == _is_bool(option) and value == option for option in self.options)
 
     def describe(self) -> str:
+        """The options' reprs, the last joined with "or": ``"'a', 'b' or 'c'"``."""
         shown = [repr(option) for option in self.options]
         return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
 
@@ -143,9 +149,11 @@ class Boolean(Constraint):
     error = TypeError
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is a Python or numpy bool."""
         return _is_bool(value)
 
     def describe(self) -> str:
+        """``"True or False"``."""
         return "True or False"
 
 
@@ -155,9 +163,11 @@ class Callable(Constraint):
     error = TypeError
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``callable(value)``."""
         return callable(value)
 
     def describe(self) -> str:
+        """``"callable"``."""
         return "callable"
 
 
@@ -167,9 +177,11 @@ class String(Constraint):
     error = TypeError
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is a ``str``."""
         return isinstance(value, str)
 
     def describe(self) -> str:
+        """``"a string"``."""
         return "a string"
 
 
@@ -180,9 +192,11 @@ class Items(Constraint):
     error = TypeError
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is a collection other than ``str`` or ``bytes``."""
         return isinstance(value, collections.abc.Collection) and not isinstance(value, (str, bytes))
 
     def describe(self) -> str:
+        """``"a collection of items, not a string"``."""
         return "a collection of items, not a string"
 
 
@@ -195,12 +209,15 @@ class Optional(Constraint):
         self.constraint = constraint
 
     def accepts(self, value: Any) -> bool:
+        """Whether ``value`` is None or accepted by the constraint."""
         return value is None or self.constraint.accepts(value)
 
     def describe(self) -> str:
+        """The constraint's rule, ``"or None"``."""
         return f"{self.constraint.description or self.constraint.describe()} or None"
 
     def check(self, name: str, value: Any) -> None:
+        """Pass None; fail any other value as the constraint does, with its message."""
         if value is not None:
             self.constraint.check(name, value)
 
@@ -214,11 +231,14 @@ class All(Constraint):
         self.constraints = constraints
 
     def accepts(self, value: Any) -> bool:
+        """Whether every constraint accepts ``value``."""
         return all(constraint.accepts(value) for constraint in self.constraints)
 
     def describe(self) -> str:
+        """The constraints' rules joined with "and"."""
         return " and ".join(constraint.description or constraint.describe() for constraint in self.constraints)
 
     def check(self, name: str, value: Any) -> None:
+        """Check the constraints in order; the first that fails raises, with its message."""
         for constraint in self.constraints:
             constraint.check(name, value)

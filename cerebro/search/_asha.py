@@ -27,9 +27,14 @@ class ASHA(Searcher):
     workers, and ``max_concurrent`` changes only the timing.
 
     Example:
-        >>> space = {"lr": cb.loguniform(1e-4, 1e-1), "hidden": cb.choice([64, 256])}
-        >>> result = cb.ASHA(build, space, num_trials=32, max_epochs=27, grace_period=1,
-        ...                  reduction_factor=3).fit(data, seed=0)
+        >>> import cerebro as cb
+        >>> from cerebro.demo import build, load_data     # an MLP or a small CNN on the 8x8 digits
+        >>> space = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.loguniform(1e-4, 1e-2), "batch_size": 32}
+        >>> search = cb.ASHA(build, space, num_trials=8, max_epochs=9, grace_period=1, reduction_factor=3,
+        ...                  metric="val_accuracy", mode="max")
+        >>> result = search.fit(load_data(), workers=2, seed=0)
+        >>> result.best.metrics["val_accuracy"] > 0.5
+        True
     """
 
     _parameters: ClassVar[dict[str, Constraint]] = {

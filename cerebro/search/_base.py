@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 
 class Searcher(ABC):
-    """A model selection algorithm on top of MOP.
+    """A model selection algorithm on top of MOP, model hopper parallelism (Nakandala et al.,
+    "Cerebro: A Data System for Optimized Deep Learning Model Selection", VLDB 2020).
 
     The constructor says WHAT to search; :meth:`fit` says HOW to run it. Arguments are
     stored as given and checked at ``fit``, before any worker starts.
@@ -122,9 +123,7 @@ class Searcher(ABC):
     def __repr__(self) -> str:
         """The constructor call with every declared argument, e.g. ``ASHA(build=build, ...)``;
         a function shows as its name."""
-        def shown(value: Any) -> str:
-            return value.__name__ if callable(value) and hasattr(value, "__name__") else repr(value)
-        arguments = ", ".join(f"{name}={shown(getattr(self, name))}" for name in self._declared())
+        arguments = ", ".join(f"{name}={_shown(getattr(self, name))}" for name in self._declared())
         return f"{type(self).__name__}({arguments})"
 
     # --- running it ---------------------------------------------------------------------
@@ -160,3 +159,6 @@ class Searcher(ABC):
                        mlflow=mlflow)
 
 
+def _shown(value: Any) -> str:
+    """``value`` as a searcher's repr shows it: a function (or class) by its name, else its repr."""
+    return value.__name__ if callable(value) and hasattr(value, "__name__") else repr(value)

@@ -19,9 +19,13 @@ class GridSearch(Searcher):
     created in ``itertools.product`` order of the space's keys.
 
     Example:
-        >>> space = {"lr": cb.choice([1e-3, 1e-2]), "hidden": cb.choice([64, 256])}
-        >>> result = cb.GridSearch(build, space, epochs=5, metric="val_accuracy",
-        ...                        mode="max").fit(data, workers=2)
+        >>> import cerebro as cb
+        >>> from cerebro.demo import build, load_data     # an MLP or a small CNN on the 8x8 digits
+        >>> space = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.choice([1e-3, 3e-3]), "batch_size": 32}
+        >>> search = cb.GridSearch(build, space, epochs=3, metric="val_accuracy", mode="max")
+        >>> result = search.fit(load_data(), workers=2, seed=0)
+        >>> result.best.metrics["val_accuracy"] > 0.5
+        True
     """
 
     _parameters: ClassVar[dict[str, Constraint]] = {"epochs": Integer(low=1)}

@@ -14,15 +14,15 @@ from ._space import Distribution, choice, loguniform, quniform, randint, sample_
 
 class PBT(Searcher):
     """Population based training (Jaderberg et al., "Population Based Training of Neural
-    Networks", 2017).
+    Networks", arXiv:1711.09846, 2017).
 
-    ``population`` trials train together. Every ``perturbation_interval`` epochs each waits
-    until the whole population reached that epoch; then each trial in the bottom
-    ``quantile_fraction`` (by the objective) *exploits* a trial of the top quantile, drawn at
-    random: it copies its state (weights and optimizer state, bitwise) and its config, and
-    *explores*: each key in ``mutations`` is resampled from the space with probability
-    ``resample_probability``, else scaled by 0.8 or 1.2 (``cb.choice``: moved to a
-    neighbouring value), and kept inside the space's bounds. The new learning rate, weight
+    ``population`` trials train together, each for ``epochs``. Every ``perturbation_interval``
+    epochs each waits until the whole population reached that epoch; then each trial in the
+    bottom ``quantile_fraction`` (by the objective) *exploits* a trial of the top quantile,
+    drawn at random: it copies its state (weights and optimizer state, bitwise) and its
+    config, and *explores*: each key in ``mutations`` is resampled from the space with
+    probability ``resample_probability``, else scaled by 0.8 or 1.2 (``cb.choice``: moved to
+    a neighbouring value), and kept inside the space's bounds. The new learning rate, weight
     decay, ... take effect in the live optimizer's parameter groups. A trial keeps its id;
     :meth:`cerebro.Result.lineage` lists every exploit.
 
@@ -31,9 +31,14 @@ class PBT(Searcher):
             ``cb.loguniform`` key.
 
     Example:
-        >>> space = {"lr": cb.loguniform(1e-4, 1e-1), "weight_decay": cb.uniform(0.0, 1e-3)}
-        >>> result = cb.PBT(build, space, population=8, epochs=12,
-        ...                 perturbation_interval=2).fit(data, seed=0)
+        >>> import cerebro as cb
+        >>> from cerebro.demo import build, load_data     # an MLP or a small CNN on the 8x8 digits
+        >>> space = {"architecture": "mlp", "lr": cb.loguniform(1e-4, 1e-2), "batch_size": 32}
+        >>> search = cb.PBT(build, space, population=4, epochs=6, perturbation_interval=2,
+        ...                 metric="val_accuracy", mode="max")
+        >>> result = search.fit(load_data(), workers=2, seed=0)
+        >>> result.best.metrics["val_accuracy"] > 0.5
+        True
     """
 
     _parameters: ClassVar[dict[str, Constraint]] = {

@@ -17,8 +17,14 @@ class RandomSearch(Searcher):
     Bergstra & Bengio, "Random Search for Hyper-Parameter Optimization", JMLR 2012.
 
     Example:
-        >>> space = {"lr": cb.loguniform(1e-4, 1e-1), "hidden": cb.randint(32, 512)}
-        >>> result = cb.RandomSearch(build, space, num_trials=16, epochs=5).fit(data, seed=0)
+        >>> import cerebro as cb
+        >>> from cerebro.demo import build, load_data     # an MLP or a small CNN on the 8x8 digits
+        >>> space = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.loguniform(1e-4, 1e-2),
+        ...          "batch_size": cb.choice([32, 64])}
+        >>> search = cb.RandomSearch(build, space, num_trials=4, epochs=3, metric="val_accuracy", mode="max")
+        >>> result = search.fit(load_data(), workers=2, seed=0)
+        >>> result.best.metrics["val_accuracy"] > 0.5
+        True
     """
 
     _parameters: ClassVar[dict[str, Constraint]] = {"num_trials": Integer(low=1), "epochs": Integer(low=1)}

@@ -48,6 +48,7 @@ class choice(Distribution):
         self.values = [plain_value(v, "choice") for v in values]
 
     def sample(self, rng: np.random.Generator) -> Any:
+        """One of the values, each equally likely."""
         return self.values[int(rng.integers(len(self.values)))]
 
     def __repr__(self) -> str:
@@ -63,6 +64,7 @@ class uniform(Distribution):
         self.low, self.high = low, high
 
     def sample(self, rng: np.random.Generator) -> float:
+        """A float in [low, high)."""
         return float(rng.uniform(self.low, self.high))
 
     def __repr__(self) -> str:
@@ -80,6 +82,7 @@ class loguniform(Distribution):
         self.low, self.high = low, high
 
     def sample(self, rng: np.random.Generator) -> float:
+        """A float whose log is uniform in [log(low), log(high))."""
         return float(math.exp(rng.uniform(math.log(self.low), math.log(self.high))))
 
     def __repr__(self) -> str:
@@ -97,6 +100,7 @@ class randint(Distribution):
         self.low, self.high = int(low), int(high)
 
     def sample(self, rng: np.random.Generator) -> int:
+        """An integer in [low, high)."""
         return int(rng.integers(self.low, self.high))
 
     def __repr__(self) -> str:
@@ -116,6 +120,7 @@ class quniform(Distribution):
         self.low, self.high, self.q = low, high, q
 
     def sample(self, rng: np.random.Generator) -> float:
+        """A multiple of ``q`` in [low, high], as a float."""
         steps = round(rng.uniform(self.low, self.high) / self.q)
         steps = min(max(steps, math.ceil(self.low / self.q)), math.floor(self.high / self.q))
         return float(steps * self.q)
@@ -164,4 +169,5 @@ class SearchSpace(Constraint):
         super().__init__(description="a dict from parameter name to a value or primitive")
 
     def check(self, name: str, value: Any) -> None:
+        """Raise :func:`check_space`'s error unless ``value`` is a valid space."""
         check_space(value)

@@ -55,9 +55,15 @@ class TPESearch(Searcher):
     never change which configurations are tried; ``max_concurrent`` does.
 
     Example:
-        >>> space = {"lr": cb.loguniform(1e-4, 1e-1), "hidden": cb.choice([64, 256])}
-        >>> result = cb.TPESearch(build, space, num_trials=32, epochs=5).fit(data, seed=0)
-        >>> pruned = cb.TPESearch(build, space, num_trials=32, epochs=9, grace_period=1).fit(data, seed=0)
+        >>> import cerebro as cb
+        >>> from cerebro.demo import build, load_data     # an MLP or a small CNN on the 8x8 digits
+        >>> space = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.loguniform(1e-4, 1e-2),
+        ...          "batch_size": cb.choice([32, 64])}
+        >>> search = cb.TPESearch(build, space, num_trials=8, epochs=3, max_concurrent=4, n_startup_trials=4,
+        ...                       metric="val_accuracy", mode="max")
+        >>> result = search.fit(load_data(), workers=2, seed=0)
+        >>> result.best.metrics["val_accuracy"] > 0.5
+        True
     """
 
     _parameters: ClassVar[dict[str, Constraint]] = {
