@@ -44,6 +44,7 @@ class ASHA(Searcher):
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 20,
                  max_epochs: int = 27, grace_period: int = 1, reduction_factor: float = 3,
                  max_concurrent: int = 16, metric: str = "val_loss", mode: str = "min") -> None:
+        """Store the arguments as given; ``fit`` checks them."""
         super().__init__(build, space, metric=metric, mode=mode)
         self.num_trials = num_trials
         self.max_epochs = max_epochs

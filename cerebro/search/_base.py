@@ -57,6 +57,7 @@ class Searcher(ABC):
 
     def __init__(self, build: Callable[[dict], TorchTrainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min") -> None:
+        """Store the arguments as given; ``fit`` checks them."""
         self.build = build
         self.space = space
         self.metric = metric
@@ -112,7 +113,7 @@ class Searcher(ABC):
         raise ValueError naming them. The default has none."""
 
     def _settings(self) -> dict[str, Any]:
-        """The arguments as JSON-safe data for run.json: the class, ``metric``, ``mode``, the
+        """The arguments as recorded in run.json: the class, ``metric``, ``mode``, the
         space's primitives as text, then the other declared arguments (not ``build``,
         which is pickled)."""
         rest = {name: getattr(self, name) for name in self._declared()

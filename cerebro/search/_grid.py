@@ -32,6 +32,7 @@ class GridSearch(Searcher):
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, epochs: int = 10,
                  metric: str = "val_loss", mode: str = "min") -> None:
+        """Store the arguments as given; ``fit`` checks them."""
         super().__init__(build, space, metric=metric, mode=mode)
         self.epochs = epochs
 

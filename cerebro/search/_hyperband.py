@@ -54,6 +54,7 @@ class Hyperband(Searcher):
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, max_epochs: int = 81, eta: float = 3,
                  metric: str = "val_loss", mode: str = "min") -> None:
+        """Store the arguments as given; ``fit`` checks them."""
         super().__init__(build, space, metric=metric, mode=mode)
         self.max_epochs = max_epochs
         self.eta = eta

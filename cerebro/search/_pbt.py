@@ -54,6 +54,7 @@ class PBT(Searcher):
                  perturbation_interval: int = 2, mutations: Collection[str] | None = None,
                  quantile_fraction: float = 0.25, resample_probability: float = 0.25,
                  metric: str = "val_loss", mode: str = "min") -> None:
+        """Store the arguments as given; ``fit`` checks them."""
         super().__init__(build, space, metric=metric, mode=mode)
         self.population = population
         self.epochs = epochs

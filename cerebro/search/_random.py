@@ -31,6 +31,7 @@ class RandomSearch(Searcher):
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 10,
                  epochs: int = 10, metric: str = "val_loss", mode: str = "min") -> None:
+        """Store the arguments as given; ``fit`` checks them."""
         super().__init__(build, space, metric=metric, mode=mode)
         self.num_trials = num_trials
         self.epochs = epochs
