@@ -29,6 +29,7 @@ from ..worker import Sums
 from ._errors import TooManyFailuresError
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._scheduler import TRAIN, MOPScheduler, Task
+from ._search_state import SearchStateLog
 from ._seeds import trial_name
 from ._settings import RunSettings
 from ._visit_order import visit_order
@@ -80,6 +81,7 @@ class TrialBook:
         self.failures: list[str] = []
         self.suggest_due = True
         self.decide_due = False
+        self._search_state = SearchStateLog()
 
     # --- creation -----------------------------------------------------------------------
     def add_trials(self) -> None:
@@ -241,9 +243,9 @@ class TrialBook:
                                f"and decided none of them; the run cannot go on")
 
     def _write_search_state(self) -> None:
-        state = self.policy.state()
-        if state:
-            self.recorder.emit(SearchState(self.recorder.now(), state))
+        entry = self._search_state.entry(self.policy.state())
+        if entry:
+            self.recorder.emit(SearchState(self.recorder.now(), **entry))
 
     def _exploit(self, trial: Trial, exploit: Exploit) -> None:
         source = self.live.get(exploit.source)

@@ -173,11 +173,17 @@ class DecidedPaused(Event):
 
 @dataclass(frozen=True)
 class SearchState(Event):
-    """The searcher's state (JSON data, for people reading the journal; resume does not need it)."""
+    """The searcher's state (JSON data, for people reading the journal; resume does not need
+    it): whole in ``state``, or in ``delta`` what changed since the entry before (see
+    ``cerebro.engine._search_state``). Journals written before deltas have ``state`` only."""
 
     name = "search_state"
     time: float
-    state: dict[str, Any]
+    state: dict[str, Any] | None = None
+    delta: dict[str, Any] | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {"time": self.time, **({"state": self.state} if self.delta is None else {"delta": self.delta})}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,126 @@
+"""The trial book as pure logic: a searcher's trials driven through their epochs with the
+real scheduler and no processes; what it journals, how it ends trials, and that the
+searcher's state keeps the journal linear in the number of trials."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import cerebro as cb
+from cerebro.engine import MOPScheduler
+from cerebro.engine._search_state import apply_delta
+from cerebro.engine._settings import Limits, RunSettings
+from cerebro.engine._trials import TrialBook
+from cerebro.report import NoProgress
+from cerebro.store import TrialStatus
+from cerebro.worker import Sums
+
+
+class Recorder:
+    """Keeps the journal's lines in memory."""
+
+    path = "memory"
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.checkpoints: list[tuple[str, int]] = []
+
+    def emit(self, event) -> None:
+        self.lines.append(json.dumps({"event": event.name, **event.record()}))
+
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
+        self.checkpoints.append((trial_id, epoch))
+
+    def write_config(self, trial_id, config) -> None:
+        pass
+
+    def write_error(self, trial_id, error) -> None:
+        pass
+
+    def now(self) -> float:
+        return 0.0
+
+    def events(self, name: str) -> list[dict]:
+        return [e for e in map(json.loads, self.lines) if e["event"] == name]
+
+
+def loss_of(config: dict, epoch: int) -> float:
+    return config["lr"] * 1000 / epoch + config["hidden"] % 7
+
+
+def run_book(searcher, partitions: int = 2, max_failures: int | None = None) -> Recorder:
+    """Every trial of ``searcher`` to its end on one worker holding every partition."""
+    recorder = Recorder()
+    scheduler = MOPScheduler({0: list(range(partitions))}, evaluate=False)
+    settings = RunSettings(seed=3, num_partitions=partitions, evaluate=False, limits=Limits(max_failures=max_failures))
+    book = TrialBook(searcher, scheduler, settings, recorder, NoProgress())
+    searcher.start(settings.seed)
+    book.add_trials()
+    while book.live:
+        for task in scheduler.assign([0]):
+            trial = book.live[task.trial_id]
+            loss = loss_of(trial.config, task.epoch) * (math.nan if trial.config["hidden"] == 0 else 1.0)
+            book.sub_epoch_done(task, 0, Sums(rows=10, loss=10 * loss, metrics={}), state=task.epoch)
+        book.apply_decisions()
+        book.add_trials()
+    return recorder
+
+
+SPACE = {"lr": cb.loguniform(1e-3, 1e-1), "hidden": cb.randint(1, 512)}
+
+
+def build(config):
+    raise AssertionError("the book never builds a model")
+
+
+def test_epoch_metrics_are_the_row_weighted_means_and_each_epoch_is_checkpointed():
+    recorder = run_book(cb.GridSearch(build, {"lr": cb.choice([0.01, 0.02]), "hidden": 8}, epochs=3,
+                                      metric="train_loss"))
+    ends = recorder.events("epoch_end")
+    assert [(e["trial_id"], e["epoch"]) for e in ends] == [(t, e) for e in (1, 2, 3) for t in ("t0000", "t0001")]
+    assert all(e["metrics"] == {"train_loss": loss_of({"lr": c, "hidden": 8}, e["epoch"])}
+               for e, c in zip(ends, [0.01, 0.02] * 3))
+    assert recorder.checkpoints == [(e["trial_id"], e["epoch"]) for e in ends]
+    assert [(e["trial_id"], e["status"]) for e in recorder.events("trial_ended")] == [
+        ("t0000", TrialStatus.COMPLETED), ("t0001", TrialStatus.COMPLETED)]
+
+
+def test_a_diverged_trial_ends_and_max_failures_stops_the_run():
+    space = {"lr": 0.01, "hidden": cb.choice([0, 8, 0])}
+    recorder = run_book(cb.GridSearch(build, space, epochs=2, metric="train_loss"))
+    assert [(e["trial_id"], e["status"]) for e in recorder.events("trial_ended")] == [
+        ("t0000", "diverged"), ("t0002", "diverged"), ("t0001", "completed")]
+    with pytest.raises(cb.TooManyFailuresError, match=r"^2 trials ended failed, diverged or timeout, more than "
+                                                       r"max_failures=1: t0000 diverged \(train loss became nan"):
+        run_book(cb.GridSearch(build, space, epochs=2, metric="train_loss"), max_failures=1)
+
+
+class RecordingASHA(cb.ASHA):
+    """ASHA that remembers each state it gave the book."""
+
+    def state(self):
+        state = super().state()
+        self.given = [*getattr(self, "given", []), json.loads(json.dumps(state))]
+        return state
+
+
+def search_state_bytes(trials: int) -> tuple[int, int]:
+    """(bytes of the searcher's state in the journal, bytes of the whole journal)."""
+    searcher = RecordingASHA(build, SPACE, num_trials=trials, max_epochs=4, grace_period=1, reduction_factor=2,
+                             metric="train_loss")
+    recorder = run_book(searcher, partitions=1)
+    rebuilt, state = [], None
+    for entry in recorder.events("search_state"):
+        state = entry["state"] if "state" in entry else apply_delta(state, entry["delta"])
+        rebuilt.append(state)
+    assert rebuilt == [s for i, s in enumerate(searcher.given) if i == 0 or s != searcher.given[i - 1]]
+    return sum(len(line) for line in recorder.lines if '"search_state"' in line[:30]), sum(map(len, recorder.lines))
+
+
+def test_the_searchers_state_keeps_the_journal_linear_in_the_trials():
+    small_state, small = search_state_bytes(250)
+    large_state, large = search_state_bytes(2000)
+    assert large_state / small_state < 8 * 1.25      # 8x the trials: about 8x the bytes (whole states: ~64x)
+    assert large / small < 8 * 1.25
