@@ -1,7 +1,6 @@
 """Cerebro: deep-learning model selection at scale with Model Hopper Parallelism."""
-__version__ = "0.1.0"
-
 from . import metrics
+from ._version import __version__ as __version__
 from .backends import Backend, LocalBackend, SparkBackend
 from .data import Dataset
 from .engine import ResumeError, TooManyFailuresError, WorkerLostError, resume

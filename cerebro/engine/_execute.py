@@ -18,6 +18,7 @@ import cloudpickle
 import numpy as np
 import torch
 
+from .._version import __version__
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
@@ -98,7 +99,6 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_build(build_blob)
     run_store.write_searcher(searcher_blob)
-    from .. import __version__
     run_store.write_run_info({
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seed": seed,

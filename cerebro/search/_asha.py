@@ -5,7 +5,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from .._checks import Constraint, Integer, Real
-from ..engine import Decision, TrialRequest, search_rng, trial_index
+from ..engine._interface import Decision, TrialRequest
+from ..engine._seeds import search_rng, trial_index
 from ._base import Searcher
 from ._rungs import Rungs
 from ._space import sample_config

@@ -7,12 +7,10 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from .. import _checks
 from .._checks import Constraint, OneOf, String
-from ..engine import Decision, Exploit, TrialRequest, execute
-from ._space import SearchSpace, sample_config
+from ..engine._interface import Decision, Exploit, TrialRequest
+from ._space import SearchSpace
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -152,12 +150,9 @@ class Searcher(ABC):
             mlflow: ``True`` logs to MLflow in ``sqlite:///store/mlflow.db``, a string to that
                 tracking URI: a parent run, a nested run per trial, the best model.
         """
-        self._validate()
-        return execute(self, build=self.build, example_config=sample_config(self.space, np.random.default_rng(0)),
-                       metric=self.metric, mode=self.mode, settings=self._settings(), data=data,
-                       backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                       trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard,
-                       mlflow=mlflow)
+        from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
+        return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
+                   trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard, mlflow=mlflow)
 
 
 def _shown(value: Any) -> str:

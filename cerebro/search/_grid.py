@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from .._checks import Constraint, Integer
-from ..engine import TrialRequest
+from ..engine._interface import TrialRequest
 from ._base import Searcher
 from ._space import Distribution, choice
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .._checks import Constraint, Integer, Real
-from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
+from ..engine._interface import Decision, TrialRequest
+from ..engine._seeds import search_rng, trial_index, trial_name
 from ._base import Searcher
 from ._ranking import ranked
 from ._space import sample_config

@@ -6,7 +6,8 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar
 
 from .._checks import All, Constraint, Integer, Items, Optional, Real
-from ..engine import Decision, Exploit, TrialRequest, search_rng, trial_index, trial_name
+from ..engine._interface import Decision, Exploit, TrialRequest
+from ..engine._seeds import search_rng, trial_index, trial_name
 from ._base import Searcher
 from ._ranking import ranked
 from ._space import Distribution, choice, loguniform, quniform, randint, sample_config, uniform

@@ -5,7 +5,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from .._checks import Constraint, Integer
-from ..engine import TrialRequest, search_rng
+from ..engine._interface import TrialRequest
+from ..engine._seeds import search_rng
 from ._base import Searcher
 from ._space import sample_config
 

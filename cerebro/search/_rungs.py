@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..engine import Decision, trial_name
+from ..engine._interface import Decision
+from ..engine._seeds import trial_name
 from ._ranking import ranked
 
 

@@ -6,7 +6,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from .._checks import Constraint, Integer, Optional, Real
-from ..engine import Decision, TrialRequest, search_rng, trial_index, trial_name
+from ..engine._interface import Decision, TrialRequest
+from ..engine._seeds import search_rng, trial_index, trial_name
 from ._base import Searcher
 from ._rungs import Rungs
 from ._space import Distribution, choice, loguniform, plain_value, quniform, randint, uniform

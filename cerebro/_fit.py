@@ -1,0 +1,32 @@
+"""The front end's ``fit``: a searcher says WHAT to search, ``fit``'s keywords say HOW to run it.
+
+:meth:`cerebro.Searcher.fit` hands itself to :func:`fit` here, so the searchers import only
+narrow waist 1 (``cerebro.engine._interface``) and the seeds, never the run machinery.
+"""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .engine import execute
+from .search._space import sample_config
+
+if TYPE_CHECKING:
+    from .backends import Backend
+    from .data import Dataset
+    from .report import Result
+    from .search import Searcher
+
+
+def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
+        store: str | os.PathLike | None, seed: int | None, verbose: int, trial_timeout: float | None,
+        max_failures: int | None, tensorboard: bool, mlflow: bool | str) -> Result:
+    """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
+    searcher._validate()
+    return execute(searcher, build=searcher.build,
+                   example_config=sample_config(searcher.space, np.random.default_rng(0)),
+                   metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
+                   backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
+                   trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard, mlflow=mlflow)
