@@ -9,6 +9,7 @@ start (nothing trained yet, nothing to hand over) raises :class:`WorkerLostError
 """
 from __future__ import annotations
 
+import contextlib
 import queue
 import secrets
 import socket
@@ -117,19 +118,15 @@ class WorkerPool:
         """Stop the workers and close every socket; each step runs even if one before fails.
         ``finish(outcome)`` ends the progress display last."""
         for worker in self.workers.values():
-            try:
+            with contextlib.suppress(OSError):
                 worker.channel.send(Shutdown())
-            except OSError:
-                pass
         try:
             self.backend.stop()
         finally:
             self._stopping.set()
             if self._server is not None:
-                try:
+                with contextlib.suppress(OSError):
                     self._server.shutdown(socket.SHUT_RDWR)   # wakes the acceptor blocked in accept()
-                except OSError:
-                    pass
                 self._server.close()
             if self._acceptor is not None:
                 self._acceptor.join(timeout=10)
@@ -269,13 +266,11 @@ class WorkerPool:
         While the workers start, the run stops instead (:class:`WorkerLostError`)."""
         if not self._starting and self.workers.get(worker.index) is not worker:
             return      # already reported
-        doing = ""
-        if worker.running is not None:
-            task = worker.running[1]
-            doing = f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
-        running = None if worker.running is None else {
-            "trial_id": worker.running[1].trial_id, "kind": worker.running[1].kind,
-            "epoch": worker.running[1].epoch, "partition": worker.running[1].partition}
+        task = worker.running[1] if worker.running is not None else None
+        doing = "" if task is None else \
+            f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
+        running = None if task is None else \
+            {"trial_id": task.trial_id, "kind": task.kind, "epoch": task.epoch, "partition": task.partition}
         self._emit(WorkerLost(worker.index, what, running, self._now()))
         if self._starting:
             raise WorkerLostError(f"{worker.describe()} {what}{doing}; the run stopped. "
@@ -287,8 +282,8 @@ class WorkerPool:
         self._events.append(Lost(worker, f"{what}{doing}"))
 
     def _count_bytes(self, worker: Worker) -> None:
-        self.bytes_sent += worker.channel.bytes_sent
-        self.bytes_received += worker.channel.bytes_received
+        self.bytes_sent, self.bytes_received = (self.bytes_sent + worker.channel.bytes_sent,
+                                                self.bytes_received + worker.channel.bytes_received)
 
     def traffic(self) -> tuple[int, int]:
         """Bytes sent to and received from every worker of the run."""
