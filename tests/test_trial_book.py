@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 import cerebro as cb
@@ -124,3 +125,16 @@ def test_the_searchers_state_keeps_the_journal_linear_in_the_trials():
     large_state, large = search_state_bytes(2000)
     assert large_state / small_state < 8 * 1.25      # 8x the trials: about 8x the bytes (whole states: ~64x)
     assert large / small < 8 * 1.25
+
+
+def test_trial_statuses_know_whether_they_are_finished_and_failures():
+    assert [s for s in TrialStatus if not s.is_finished] == [TrialStatus.RUNNING, TrialStatus.PAUSED]
+    assert [s for s in TrialStatus if s.is_failure] == [TrialStatus.FAILED, TrialStatus.DIVERGED, TrialStatus.TIMEOUT]
+    assert TrialStatus.FAILED == "failed" and json.dumps(TrialStatus.FAILED) == '"failed"'
+
+
+def test_numpy_limits_pass_and_are_kept_as_plain_numbers():
+    limits = Limits(trial_timeout=np.float32(2.5), max_failures=np.int64(3))
+    assert (type(limits.trial_timeout), type(limits.max_failures)) == (float, int)
+    assert json.loads(json.dumps([limits.trial_timeout, limits.max_failures])) == [2.5, 3]
+    assert Limits(trial_timeout=1).trial_timeout == 1 and type(Limits(trial_timeout=1).trial_timeout) is int

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .._checks import Integer, Optional, Real
 from ._visit_order import VisitScheme
 
 
@@ -15,13 +16,18 @@ class Limits:
     max_failures: int | None = None
 
     def __post_init__(self) -> None:
-        timeout = self.trial_timeout
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 < timeout < math.inf):
-            raise ValueError(f"trial_timeout={timeout!r} must be a positive number of seconds or None")
-        failures = self.max_failures
-        if failures is not None and (isinstance(failures, bool) or not isinstance(failures, int) or failures < 0):
-            raise ValueError(f"max_failures={failures!r} must be an integer >= 0 or None")
+        for name, constraint in _LIMITS.items():
+            constraint.check(name, getattr(self, name))
+        # numpy numbers pass; run.json and the messages want them plain
+        if self.max_failures is not None:
+            object.__setattr__(self, "max_failures", int(self.max_failures))
+        if self.trial_timeout is not None and type(self.trial_timeout) not in (int, float):
+            object.__setattr__(self, "trial_timeout", float(self.trial_timeout))
+
+
+_LIMITS = {"trial_timeout": Optional(Real(0, math.inf, low_open=True, high_open=True,
+                                          description="a positive number of seconds or None")),
+           "max_failures": Optional(Integer(low=0, description="an integer >= 0 or None"))}
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,22 @@ import cloudpickle
 import pandas as pd
 import torch
 
-from ..store import RunStore, unpack_tensors
+from ..store import (
+    EpochEnd,
+    Exploited,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    RunStore,
+    SubEpoch,
+    TrialCreated,
+    TrialEnded,
+    TrialStatus,
+    WorkerReplaced,
+    WorkersRestarted,
+    parse_event,
+    unpack_tensors,
+)
 from ..worker import TorchTrainable
 
 
@@ -27,7 +42,7 @@ class TrialResult:
 
     trial_id: str
     config: dict[str, Any]
-    status: str = "running"
+    status: TrialStatus = TrialStatus.RUNNING
     epochs: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
@@ -78,40 +93,39 @@ class Result:
         for event in store.events():
             self._apply(event)
 
-    def _apply(self, event: dict[str, Any]) -> None:
-        kind = event["event"]
-        if kind == "trial_created":
-            self._trials[event["trial_id"]] = TrialResult(event["trial_id"], event["config"], _result=self)
-        elif kind == "epoch_end":
-            trial = self._trials[event["trial_id"]]
-            trial.epochs, trial.metrics = event["epoch"], event["metrics"]
-            exploited = [e["source"] for e in self._exploits
-                         if e["trial_id"] == trial.trial_id and e["epoch"] == event["epoch"] - 1]
-            # The config this epoch trained with: PBT may have changed it since the trial began.
-            self._history.append({"trial_id": trial.trial_id, "epoch": event["epoch"], **event["metrics"],
-                                  "exploited_from": exploited[0] if exploited else None, **trial.config})
-        elif kind == "exploit":
-            self._trials[event["trial_id"]].config = event["config"]
-            self._exploits.append({k: event[k] for k in ("trial_id", "epoch", "source", "previous_config",
-                                                         "config")})
-        elif kind == "sub_epoch":
-            if (event["trial_id"], event["epoch"]) in self._redone:
-                return                     # re-run after a resume to rebuild a damaged checkpoint
-            worker = self.workers.get(event["worker"], {})   # the process it ran in at that time
-            self._schedule.append({**{k: v for k, v in event.items() if k != "event"},
-                                   "host": worker.get("host"), "pid": worker.get("pid")})
-        elif kind == "trial_ended":
-            trial = self._trials[event["trial_id"]]
-            trial.status, trial.reason = event["status"], event.get("reason")
-            trial.error = trial.reason if trial.status in ("failed", "diverged", "timeout") else None
-        elif kind in ("run_started", "workers_restarted", "run_resumed", "worker_replaced"):
-            self.workers = {int(index): info for index, info in event["workers"].items()}
-            if kind == "run_resumed":   # sub-epochs of epochs the crash cut short ran again after it
-                self._redone = {(row["trial_id"], row["epoch"]) for row in self._history}
-                self._schedule = [row for row in self._schedule if (row["trial_id"], row["epoch"]) in self._redone]
-        elif kind == "run_finished":
-            self.finished = True
-            self.bytes_communicated = event.get("bytes_sent", 0) + event.get("bytes_received", 0)
+    def _apply(self, record: dict[str, Any]) -> None:
+        match parse_event(record):
+            case TrialCreated() as event:
+                self._trials[event.trial_id] = TrialResult(event.trial_id, event.config, _result=self)
+            case EpochEnd() as event:
+                trial = self._trials[event.trial_id]
+                trial.epochs, trial.metrics = event.epoch, event.metrics
+                exploited = [e["source"] for e in self._exploits
+                             if e["trial_id"] == trial.trial_id and e["epoch"] == event.epoch - 1]
+                # The config this epoch trained with: PBT may have changed it since the trial began.
+                self._history.append({"trial_id": trial.trial_id, "epoch": event.epoch, **event.metrics,
+                                      "exploited_from": exploited[0] if exploited else None, **trial.config})
+            case Exploited() as event:
+                self._trials[event.trial_id].config = event.config
+                self._exploits.append({k: v for k, v in event.record().items() if k != "time"})
+            case SubEpoch() as event:
+                if (event.trial_id, event.epoch) in self._redone:
+                    return                     # re-run after a resume to rebuild a damaged checkpoint
+                worker = self.workers.get(event.worker, {})   # the process it ran in at that time
+                self._schedule.append({**event.record(), "host": worker.get("host"), "pid": worker.get("pid")})
+            case TrialEnded() as event:
+                trial = self._trials[event.trial_id]
+                trial.status, trial.reason = event.status, event.reason
+                trial.error = trial.reason if event.status.is_failure else None
+            case RunStarted() | WorkersRestarted() | WorkerReplaced() as event:
+                self.workers = {int(index): info for index, info in event.workers.items()}
+                if isinstance(event, RunResumed):   # sub-epochs of epochs the crash cut short ran again after it
+                    self._redone = {(row["trial_id"], row["epoch"]) for row in self._history}
+                    self._schedule = [row for row in self._schedule
+                                      if (row["trial_id"], row["epoch"]) in self._redone]
+            case RunFinished() as event:
+                self.finished = True
+                self.bytes_communicated = (event.bytes_sent or 0) + (event.bytes_received or 0)
 
     @property
     def build(self) -> Callable[[dict], Any]:
@@ -127,7 +141,7 @@ class Result:
     @property
     def best(self) -> TrialResult:
         """The completed or stopped trial with the best last-epoch ``metric`` under ``mode``."""
-        scored = [t for t in self._trials.values() if t.status in ("completed", "stopped")
+        scored = [t for t in self._trials.values() if t.status in (TrialStatus.COMPLETED, TrialStatus.STOPPED)
                   and isinstance(t.metrics.get(self.metric), (int, float))
                   and math.isfinite(t.metrics[self.metric])]
         if not scored:
