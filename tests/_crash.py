@@ -17,6 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 from _models import build, digits  # noqa: E402
 
 import cerebro as cb  # noqa: E402
@@ -69,6 +71,20 @@ class KillingASHA(cb.ASHA):
         if not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def assert_same_results(resumed: cb.Result, expected: cb.Result, partitions: int = 4) -> None:
+    """The resumed run ended as the uninterrupted one, bitwise, each sub-epoch trained once."""
+    assert resumed.finished
+    pd.testing.assert_frame_equal(resumed.history(), expected.history(), check_exact=True)
+    assert [(t.trial_id, t.config, t.status, t.reason) for t in resumed.trials] == \
+           [(t.trial_id, t.config, t.status, t.reason) for t in expected.trials]
+    for a, b in zip(resumed.trials, expected.trials):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    schedule = resumed.schedule()      # every (trial, epoch, partition) trained exactly once
+    train = schedule[schedule.kind == "train"]
+    assert not train.duplicated(["trial_id", "epoch", "partition"]).any()
+    assert len(train) == partitions * len(resumed.history())
 
 
 def searcher(point: str, store: str, marker: str) -> cb.Searcher:

@@ -10,11 +10,9 @@ import subprocess
 import sys
 import time
 
-import pandas as pd
 import psutil
 import pytest
-import torch
-from _crash import epochs_journaled, reference
+from _crash import assert_same_results, epochs_journaled, reference
 from _models import digits
 
 import cerebro as cb
@@ -36,19 +34,6 @@ def crashed_run(tmp_path, point: str) -> str:
 def uninterrupted(tmp_path, point: str) -> cb.Result:
     return reference(point).fit(digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1),
                                 store=tmp_path / "reference", seed=5, verbose=0)
-
-
-def assert_same_results(resumed: cb.Result, expected: cb.Result) -> None:
-    assert resumed.finished
-    pd.testing.assert_frame_equal(resumed.history(), expected.history(), check_exact=True)
-    assert [(t.trial_id, t.config, t.status, t.reason) for t in resumed.trials] == \
-           [(t.trial_id, t.config, t.status, t.reason) for t in expected.trials]
-    for a, b in zip(resumed.trials, expected.trials):
-        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
-    schedule = resumed.schedule()      # every (trial, epoch, partition) trained exactly once
-    train = schedule[schedule.kind == "train"]
-    assert not train.duplicated(["trial_id", "epoch", "partition"]).any()
-    assert len(train) == 4 * len(resumed.history())
 
 
 def workers_of(store: str) -> list[int]:
