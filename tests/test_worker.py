@@ -8,6 +8,7 @@ import torch
 from _models import build
 
 import cerebro as cb
+from cerebro.store import TaskKind
 from cerebro.worker._loop import _run, _Trainables
 from cerebro.worker._protocol import RunSubEpoch, StateMissing, SubEpochDone, SubEpochFailed
 
@@ -16,7 +17,7 @@ LABEL = torch.randint(0, 10, (40,))
 DATA = {0: {"train": (FEATURES, LABEL), "val": (FEATURES[:8], LABEL[:8])}}
 
 
-def task(trial_id: str, version: int, state=None, kind: str = "train", config=None) -> RunSubEpoch:
+def task(trial_id: str, version: int, state=None, kind: TaskKind = TaskKind.TRAIN, config=None) -> RunSubEpoch:
     return RunSubEpoch(version, trial_id, config or {"lr": 1e-2}, kind, 1, 0, init_seed=3,
                        seed=100 + version, version=version, state=state)
 
@@ -60,7 +61,7 @@ def test_build_must_return_a_trainable():
 def test_eval_leaves_the_state_version_alone():
     trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30)
     _run(task("t0000", 0), trainables, DATA)
-    evaluated = _run(task("t0000", 1, kind="eval"), trainables, DATA)
+    evaluated = _run(task("t0000", 1, kind=TaskKind.EVAL), trainables, DATA)
     assert isinstance(evaluated, SubEpochDone) and evaluated.state is None and evaluated.rows == 8
     assert isinstance(_run(task("t0000", 1), trainables, DATA), SubEpochDone)   # version 1 still held
 

@@ -22,8 +22,10 @@ import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-TRAIN = "train"
-EVAL = "eval"
+from ..store import TaskKind
+
+TRAIN = TaskKind.TRAIN
+EVAL = TaskKind.EVAL
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Task:
     """One sub-epoch: ``trial_id`` trains on or evaluates ``partition`` on ``worker``."""
 
     trial_id: str
-    kind: str
+    kind: TaskKind
     epoch: int
     partition: int
     worker: int
@@ -51,7 +53,7 @@ class _Epoch:
         return (self.trained == len(self.order) and not self.training
                 and not self.eval_todo and not self.evaluating)
 
-    def waits_on(self, partition: int) -> str | None:
+    def waits_on(self, partition: int) -> TaskKind | None:
         """The kind of step that could start on ``partition`` now, if any."""
         if self.trained < len(self.order):
             return TRAIN if not self.training and self.order[self.trained] == partition else None
@@ -61,7 +63,7 @@ class _Epoch:
 # A waiting step in a worker's heap: (epoch, steps trained, trial id, push count, kind,
 # partition, state); the trial furthest behind comes first. Entries are never removed in
 # place: one whose trial moved on is skipped when it surfaces.
-_Entry = tuple[int, int, str, int, str, int, _Epoch]
+_Entry = tuple[int, int, str, int, TaskKind, int, _Epoch]
 
 
 class MOPScheduler:
@@ -75,7 +77,7 @@ class MOPScheduler:
         >>> scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=False)
         >>> scheduler.start_epoch("t0000", 1, [1, 0])
         >>> scheduler.assign([0, 1])
-        [Task(trial_id='t0000', kind='train', epoch=1, partition=1, worker=1)]
+        [Task(trial_id='t0000', kind=<TaskKind.TRAIN: 'train'>, epoch=1, partition=1, worker=1)]
     """
 
     def __init__(self, worker_partitions: Mapping[int, Iterable[int]], evaluate: bool = True) -> None:
@@ -140,9 +142,6 @@ class MOPScheduler:
             if kind is not None:
                 self._push(state, kind, partition)
 
-    def is_live(self, trial_id: str) -> bool:
-        return trial_id in self._epochs
-
     def assign(self, idle_workers: Iterable[int]) -> list[Task]:
         """Sub-epochs to start now on ``idle_workers``, at most one per worker."""
         tasks = []
@@ -186,7 +185,7 @@ class MOPScheduler:
             state.eval_todo.add(task.partition)
             self._push(state, EVAL, task.partition)
 
-    def _push(self, state: _Epoch, kind: str, partition: int) -> None:
+    def _push(self, state: _Epoch, kind: TaskKind, partition: int) -> None:
         self._pushes += 1
         entry = (state.number, state.trained, state.trial_id, self._pushes, kind, partition, state)
         heapq.heappush(self._waiting[self._owner[partition]], entry)

@@ -13,6 +13,7 @@ from ._events import (
     RunStarted,
     SearchState,
     SubEpoch,
+    TaskKind,
     TrialCreated,
     TrialEnded,
     TrialRolledBack,
@@ -37,6 +38,6 @@ from ._state_codec import (
 
 __all__ = ["EVENTS", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited", "JournalRepaired",
            "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState",
-           "SubEpoch", "TensorBytes", "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus", "WorkerLost",
-           "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors", "parse",
+           "SubEpoch", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus",
+           "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors", "parse",
            "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]

@@ -33,6 +33,13 @@ class TrialStatus(enum.StrEnum):
         return self in (TrialStatus.FAILED, TrialStatus.DIVERGED, TrialStatus.TIMEOUT)
 
 
+class TaskKind(enum.StrEnum):
+    """What a sub-epoch does: train the trial on a partition, or evaluate it there."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+
+
 @dataclass(frozen=True)
 class Event:
     """Base of the journal's events; ``name`` is the ``event`` field of its line."""
@@ -137,7 +144,7 @@ class SubEpoch(Event):
     epoch: int
     partition: int
     worker: int
-    kind: str                 # "train" | "eval"
+    kind: TaskKind
     start: float
     end: float
     compute: float | None     # seconds in the training or evaluation loop; None if it failed
@@ -236,4 +243,6 @@ def parse_event(record: dict[str, Any]) -> Event | None:
     values = {f.name: record.get(f.name) for f in fields(cls)}
     if cls is TrialEnded:
         values["status"] = TrialStatus(values["status"])
+    elif cls is SubEpoch:
+        values["kind"] = TaskKind(values["kind"])
     return cls(**values)

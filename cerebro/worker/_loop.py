@@ -15,7 +15,7 @@ import cloudpickle
 import torch
 
 from ..data import read_layout, read_partition
-from ..store import pack_tensors, unpack_tensors
+from ..store import TaskKind, pack_tensors, unpack_tensors
 from ._protocol import (
     Heartbeat,
     Hello,
@@ -168,16 +168,16 @@ def _run(task: RunSubEpoch, trainables: _Trainables,
         trainable = trainables.take(task)
         if trainable is None:
             return StateMissing(task.task_id)
-        features, label = data[task.partition]["train" if task.kind == "train" else "val"]
+        features, label = data[task.partition]["train" if task.kind is TaskKind.TRAIN else "val"]
         started = time.perf_counter()
         deadline = None if task.timeout is None else time.monotonic() + task.timeout
-        if task.kind == "train":
+        if task.kind is TaskKind.TRAIN:
             sums = trainable.train_partition(features, label, task.seed, deadline)
         else:
             sums = trainable.evaluate_partition(features, label, deadline)
         compute = time.perf_counter() - started
-        state = pack_tensors(trainable.state()) if task.kind == "train" else None
-        trainables.keep(task, trainable, task.version + (task.kind == "train"))
+        state = pack_tensors(trainable.state()) if task.kind is TaskKind.TRAIN else None
+        trainables.keep(task, trainable, task.version + (task.kind is TaskKind.TRAIN))
         return SubEpochDone(task.task_id, sums.rows, sums.loss, sums.metrics, compute, state)
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)

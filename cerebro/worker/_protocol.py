@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..store import TaskKind
+
 AUTHKEY_ENV = "CEREBRO_AUTHKEY"
 
 
@@ -59,7 +61,7 @@ class RunSubEpoch:
     task_id: int
     trial_id: str
     config: dict[str, Any]
-    kind: str                    # "train" | "eval"
+    kind: TaskKind
     epoch: int
     partition: int
     init_seed: int               # builds the model the first time (version 0)
