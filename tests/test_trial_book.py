@@ -14,7 +14,6 @@ from cerebro.engine import MOPScheduler
 from cerebro.engine._search_state import apply_delta
 from cerebro.engine._settings import Limits, RunSettings
 from cerebro.engine._trials import TrialBook
-from cerebro.report import NoProgress
 from cerebro.store import TrialStatus
 from cerebro.worker import Sums
 
@@ -56,7 +55,7 @@ def run_book(searcher, partitions: int = 2, max_failures: int | None = None) -> 
     recorder = Recorder()
     scheduler = MOPScheduler({0: list(range(partitions))}, evaluate=False)
     settings = RunSettings(seed=3, num_partitions=partitions, evaluate=False, limits=Limits(max_failures=max_failures))
-    book = TrialBook(searcher, scheduler, settings, recorder, NoProgress())
+    book = TrialBook(searcher, scheduler, settings, recorder)
     searcher.start(settings.seed)
     book.add_trials()
     while book.live:

@@ -21,6 +21,8 @@ from ..store import (
     RunStarted,
     RunStore,
     SubEpoch,
+    SubEpochAborted,
+    SubEpochStarted,
     TrialStatus,
     WorkerReplaced,
     WorkersRestarted,
@@ -49,11 +51,11 @@ class Driver:
         self.store, self.backend, self.settings, self.progress = store, backend, settings, progress
         self._take_up, self._time_offset = take_up, time_offset
         self._t0 = time.monotonic()
-        self.recorder = StoreRecorder(store, self._now)
+        self.recorder = StoreRecorder(store, self._now, progress)
         self.pool = WorkerPool(backend, settings, store, build_blob, self.recorder.emit, self._now)
         self.scheduler = MOPScheduler({w: self.pool.partitions_of(w) for w in range(backend.workers)},
                                       evaluate=settings.evaluate)
-        self.book = TrialBook(policy, self.scheduler, settings, self.recorder, progress)
+        self.book = TrialBook(policy, self.scheduler, settings, self.recorder)
         self._restarts = 0
         self._cause_removed = False      # the last loss failed the trial that caused it
         self._next_task_id = 0
@@ -120,7 +122,7 @@ class Driver:
         for task in tasks:   # all marked running first: a failed send then aborts every one
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
             self.pool.workers[task.worker].running = (task_id, task, self._now())
-            self.progress.sub_epoch_started(task.worker, task.trial_id, task.kind, task.epoch, task.partition)
+            self.recorder.emit(SubEpochStarted(task.trial_id, task.epoch, task.partition, task.worker, task.kind))
         for task in tasks:
             worker = self.pool.workers.get(task.worker)
             if worker is not None:
@@ -149,7 +151,7 @@ class Driver:
             # A replacement took the partition back meanwhile: it runs there instead.
             self.scheduler.abort(task)
             worker.running = None
-            self.progress.sub_epoch_finished(worker.index)
+            self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, worker.index, task.kind))
             return
         trial.holders.discard(worker.index)
         self._send_task(worker, worker.running[0], task, trial)
@@ -158,7 +160,6 @@ class Driver:
         task_id, task, start = worker.running
         assert message.task_id == task_id, f"{worker.describe()} answered task {message.task_id}, not {task_id}"
         worker.running = None
-        self.progress.sub_epoch_finished(worker.index)
         self.recorder.emit(SubEpoch(task.trial_id, task.epoch, task.partition, worker.index, task.kind, start,
                                     self._now(), getattr(message, "compute_seconds", None)))
         trial = self.book.live.get(task.trial_id)
@@ -219,7 +220,9 @@ class Driver:
         worker = lost.worker
         self._cause_removed = False
         if worker.running is not None:
-            self._cause_removed = self.book.worker_lost(worker.running[1], f"{worker.describe()} {lost.reason}")
+            task = worker.running[1]
+            self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, worker.index, task.kind))
+            self._cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
             worker.running = None
         self.book.forget_holder(worker.index)
         if not self.pool.workers or self.backend.workers_fail_together:
@@ -256,6 +259,7 @@ class Driver:
         for trial in self.book.live.values():
             trial.holders.clear()
         for task in self.pool.restart():
+            self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, task.worker, task.kind))
             self.scheduler.abort(task)
         for partition in range(self.settings.num_partitions):   # a new launch holds them as at the start
             self.scheduler.move(partition, partition % self.backend.workers)

@@ -13,7 +13,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..report import Progress
 from ..store import (
     Decided,
     DecidedPaused,
@@ -24,6 +23,7 @@ from ..store import (
     TrialCreated,
     TrialEnded,
     TrialStatus,
+    TrialTakenUp,
 )
 from ..worker import Sums
 from ._errors import TooManyFailuresError
@@ -38,7 +38,8 @@ MAX_WORKERS_LOST_PER_TRIAL = 2
 
 
 class Recorder(Protocol):
-    """Where the book's events and a trial's files go (the run directory, in order)."""
+    """Where the book's events go (the journal and the observers) and a trial's files (the
+    run directory), in order."""
 
     path: str     # the run directory, for error messages
 
@@ -73,9 +74,9 @@ class TrialBook:
     """The live trials of a run, and what happens to them at each epoch end."""
 
     def __init__(self, policy: SearchPolicy, scheduler: MOPScheduler, settings: RunSettings,
-                 recorder: Recorder, progress: Progress) -> None:
+                 recorder: Recorder) -> None:
         self.policy, self.scheduler, self.settings = policy, scheduler, settings
-        self.recorder, self.progress = recorder, progress
+        self.recorder = recorder
         self.live: dict[str, Trial] = {}
         self.created = 0
         self.failures: list[str] = []
@@ -101,13 +102,12 @@ class TrialBook:
         self.live[trial.trial_id] = trial
         self.recorder.write_config(trial.trial_id, trial.config)
         self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now()))
-        self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
         self.start_epoch(trial)
 
     def adopt(self, trial: Trial) -> None:
         """Take up a trial of the run before a crash (resume)."""
         self.live[trial.trial_id] = trial
-        self.progress.trial_created(trial.trial_id, trial.config, trial.max_epochs)
+        self.recorder.emit(TrialTakenUp(trial.trial_id, trial.config, trial.max_epochs))
 
     def start_epoch(self, trial: Trial) -> None:
         trial.epoch += 1
@@ -169,7 +169,6 @@ class TrialBook:
         self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch)
         self.recorder.emit(EpochEnd(trial.trial_id, trial.epoch, metrics, self.recorder.now()))
         self.suggest_due = True
-        self.progress.epoch_end(trial.trial_id, trial.epoch, metrics)
         bad = diverged(metrics)
         if bad:
             self.end(trial, TrialStatus.DIVERGED, f"{bad} is {metrics[bad]} after epoch {trial.epoch}")
@@ -269,7 +268,6 @@ class TrialBook:
         if reason and status is TrialStatus.FAILED:
             self.recorder.write_error(trial.trial_id, reason)
         self.recorder.emit(TrialEnded(trial.trial_id, status, reason, self.recorder.now()))
-        self.progress.trial_ended(trial.trial_id, status, reason)
         self.policy.trial_ended(trial.trial_id, status)
         if status.is_failure:
             self.failures.append(f"{trial.trial_id} {status} ({(reason or '').strip().splitlines()[-1][:200]})")

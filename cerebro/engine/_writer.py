@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ..report import Progress
 from ..store import Event, RunStore
 
 
@@ -48,14 +49,17 @@ class BackgroundWriter:
 
 
 class StoreRecorder:
-    """The run's events and trial files, written in order off the driver's loop."""
+    """Where the run's events go: the journal (written in order off the driver's loop, with
+    the trial files) and the observers (told at once, on the driver's thread)."""
 
-    def __init__(self, store: RunStore, now: Callable[[], float]) -> None:
-        self.store, self.now, self.path = store, now, store.path
+    def __init__(self, store: RunStore, now: Callable[[], float], observer: Progress) -> None:
+        self.store, self.now, self.path, self.observer = store, now, store.path, observer
         self._writer = BackgroundWriter()
 
     def emit(self, event: Event) -> None:
-        self._writer.submit(self.store.emit, event)
+        if event.journaled:
+            self._writer.submit(self.store.emit, event)
+        self.observer.notify(event)
 
     def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None:
         self._writer.submit(self.store.write_checkpoint, trial_id, state, epoch, exploit)

@@ -12,11 +12,38 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from ..store import (
+    EpochEnd,
+    Event,
+    SubEpoch,
+    SubEpochAborted,
+    SubEpochStarted,
+    TrialCreated,
+    TrialEnded,
+    TrialTakenUp,
+)
+
 
 class Progress:
-    """What the driver tells about a run as it goes; this base says nothing."""
+    """An observer of a run: started, then told every event as it happens (:meth:`notify`,
+    the journal's events and those only observers see), then finished. :meth:`notify` hands
+    each event to the method below that shows it; this base shows nothing."""
 
     def start(self, run_dir: str, workers: int) -> None: ...
+
+    def notify(self, event: Event) -> None:
+        """Hand ``event`` to the method that shows it; events no method shows are ignored."""
+        match event:
+            case TrialCreated() | TrialTakenUp():
+                self.trial_created(event.trial_id, event.config, event.max_epochs)
+            case SubEpochAborted() | SubEpoch():      # before SubEpochStarted: Aborted is one
+                self.sub_epoch_finished(event.worker)
+            case SubEpochStarted():
+                self.sub_epoch_started(event.worker, event.trial_id, event.kind, event.epoch, event.partition)
+            case EpochEnd():
+                self.epoch_end(event.trial_id, event.epoch, event.metrics)
+            case TrialEnded():
+                self.trial_ended(event.trial_id, event.status, event.reason)
 
     def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None: ...
 

@@ -8,6 +8,7 @@ import math
 import os
 from typing import Any
 
+from ..store import Event
 from ._progress import Progress
 
 
@@ -61,25 +62,9 @@ class Fanout(Progress):
         for observer in self.observers:
             observer.start(run_dir, workers)
 
-    def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
+    def notify(self, event: Event) -> None:
         for observer in self.observers:
-            observer.trial_created(trial_id, config, max_epochs)
-
-    def sub_epoch_started(self, worker: int, trial_id: str, kind: str, epoch: int, partition: int) -> None:
-        for observer in self.observers:
-            observer.sub_epoch_started(worker, trial_id, kind, epoch, partition)
-
-    def sub_epoch_finished(self, worker: int) -> None:
-        for observer in self.observers:
-            observer.sub_epoch_finished(worker)
-
-    def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
-        for observer in self.observers:
-            observer.epoch_end(trial_id, epoch, metrics)
-
-    def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
-        for observer in self.observers:
-            observer.trial_ended(trial_id, status, reason)
+            observer.notify(event)
 
     def finish(self, outcome: str) -> None:
         for observer in self.observers:

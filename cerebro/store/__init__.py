@@ -13,11 +13,14 @@ from ._events import (
     RunStarted,
     SearchState,
     SubEpoch,
+    SubEpochAborted,
+    SubEpochStarted,
     TaskKind,
     TrialCreated,
     TrialEnded,
     TrialRolledBack,
     TrialStatus,
+    TrialTakenUp,
     WorkerLost,
     WorkerNotReplaced,
     WorkerReplaced,
@@ -26,18 +29,19 @@ from ._events import (
 )
 from ._run_store import RunStore
 from ._state_codec import (
-                           TensorBytes,
-                           frames,
-                           pack_tensors,
-                           parse,
-                           read_exactly,
-                           read_message,
-                           unpack_tensors,
-                           write_message,
+    TensorBytes,
+    frames,
+    pack_tensors,
+    parse,
+    read_exactly,
+    read_message,
+    unpack_tensors,
+    write_message,
 )
 
 __all__ = ["EVENTS", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited", "JournalRepaired",
            "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState",
-           "SubEpoch", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus",
-           "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors", "parse",
-           "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]
+           "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded",
+           "TrialRolledBack", "TrialStatus", "TrialTakenUp", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced",
+           "WorkersRestarted", "frames", "pack_tensors", "parse", "parse_event", "read_exactly", "read_message",
+           "unpack_tensors", "write_message"]

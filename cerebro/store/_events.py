@@ -45,6 +45,7 @@ class Event:
     """Base of the journal's events; ``name`` is the ``event`` field of its line."""
 
     name: ClassVar[str]
+    journaled: ClassVar[bool] = True    # False: told to the observers only (progress), as it happens
 
     def record(self) -> dict[str, Any]:
         """The event's fields, in declaration order, as they go into its journal line."""
@@ -151,6 +152,27 @@ class SubEpoch(Event):
 
 
 @dataclass(frozen=True)
+class SubEpochStarted(Event):
+    """A sub-epoch was sent to its worker (the journal's ``sub_epoch`` has its start)."""
+
+    name = "sub_epoch_started"
+    journaled = False
+    trial_id: str
+    epoch: int
+    partition: int
+    worker: int
+    kind: TaskKind
+
+
+@dataclass(frozen=True)
+class SubEpochAborted(SubEpochStarted):
+    """A sub-epoch will not finish where it was sent (its worker was lost, or its partition
+    moved); it runs again elsewhere."""
+
+    name = "sub_epoch_aborted"
+
+
+@dataclass(frozen=True)
 class EpochEnd(Event):
     name = "epoch_end"
     trial_id: str
@@ -211,6 +233,17 @@ class TrialEnded(Event):
     status: TrialStatus
     reason: str | None
     time: float
+
+
+@dataclass(frozen=True)
+class TrialTakenUp(Event):
+    """Resume took up a trial the journal created before the crash."""
+
+    name = "trial_taken_up"
+    journaled = False
+    trial_id: str
+    config: dict[str, Any]
+    max_epochs: int
 
 
 @dataclass(frozen=True)
