@@ -18,7 +18,19 @@ import cloudpickle
 
 from ..backends import Backend
 from ..report import Result
-from ..store import JournalRepaired, RunStore, TrialRolledBack, TrialStatus
+from ..store import (
+    Decided,
+    DecidedPaused,
+    EpochEnd,
+    Exploited,
+    JournalRepaired,
+    RunStore,
+    TrialCreated,
+    TrialEnded,
+    TrialRolledBack,
+    TrialStatus,
+    parse_event,
+)
 from ._driver import Driver
 from ._execute import finished, observers, pickle_build, resolve_backend, sigterm_interrupts
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
@@ -58,41 +70,41 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
     trials: dict[str, RecoveredTrial] = {}
     suggested: list[TrialRequest] = []
     last_time = 0.0
-    for event in events:
-        kind = event["event"]
-        last_time = max(last_time, event.get("time") or event.get("end") or 0.0)
-        trial = trials.get(event.get("trial_id", ""))
-        if kind == "trial_created":
-            if not suggested:
-                suggested = list(policy.suggest())
-            if not suggested:
-                raise ResumeError(f"the searcher suggests no trial where the journal created {event['trial_id']}")
-            request = suggested.pop(0)
-            if request.config != event["config"] or request.max_epochs != event["max_epochs"]:
-                raise ResumeError(f"the searcher suggests {request} where the journal created {event['trial_id']} "
-                                  f"with {event['config']} for {event['max_epochs']} epochs")
-            trials[event["trial_id"]] = RecoveredTrial(event["trial_id"], dict(event["config"]), event["max_epochs"])
-        elif kind == "epoch_end":
-            trial.epoch, trial.metrics, trial.pending = event["epoch"], event["metrics"], None
-            trial.decision, trial.decision_journaled = None, False
-            if not diverged(trial.metrics):
-                trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
-        elif kind == "decision":
-            if trial.decision is None or trial.decision.value != event["decision"]:
-                raise ResumeError(f"the searcher answers {trial.decision} for {trial.trial_id} after epoch "
-                                  f"{trial.epoch}; the journal says {event['decision']}")
-            trial.decision_journaled = True
-        elif kind == "decide":
-            decided = policy.decide()
-            if {t: describe(d) for t, d in decided.items()} != event["decisions"]:
-                raise ResumeError(f"the searcher decides {decided}; the journal says {event['decisions']}")
-            for trial_id, decision in decided.items():
-                trials[trial_id].pending = decision
-        elif kind == "exploit":
-            trial.config, trial.exploited_at, trial.pending = dict(event["config"]), event["epoch"], Decision.CONTINUE
-        elif kind == "trial_ended":
-            trial.status, trial.pending = TrialStatus(event["status"]), None
-            policy.trial_ended(trial.trial_id, trial.status)
+    for event in filter(None, map(parse_event, events)):
+        last_time = max(last_time, getattr(event, "time", None) or getattr(event, "end", None) or 0.0)
+        trial = trials.get(getattr(event, "trial_id", ""))
+        match event:
+            case TrialCreated():
+                if not suggested:
+                    suggested = list(policy.suggest())
+                if not suggested:
+                    raise ResumeError(f"the searcher suggests no trial where the journal created {event.trial_id}")
+                request = suggested.pop(0)
+                if request.config != event.config or request.max_epochs != event.max_epochs:
+                    raise ResumeError(f"the searcher suggests {request} where the journal created {event.trial_id} "
+                                      f"with {event.config} for {event.max_epochs} epochs")
+                trials[event.trial_id] = RecoveredTrial(event.trial_id, dict(event.config), event.max_epochs)
+            case EpochEnd():
+                trial.epoch, trial.metrics, trial.pending = event.epoch, event.metrics, None
+                trial.decision, trial.decision_journaled = None, False
+                if not diverged(trial.metrics):
+                    trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
+            case Decided():
+                if trial.decision is None or trial.decision.value != event.decision:
+                    raise ResumeError(f"the searcher answers {trial.decision} for {trial.trial_id} after epoch "
+                                      f"{trial.epoch}; the journal says {event.decision}")
+                trial.decision_journaled = True
+            case DecidedPaused():
+                decided = policy.decide()
+                if {t: describe(d) for t, d in decided.items()} != event.decisions:
+                    raise ResumeError(f"the searcher decides {decided}; the journal says {event.decisions}")
+                for trial_id, decision in decided.items():
+                    trials[trial_id].pending = decision
+            case Exploited():
+                trial.config, trial.exploited_at, trial.pending = dict(event.config), event.epoch, Decision.CONTINUE
+            case TrialEnded():
+                trial.status, trial.pending = event.status, None
+                policy.trial_ended(trial.trial_id, trial.status)
     return Recovered(trials, suggested, last_time)
 
 
