@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .report import Result, load
+from .store import WorkerLost, WorkerNotReplaced, WorkerReplaced, WorkersRestarted, parse_event
 
 
 def print_summary(result: Result, console: Console) -> None:
@@ -145,14 +146,14 @@ def status(run_dir: str) -> None:
     """
     result = load(run_dir)
     console = Console()
-    done = sum(t.status != "running" for t in result.trials)
+    done = sum(t.status.is_finished for t in result.trials)
     console.print(f"{'finished' if result.finished else 'not finished'}: {done} of "
                   f"{len(result.trials)} trials ended")
-    incidents = Counter(e["event"] for e in result.store.events())
-    if incidents["worker_lost"]:
-        console.print(f"workers: {incidents['worker_lost']} lost, {incidents['worker_replaced']} started anew"
-                      + (f" ({incidents['worker_not_replaced']} could not be)" if incidents['worker_not_replaced']
-                         else "") + f", all restarted {incidents['workers_restarted']} times")
+    incidents = Counter(type(parse_event(e)) for e in result.store.events())
+    if incidents[WorkerLost]:
+        console.print(f"workers: {incidents[WorkerLost]} lost, {incidents[WorkerReplaced]} started anew"
+                      + (f" ({incidents[WorkerNotReplaced]} could not be)" if incidents[WorkerNotReplaced]
+                         else "") + f", all restarted {incidents[WorkersRestarted]} times")
     print_summary(result, console)
 
 
