@@ -2,9 +2,11 @@
 worker starts or anything is written to the store."""
 from __future__ import annotations
 
+import math
 import re
 import threading
 
+import numpy as np
 import pytest
 from _models import build, digits
 
@@ -173,19 +175,34 @@ def test_tpe_rejects_a_primitive_it_does_not_know(tmp_path):
     ({"backend": "ray"}, "backend='ray' must be 'local' or a Backend instance such as cb.LocalBackend(workers=4)"),
     ({"seed": -3}, "seed=-3 must be a non-negative integer or None"),
     ({"verbose": 2}, "verbose=2 must be 0 (silent) or 1 (progress)"),
+    ({"seed": True}, "seed=True must be a non-negative integer or None"),
 ])
 def test_fit_settings_are_checked(tmp_path, fit, message):
     fails_before_work(tmp_path, cb.GridSearch(build, SPACE), message, **fit)
+
+
+def test_tensorboard_must_be_a_bool(tmp_path):
+    fails_before_work(tmp_path, cb.GridSearch(build, SPACE), "tensorboard='yes' must be True or False", TypeError,
+                      tensorboard="yes")
 
 
 @pytest.mark.parametrize("backend, message", [
     (lambda: cb.LocalBackend(2, heartbeat_timeout=0), "heartbeat_timeout=0 must be a number of seconds > 1"),
     (lambda: cb.LocalBackend(2, max_restarts=-1), "max_restarts=-1 must be an integer >= 0"),
     (lambda: cb.LocalBackend(2, threads_per_worker=0), "threads_per_worker=0 must be a positive integer"),
+    (lambda: cb.LocalBackend(True), "workers=True must be a positive integer"),
+    (lambda: cb.LocalBackend(2, max_restarts=1.0), "max_restarts=1.0 must be an integer >= 0"),
+    (lambda: cb.LocalBackend(2, heartbeat_timeout=math.nan), "heartbeat_timeout=nan must be a number of seconds > 1"),
 ])
 def test_backend_settings_are_checked(backend, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         backend()
+
+
+def test_backend_takes_numpy_integers_as_plain_ints():
+    backend = cb.LocalBackend(np.int64(2), threads_per_worker=np.int32(1), max_restarts=np.int64(0))
+    assert (backend.workers, backend.threads_per_worker, backend.max_restarts) == (2, 1, 0)
+    assert all(type(v) is int for v in (backend.workers, backend.threads_per_worker, backend.max_restarts))
 
 
 def test_resume_of_a_directory_that_holds_no_run(tmp_path):

@@ -3,17 +3,29 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from .._checks import Integer, Real
+
+POSITIVE = Integer(low=1, description="a positive integer")
+HEARTBEAT_TIMEOUT = Real(low=1, low_open=True, description="a number of seconds > 1")
+MAX_RESTARTS = Integer(low=0)
+
 
 def check_positive(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return value
+    """``value`` as an int; raises unless it is a positive integer."""
+    POSITIVE.check(name, value)
+    return int(value)
 
 
 def check_heartbeat_timeout(value: object) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 1:
-        raise ValueError(f"heartbeat_timeout={value!r} must be a number of seconds > 1")
+    """``value`` in seconds; raises unless it is a number > 1."""
+    HEARTBEAT_TIMEOUT.check("heartbeat_timeout", value)
     return float(value)
+
+
+def check_max_restarts(value: object) -> int:
+    """``value`` as an int; raises unless it is an integer >= 0."""
+    MAX_RESTARTS.check("max_restarts", value)
+    return int(value)
 
 
 class Backend(ABC):

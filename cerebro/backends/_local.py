@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from ..worker._protocol import AUTHKEY_ENV
-from ._base import Backend, check_heartbeat_timeout, check_positive
+from ._base import Backend, check_heartbeat_timeout, check_max_restarts, check_positive
 
 
 class LocalBackend(Backend):
@@ -35,9 +35,7 @@ class LocalBackend(Backend):
             threads_per_worker = max(1, (os.cpu_count() or 1) // workers)
         self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker)
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
-        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-            raise ValueError(f"max_restarts={max_restarts!r} must be an integer >= 0")
-        self.max_restarts = max_restarts
+        self.max_restarts = check_max_restarts(max_restarts)
         self._processes: list[subprocess.Popen] = []
         self._unreaped: list[subprocess.Popen] = []     # replaced, killed, not yet ended
 

@@ -9,9 +9,12 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._base import Backend, check_heartbeat_timeout, check_positive
+from .._checks import Integer
+from ._base import Backend, check_heartbeat_timeout, check_max_restarts, check_positive
 
 SHUTDOWN_GRACE_S = 5.0
+
+DRIVER_PORT = Integer(low=0, high=65535, description="a port number, or 0 for any free port")
 
 
 def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[Any]) -> Iterator[int]:
@@ -79,12 +82,9 @@ class SparkBackend(Backend):
         task_cpus = int(context.getConf().get("spark.task.cpus", "1"))
         self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker or task_cpus)
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
-        if not isinstance(driver_port, int) or not 0 <= driver_port < 65536:
-            raise ValueError(f"driver_port={driver_port!r} must be a port number, or 0 for any free port")
-        self.driver_port = driver_port
-        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-            raise ValueError(f"max_restarts={max_restarts!r} must be an integer >= 0")
-        self.max_restarts = max_restarts
+        DRIVER_PORT.check("driver_port", driver_port)
+        self.driver_port = int(driver_port)
+        self.max_restarts = check_max_restarts(max_restarts)
         self._job: threading.Thread | None = None
         self._job_error: BaseException | None = None
         self._group = ""

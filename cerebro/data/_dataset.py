@@ -13,8 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Union
 
-import numpy as np
-
+from .._checks import Integer, Optional
 from ._partitions import PartitionLayout
 
 if TYPE_CHECKING:
@@ -25,10 +24,8 @@ Validation = Union[float, "Dataset", tuple, None]
 
 def check_partition_count(partitions: Any) -> None:
     """Fail unless ``partitions`` is a positive integer or ``None`` (one partition per worker)."""
-    if partitions is not None and (not isinstance(partitions, (int, np.integer))
-                                   or isinstance(partitions, bool) or partitions < 1):
-        raise ValueError(f"partitions={partitions!r} must be a positive integer or None "
-                         f"(one partition per worker)")
+    Optional(Integer(low=1, description="a positive integer or None (one partition per worker)")).check(
+        "partitions", partitions)
 
 
 class Dataset(abc.ABC):
@@ -64,8 +61,7 @@ class Dataset(abc.ABC):
 
     def __init__(self, *, validation: Any, partitions: int | None, seed: int) -> None:
         check_partition_count(partitions)
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-            raise ValueError(f"seed={seed!r} must be an integer")
+        Integer().check("seed", seed)
         self.partitions = None if partitions is None else int(partitions)
         self.seed = int(seed)
         self.validation = validation

@@ -18,6 +18,7 @@ import cloudpickle
 import numpy as np
 import torch
 
+from .._checks import Boolean, Integer
 from .._version import __version__
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
@@ -52,13 +53,12 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
                          f"every worker needs a partition, so use more partitions or fewer workers")
     if seed is None:
         seed = secrets.randbelow(2**31)
-    elif not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed={seed!r} must be a non-negative integer or None")
+    else:
+        Integer(low=0, description="a non-negative integer or None").check("seed", seed)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
     limits = Limits(trial_timeout, max_failures)
-    if not isinstance(tensorboard, bool):
-        raise TypeError(f"tensorboard={tensorboard!r} must be True or False")
+    Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)
     _check_metric(build, example_config, metric, data.has_validation)
