@@ -96,6 +96,8 @@ def sigterm_interrupts() -> Iterator[None]:
 def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,
          searcher_blob: bytes, settings: dict[str, Any], data: Dataset, num_partitions: int, backend: Backend,
          seed: int, verbose: int, limits: Limits, tensorboard: bool, mlflow: bool | str) -> Result:
+    """Write the run directory (partitions, build, searcher, run.json), drive the run, and
+    return its :class:`Result`; the arguments are ``execute``'s, checked."""
     layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_build(build_blob)
     run_store.write_searcher(searcher_blob)
@@ -148,6 +150,8 @@ def observers(store: RunStore, metric: str, mode: str, verbose: int, tensorboard
 
 
 def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
+    """The backend ``fit(backend=, workers=)`` asks for: the instance given, or local worker
+    processes (one per core unless ``workers`` says)."""
     if isinstance(backend, Backend):
         if workers is not None and workers != backend.workers:
             raise ValueError(f"workers={workers!r} differs from the backend's workers={backend.workers}; "

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 
 class Decision(enum.Enum):
+    """A searcher's answer for a trial at an epoch end."""
+
     CONTINUE = "continue"
     STOP = "stop"
     PAUSE = "pause"        # only as an answer to report: decided later, through decide()
@@ -49,6 +51,8 @@ class TrialRequest:
 
 
 class SearchPolicy(Protocol):
+    """What the driver asks a searcher (see the module docstring for when)."""
+
     def start(self, seed: int) -> None:
         """Reset for a new run whose seed is ``seed``."""
 

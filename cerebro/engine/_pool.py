@@ -31,6 +31,8 @@ from ._settings import RunSettings
 
 @dataclass
 class Worker:
+    """A connected worker: its channel, what it holds and runs, and when it was last heard."""
+
     index: int
     channel: Channel
     pid: int
@@ -66,6 +68,7 @@ class WorkerPool:
 
     def __init__(self, backend: Backend, settings: RunSettings, store: RunStore, build_blob: bytes,
                  emit: Callable[[Event], None], now: Callable[[], float]) -> None:
+        """Nothing starts yet (:meth:`open` does); ``emit`` takes the pool's journal events."""
         self.backend, self.settings = backend, settings
         self.store, self.build_blob = store, build_blob
         self.heartbeat_timeout = backend.heartbeat_timeout
@@ -148,6 +151,8 @@ class WorkerPool:
 
     def _accept_workers(self, server: socket.socket, accepted: queue.Queue[tuple[bytes, Channel]],
                         stopping: threading.Event) -> None:
+        """The acceptor thread: authenticate each connection and queue it with the token it
+        passed (a worker of an abandoned launch has an older one); strangers are dropped."""
         while not stopping.is_set():
             try:
                 sock, _ = server.accept()
@@ -164,6 +169,8 @@ class WorkerPool:
             accepted.put((authkey, channel))
 
     def _connect(self) -> None:
+        """Wait until every worker of the launch said hello, took its partitions and is ready;
+        a worker that fails to start, or a launch past ``startup_timeout``, raises."""
         deadline = time.monotonic() + self.settings.startup_timeout
         pending: dict[int, Worker] = {}
         while len(self.workers) < self.backend.workers:

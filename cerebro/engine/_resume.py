@@ -46,6 +46,8 @@ class ResumeError(RuntimeError):
 
 @dataclass
 class RecoveredTrial:
+    """A trial as the journal leaves it: its last epoch, metrics and the searcher's answers."""
+
     trial_id: str
     config: dict[str, Any]
     max_epochs: int
@@ -60,6 +62,8 @@ class RecoveredTrial:
 
 @dataclass
 class Recovered:
+    """What :func:`replay` recovered: every trial, and the requests not yet started."""
+
     trials: dict[str, RecoveredTrial]
     unstarted: list[TrialRequest]             # suggested, but the driver died before creating them
     last_time: float

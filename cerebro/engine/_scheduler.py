@@ -81,6 +81,7 @@ class MOPScheduler:
     """
 
     def __init__(self, worker_partitions: Mapping[int, Iterable[int]], evaluate: bool = True) -> None:
+        """Raises unless each of the partitions 0..P-1 is held by exactly one worker."""
         self._owner: dict[int, int] = {}
         for worker, partitions in worker_partitions.items():
             for partition in partitions:

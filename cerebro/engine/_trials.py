@@ -52,6 +52,8 @@ class Recorder(Protocol):
 
 @dataclass
 class Trial:
+    """A live trial: its configuration, where it stands, and the state the driver holds."""
+
     trial_id: str
     config: dict
     max_epochs: int

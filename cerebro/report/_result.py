@@ -129,6 +129,8 @@ class Result:
 
     @property
     def build(self) -> Callable[[dict], Any]:
+        """The run's ``build(config)``: the one given to ``load``, or the stored one (unpickled
+        on first use: it is code, so only :meth:`TrialResult.model` and resume need it)."""
         if self._build is None:
             self._build = cloudpickle.loads(self.store.read_build())
         return self._build
