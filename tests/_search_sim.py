@@ -1,6 +1,8 @@
-"""A driver stand-in for searcher tests: it runs a searcher's decisions without workers,
-advancing live trials one epoch at a time in an order drawn from ``timing_seed`` (what
-timing does to a real run), so tests can check that decisions never depend on that order."""
+"""A run without workers for searcher tests: the driver's own trial book (``TrialBook``) takes
+a searcher's trials through their epochs, with a scheduler stand-in that lets one trial's epoch
+run at a time, drawn from ``timing_seed`` (what timing does to a real run), so tests can check
+that decisions never depend on that order. The trials are read back from the book's events
+and checkpoints, as a run's journal and checkpoints tell them."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,7 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from cerebro.engine import Decision, Exploit
+from cerebro.engine import EVAL, TRAIN, Decision, Task
+from cerebro.engine._settings import RunSettings
+from cerebro.engine._trials import TrialBook
+from cerebro.store import Decided, DecidedPaused, EpochEnd, Exploited, TrialCreated, TrialEnded, TrialStatus
+from cerebro.worker import Sums
 
 
 @dataclass
@@ -18,64 +24,104 @@ class SimTrial:
     max_epochs: int
     epoch: int = 0
     paused: bool = False
-    status: str = "running"
+    status: str = "running"       # then the TrialStatus it ended with
     values: list[float] = field(default_factory=list)     # the objective after each epoch
     exploits: list[tuple[int, str, dict]] = field(default_factory=list)   # (epoch, source, new config)
+
+
+class Recorder:
+    """The book's recorder: keeps each trial as its events and checkpoints tell it."""
+
+    path = "memory"
+
+    def __init__(self) -> None:
+        self.trials: dict[str, SimTrial] = {}
+
+    def emit(self, event) -> None:
+        if isinstance(event, TrialCreated):
+            self.trials[event.trial_id] = SimTrial(event.trial_id, dict(event.config), event.max_epochs)
+        elif isinstance(event, EpochEnd):
+            self.trials[event.trial_id].epoch = event.epoch
+        elif isinstance(event, Decided):
+            self.trials[event.trial_id].paused = event.decision == Decision.PAUSE.value
+        elif isinstance(event, DecidedPaused):
+            for trial_id in event.decisions:
+                self.trials[trial_id].paused = False
+        elif isinstance(event, Exploited):
+            trial = self.trials[event.trial_id]
+            trial.config = dict(event.config)
+            trial.exploits.append((event.epoch, event.source, dict(event.config)))
+        elif isinstance(event, TrialEnded):
+            self.trials[event.trial_id].status = event.status
+
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
+        self.trials[trial_id].values = list(state)      # an exploit's: the source's values
+
+    def write_config(self, trial_id, config) -> None:
+        pass
+
+    def write_error(self, trial_id, error) -> None:
+        pass
+
+    def now(self) -> float:
+        return 0.0
+
+
+class Timing:
+    """The scheduler as the book uses it: an epoch is one train and one eval sub-epoch, and
+    which trial's epoch runs next is drawn from ``timing_seed`` among those due."""
+
+    def __init__(self, timing_seed: int) -> None:
+        self.rng = np.random.default_rng(timing_seed)
+        self.due: set[str] = set()
+
+    def start_epoch(self, trial_id: str, epoch: int, order: list[int]) -> None:
+        self.due.add(trial_id)
+
+    def remove(self, trial_id: str) -> None:
+        self.due.discard(trial_id)
+
+    def complete(self, task: Task) -> bool:
+        return task.kind == EVAL
+
+    def next(self) -> str:
+        trial_id = sorted(self.due)[int(self.rng.integers(len(self.due)))]
+        self.due.remove(trial_id)
+        return trial_id
+
+
+def epoch_sums(metric: str, value: float) -> dict:
+    """Train and eval sums whose means (``mean_metrics``) are ``{metric: value}`` exactly, with,
+    for a metric that is not a loss, its split's loss too (0.0): the book always has one."""
+    split, _, name = metric.partition("_")
+    if split not in ("train", "val") or not name:
+        raise ValueError(f"metric {metric!r} is none the book reports: train_* or val_*")
+    sums = Sums(1, value, {}) if name == "loss" else Sums(1, 0.0, {name: value})
+    none = Sums(0, 0.0, {})        # no rows: no metrics for the other split
+    return {TRAIN: sums if split == "train" else none, EVAL: sums if split == "val" else none}
 
 
 def simulate(searcher, objective: Callable[[dict, int, list[float]], float], *, seed: int = 0,
              timing_seed: int = 0, fail: Callable[[dict], bool] = lambda config: False) -> dict[str, SimTrial]:
     """Run ``searcher`` to the end. ``objective(config, epoch, values so far)`` is the metric a
     trial reports after ``epoch``; trials whose config ``fail`` marks end as failed at epoch 1."""
-    timing = np.random.default_rng(timing_seed)
+    recorder, scheduler = Recorder(), Timing(timing_seed)
+    book = TrialBook(searcher, scheduler, RunSettings(seed=seed, num_partitions=1, evaluate=True), recorder)
     searcher.start(seed)
-    trials: dict[str, SimTrial] = {}
-
-    def end(trial: SimTrial, status: str) -> None:
-        trial.status = status
-        searcher.trial_ended(trial.trial_id, status)
-
-    def go_on(trial: SimTrial, decision) -> None:
-        if decision is Decision.STOP:
-            end(trial, "stopped" if trial.epoch < trial.max_epochs else "completed")
-        elif trial.epoch >= trial.max_epochs:
-            end(trial, "completed")
-
-    while True:
-        for request in searcher.suggest():
-            trial_id = f"t{len(trials):04d}"
-            trials[trial_id] = SimTrial(trial_id, dict(request.config), request.max_epochs)
-        decisions = searcher.decide()
-        for trial_id, decision in sorted(decisions.items(), key=lambda item: not isinstance(item[1], Exploit)):
-            trial = trials[trial_id]
-            assert trial.paused and trial.status == "running", (trial_id, decision)
-            if isinstance(decision, Exploit):
-                source = trials[decision.source]
-                assert source.paused and source.epoch == trial.epoch
-                trial.config = dict(decision.config)
-                trial.values = list(source.values)
-                trial.exploits.append((trial.epoch, source.trial_id, dict(decision.config)))
-                decision = Decision.CONTINUE
-            trial.paused = False
-            go_on(trial, decision)
-        runnable = [t for t in trials.values() if t.status == "running" and not t.paused]
-        if not runnable:
-            if decisions:
-                continue
-            live = [t.trial_id for t in trials.values() if t.status == "running"]
-            assert not live, f"stuck: {live} paused and never decided"
-            return trials       # nothing changed since suggest() returned no trial
-        trial = runnable[int(timing.integers(len(runnable)))]
+    book.add_trials()
+    while book.live:                    # the driver's loop, one epoch a step
+        book.check_not_stuck(running=False)
+        trial = book.live[scheduler.next()]
         if fail(trial.config):
-            end(trial, "failed")
-            continue
-        trial.epoch += 1
-        trial.values.append(objective(trial.config, trial.epoch, trial.values))
-        decision = searcher.report(trial.trial_id, trial.epoch, {searcher.metric: trial.values[-1]})
-        if decision is Decision.PAUSE:
-            trial.paused = True
+            book.end(trial, TrialStatus.FAILED, "failed as the test asked")
         else:
-            go_on(trial, decision)
+            # The trial's state is its values so far, so that an exploit copies the source's.
+            values = (*(trial.state or ()), objective(trial.config, trial.epoch, list(trial.state or ())))
+            for kind, sums in epoch_sums(searcher.metric, values[-1]).items():
+                book.sub_epoch_done(Task(trial.trial_id, kind, trial.epoch, 0, 0), 0, sums, values)
+        book.apply_decisions()
+        book.add_trials()
+    return recorder.trials
 
 
 def outcome(trials: dict[str, SimTrial]) -> list[tuple]:
