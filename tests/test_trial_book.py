@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cerebro as cb
-from cerebro.engine import MOPScheduler
+from cerebro.engine import Decision, MOPScheduler, TrialRequest
 from cerebro.engine._search_state import apply_delta
 from cerebro.engine._settings import Limits, RunSettings
 from cerebro.engine._trials import TrialBook
@@ -137,3 +137,53 @@ def test_numpy_limits_pass_and_are_kept_as_plain_numbers():
     assert (type(limits.trial_timeout), type(limits.max_failures)) == (float, int)
     assert json.loads(json.dumps([limits.trial_timeout, limits.max_failures])) == [2.5, 3]
     assert Limits(trial_timeout=1).trial_timeout == 1 and type(Limits(trial_timeout=1).trial_timeout) is int
+
+
+class StopsOneThenDecidesTheOther:
+    """Pauses both trials after epoch 1; once both paused, decide() stops t0000, and only
+    once that stop has ended it (trial_ended) lets t0001 go on: a second decide() is needed."""
+
+    metric, mode = "train_loss", "min"
+
+    def start(self, seed):
+        self.ended, self.paused, self.suggested = set(), set(), False
+
+    def suggest(self):
+        if self.suggested:
+            return []
+        self.suggested = True
+        return [TrialRequest({"lr": 0.01, "hidden": h}, 2) for h in (1, 2)]
+
+    def report(self, trial_id, epoch, metrics):
+        self.paused.add(trial_id)
+        return Decision.PAUSE
+
+    def decide(self):
+        if len(self.paused) < 2:
+            return {}
+        return {"t0001": Decision.CONTINUE} if "t0000" in self.ended else {"t0000": Decision.STOP}
+
+    def trial_ended(self, trial_id, status):
+        self.ended.add(trial_id)
+
+    def stop_reason(self, trial_id):
+        return "stopped first"
+
+    def state(self):
+        return {}
+
+
+def test_a_run_whose_paused_trials_need_a_second_decide_is_not_stuck():
+    recorder, policy = Recorder(), StopsOneThenDecidesTheOther()
+    scheduler = MOPScheduler({0: [0]}, evaluate=False)
+    book = TrialBook(policy, scheduler, RunSettings(seed=3, num_partitions=1, evaluate=False), recorder)
+    policy.start(3)
+    book.add_trials()
+    while book.live:                         # the driver's order: dispatch, the stuck check, decisions
+        tasks = scheduler.assign([0])
+        book.check_not_stuck(running=bool(tasks))
+        for task in tasks:
+            book.sub_epoch_done(task, 0, Sums(rows=1, loss=1.0, metrics={}), state=task.epoch)
+        book.apply_decisions()
+    assert [(e["trial_id"], e["status"]) for e in recorder.events("trial_ended")] == [
+        ("t0000", "stopped"), ("t0001", "completed")]

@@ -209,7 +209,7 @@ class TrialBook:
             self.start_epoch(trial)
         else:
             raise RuntimeError(f"{type(self.policy).__name__} answered {decision!r} for {trial.trial_id}; "
-                               f"expected CONTINUE, STOP or PAUSE")
+                               f"a decision to carry out must be CONTINUE or STOP")
 
     def apply_decisions(self) -> None:
         """Carry out what the searcher decided for paused trials."""
@@ -238,8 +238,9 @@ class TrialBook:
             self.go_on(trial, decision)
 
     def check_not_stuck(self, running: bool) -> None:
-        """Every live trial paused with nothing ``running``: the searcher will never decide them."""
-        if self.live and all(t.paused for t in self.live.values()) and not running:
+        """Every live trial paused with nothing ``running`` and no ``decide`` due (what the
+        last one decided may unblock the rest): the searcher will never decide them."""
+        if self.live and all(t.paused for t in self.live.values()) and not running and not self.decide_due:
             raise RuntimeError(f"{type(self.policy).__name__} paused trials {sorted(self.live)} "
                                f"and decided none of them; the run cannot go on")
 
