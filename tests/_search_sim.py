@@ -29,10 +29,29 @@ class SimTrial:
     exploits: list[tuple[int, str, dict]] = field(default_factory=list)   # (epoch, source, new config)
 
 
-class Recorder:
-    """The book's recorder: keeps each trial as its events and checkpoints tell it."""
+class QuietRecorder:
+    """A recorder for a TrialBook that keeps nothing: subclasses keep what they test."""
 
     path = "memory"
+
+    def emit(self, event) -> None:
+        pass
+
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
+        pass
+
+    def write_config(self, trial_id, config) -> None:
+        pass
+
+    def write_error(self, trial_id, error) -> None:
+        pass
+
+    def now(self) -> float:
+        return 0.0
+
+
+class Recorder(QuietRecorder):
+    """The book's recorder: keeps each trial as its events and checkpoints tell it."""
 
     def __init__(self) -> None:
         self.trials: dict[str, SimTrial] = {}
@@ -56,15 +75,6 @@ class Recorder:
 
     def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
         self.trials[trial_id].values = list(state)      # an exploit's: the source's values
-
-    def write_config(self, trial_id, config) -> None:
-        pass
-
-    def write_error(self, trial_id, error) -> None:
-        pass
-
-    def now(self) -> float:
-        return 0.0
 
 
 class Timing:

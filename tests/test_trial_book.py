@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from _search_sim import QuietRecorder
 
 import cerebro as cb
 from cerebro.engine import Decision, MOPScheduler, TrialRequest
@@ -18,10 +19,8 @@ from cerebro.store import TrialStatus
 from cerebro.worker import Sums
 
 
-class Recorder:
+class Recorder(QuietRecorder):
     """Keeps the journal's lines in memory."""
-
-    path = "memory"
 
     def __init__(self) -> None:
         self.lines: list[str] = []
@@ -32,15 +31,6 @@ class Recorder:
 
     def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
         self.checkpoints.append((trial_id, epoch))
-
-    def write_config(self, trial_id, config) -> None:
-        pass
-
-    def write_error(self, trial_id, error) -> None:
-        pass
-
-    def now(self) -> float:
-        return 0.0
 
     def events(self, name: str) -> list[dict]:
         return [e for e in map(json.loads, self.lines) if e["event"] == name]
