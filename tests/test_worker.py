@@ -35,7 +35,7 @@ def test_a_trial_whose_state_was_evicted_asks_for_it_and_then_trains_identically
     _run(task("t0000", 0), roomy, DATA)
     cached = _run(task("t0000", 1), roomy, DATA)                            # state left out: held here
     assert isinstance(cached, SubEpochDone) and isinstance(resent, SubEpochDone)
-    assert cached.loss == resent.loss
+    assert cached.sums.loss == resent.sums.loss
     for name, tensor in cached.state["model"].items():
         assert (tensor.data == resent.state["model"][name].data).all()
 
@@ -62,7 +62,7 @@ def test_eval_leaves_the_state_version_alone():
     trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30)
     _run(task("t0000", 0), trainables, DATA)
     evaluated = _run(task("t0000", 1, kind=TaskKind.EVAL), trainables, DATA)
-    assert isinstance(evaluated, SubEpochDone) and evaluated.state is None and evaluated.rows == 8
+    assert isinstance(evaluated, SubEpochDone) and evaluated.state is None and evaluated.sums.rows == 8
     assert isinstance(_run(task("t0000", 1), trainables, DATA), SubEpochDone)   # version 1 still held
 
 

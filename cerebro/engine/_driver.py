@@ -27,7 +27,6 @@ from ..store import (
     WorkerReplaced,
     WorkersRestarted,
 )
-from ..worker import Sums
 from ..worker._protocol import RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
 from ._errors import WorkerLostError
 from ._interface import SearchPolicy
@@ -166,8 +165,7 @@ class Driver:
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
         if isinstance(message, SubEpochDone):
-            self.book.sub_epoch_done(task, worker.index, Sums(message.rows, message.loss, message.metrics),
-                                     message.state)
+            self.book.sub_epoch_done(task, worker.index, message.sums, message.state)
         elif message.timed_out:
             self.book.end(trial, TrialStatus.TIMEOUT, f"its {task.kind} sub-epoch of epoch {task.epoch} on "
                                                       f"partition {task.partition} took more than trial_timeout="

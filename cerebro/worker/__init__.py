@@ -1,4 +1,5 @@
 from ._loop import run_worker
-from ._torch import Sums, TorchTrainable
+from ._protocol import Sums
+from ._torch import TorchTrainable
 
 __all__ = ["Sums", "TorchTrainable", "run_worker"]

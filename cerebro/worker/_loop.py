@@ -178,7 +178,7 @@ def _run(task: RunSubEpoch, trainables: _Trainables,
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if task.kind is TaskKind.TRAIN else None
         trainables.keep(task, trainable, task.version + (task.kind is TaskKind.TRAIN))
-        return SubEpochDone(task.task_id, sums.rows, sums.loss, sums.metrics, compute, state)
+        return SubEpochDone(task.task_id, sums, compute, state)
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
     except Exception:

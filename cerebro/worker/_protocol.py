@@ -18,6 +18,7 @@ token and its worker index. The worker connects back over an authenticated chann
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,12 +74,27 @@ class RunSubEpoch:
     timeout: float | None = None   # seconds the sub-epoch may take (trial_timeout)
 
 
-@dataclass
-class SubEpochDone:
-    task_id: int
+@dataclass(frozen=True)
+class Sums:
+    """Row-weighted sums of a sub-epoch's loss and metrics; added up per epoch in partition order."""
+
     rows: int
     loss: float
     metrics: dict[str, float]
+
+    @classmethod
+    def empty(cls, metrics: Iterable[str]) -> Sums:
+        return cls(0, 0.0, dict.fromkeys(metrics, 0.0))
+
+    def __add__(self, other: Sums) -> Sums:
+        return Sums(self.rows + other.rows, self.loss + other.loss,
+                    {name: total + other.metrics[name] for name, total in self.metrics.items()})
+
+
+@dataclass
+class SubEpochDone:
+    task_id: int
+    sums: Sums
     compute_seconds: float       # time spent in the training or evaluation loop
     state: Any = None            # the new packed state after a train sub-epoch
 

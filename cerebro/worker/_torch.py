@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ._protocol import Sums
+
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -89,7 +91,7 @@ class TorchTrainable:
             loss = self.loss(outputs, targets)
             loss.backward()
             self.optimizer.step()
-            sums.add(loss, outputs.detach(), targets, self.metrics)
+            sums += _batch_sums(loss, outputs.detach(), targets, self.metrics)
             if not math.isfinite(sums.loss):
                 break
             _check(deadline)
@@ -103,7 +105,7 @@ class TorchTrainable:
         for start in range(0, len(features), self.batch_size):
             inputs, targets = features[start:start + self.batch_size], label[start:start + self.batch_size]
             outputs = self.model(inputs)
-            sums.add(self.loss(outputs, targets), outputs, targets, self.metrics)
+            sums += _batch_sums(self.loss(outputs, targets), outputs, targets, self.metrics)
             _check(deadline)
         return sums
 
@@ -117,23 +119,10 @@ def _check(deadline: float | None) -> None:
         raise SubEpochTimeout("the sub-epoch ran past its trial_timeout")
 
 
-@dataclass
-class Sums:
-    """Row-weighted sums of a sub-epoch's loss and metrics; added up per epoch in partition order."""
 
-    rows: int
-    loss: float
-    metrics: dict[str, float]
-
-    @classmethod
-    def empty(cls, metrics: Mapping[str, Metric]) -> Sums:
-        return cls(0, 0.0, {name: 0.0 for name in metrics})
-
-    def add(self, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
-            metrics: Mapping[str, Metric]) -> None:
-        n = len(targets)
-        self.rows += n
-        self.loss += float(loss.detach()) * n
-        with torch.no_grad():
-            for name, metric in metrics.items():
-                self.metrics[name] += float(metric(outputs, targets)) * n
+@torch.no_grad()
+def _batch_sums(loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
+                metrics: Mapping[str, Metric]) -> Sums:
+    n = len(targets)
+    return Sums(n, float(loss.detach()) * n, {name: float(metric(outputs, targets)) * n
+                                              for name, metric in metrics.items()})
