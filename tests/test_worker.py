@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import re
+import threading
 
 import pytest
 import torch
-from _models import build
+from _models import build, digits
 
 import cerebro as cb
+from cerebro.backends import Backend
 from cerebro.store import TaskKind
+from cerebro.worker import _loop, run_worker
 from cerebro.worker._loop import _run, _Trainables
 from cerebro.worker._protocol import RunSubEpoch, StateMissing, SubEpochDone, SubEpochFailed
 
@@ -38,6 +41,24 @@ def test_a_trial_whose_state_was_evicted_asks_for_it_and_then_trains_identically
     assert cached.sums.loss == resent.sums.loss
     for name, tensor in cached.state["model"].items():
         assert (tensor.data == resent.state["model"][name].data).all()
+
+
+def test_sub_epoch_done_names_exactly_the_trials_the_cache_evicted():
+    small = _Trainables(build, torch.device("cpu"), budget=0)   # keeps only the latest trial
+    first = _run(task("t0000", 0), small, DATA)
+    assert first.evicted == ()
+    assert _run(task("t0001", 0), small, DATA).evicted == ("t0000",)
+    assert _run(task("t0001", 1), small, DATA).evicted == ()             # the one it holds again
+    assert _run(task("t0000", 1, first.state, kind=TaskKind.EVAL), small, DATA).evicted == ("t0001",)
+    # PBT's new config rebuilds the trial in its own place: nothing else goes.
+    assert _run(task("t0000", 1, first.state, config={"lr": 1e-3}), small, DATA).evicted == ()
+
+    one = 3 * sum(t.numel() * t.element_size() for t in build({}).model.state_dict().values())
+    pair = _Trainables(build, torch.device("cpu"), budget=2 * one)       # the cache's own estimate, twice
+    assert [_run(task(trial, 0), pair, DATA).evicted for trial in ("t0000", "t0001")] == [(), ()]
+    assert _run(task("t0000", 1), pair, DATA).evicted == ()             # t0001 is now the least recent
+    assert _run(task("t0002", 0), pair, DATA).evicted == ("t0001",)
+    assert _run(task("t0000", 2), pair, DATA).evicted == ()             # still held: no state needed
 
 
 def test_a_stale_version_is_never_used():
@@ -97,3 +118,57 @@ def test_a_worker_that_cannot_load_its_partitions_says_why_and_exits(tmp_path):
     assert not worker.is_alive()
     channel.close()
     server.close()
+
+
+class ThreadBackend(Backend):
+    """Workers as threads of the test process, calling run_worker directly, so that the test
+    can set what a worker reads at start-up (its cache budget) and watch what it answers."""
+
+    threads_per_worker = 1
+    heartbeat_timeout = 600.0         # heartbeats are off (see below); the run takes seconds
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._threads: list[threading.Thread] = []
+
+    def start(self, address: tuple[str, int], authkey: bytes) -> None:
+        self._threads = [threading.Thread(target=run_worker, args=(address, authkey, worker, "test thread"))
+                         for worker in range(self.workers)]
+        for thread in self._threads:
+            thread.start()
+
+    def exited(self) -> dict[int, str]:
+        return {worker: "thread ended" for worker, thread in enumerate(self._threads) if not thread.is_alive()}
+
+    def stop(self) -> None:
+        for thread in self._threads:      # the driver sent Shutdown: each ends its loop
+            thread.join(timeout=30)
+
+
+def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_misses_it(tmp_path, monkeypatch):
+    answers: list[tuple[RunSubEpoch, object]] = []
+
+    def watched_run(task: RunSubEpoch, trainables: _Trainables, data: dict) -> object:
+        answer = _run(task, trainables, data)
+        answers.append((task, answer))
+        return answer
+
+    monkeypatch.setattr(_loop, "TRAINABLE_CACHE_BYTES", 0)     # each worker keeps only its latest trial
+    monkeypatch.setattr(_loop, "_run", watched_run)
+    # A heartbeat that fails on a closing channel ends the worker's process with os._exit:
+    # here that would be pytest's, so worker threads send none.
+    monkeypatch.setattr(_loop, "_beat", lambda *args: None)
+    threads = torch.get_num_threads()
+    try:
+        search = cb.GridSearch(build, {"lr": cb.choice([1e-2, 3e-3, 1e-3])}, epochs=2, metric="val_accuracy",
+                               mode="max")
+        result = search.fit(digits(partitions=4, rows=200), backend=ThreadBackend(workers=2), seed=0, verbose=0,
+                            store=tmp_path / "run")
+    finally:
+        torch.set_num_threads(threads)    # the workers set this process's thread count
+    assert [(trial.status, trial.epochs) for trial in result.trials] == [("completed", 2)] * 3
+    # No worker answered StateMissing though their small caches evicted trials, and the driver
+    # still left the state out of the tasks a worker held the state of.
+    assert [answer for _, answer in answers if not isinstance(answer, SubEpochDone)] == []
+    assert any(answer.evicted for _, answer in answers)
+    assert any(task.state is None and task.version > 0 for task, _ in answers)

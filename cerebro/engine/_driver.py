@@ -161,6 +161,10 @@ class Driver:
         worker.running = None
         self.recorder.emit(SubEpoch(task.trial_id, task.epoch, task.partition, worker.index, task.kind, start,
                                     self._now(), getattr(message, "compute_seconds", None)))
+        for trial_id in getattr(message, "evicted", ()):   # their next task on this worker carries the state
+            evicted = self.book.live.get(trial_id)
+            if evicted is not None:
+                evicted.holders.discard(worker.index)
         trial = self.book.live.get(task.trial_id)
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return

@@ -54,6 +54,7 @@ class _Trainables:
 
     def take(self, task: RunSubEpoch) -> TorchTrainable | None:
         """``task``'s trainable at the task's state version; None if that state is not here."""
+        # Out of the cache until keep puts it back: a sub-epoch that fails ends its trial.
         cached = self._cache.pop(task.trial_id, None)
         if cached is not None and cached[3] != task.config:    # PBT changed the config
             cached = None
@@ -73,12 +74,16 @@ class _Trainables:
         trainable.model.to(self.device)
         return trainable
 
-    def keep(self, task: RunSubEpoch, trainable: TorchTrainable, version: int) -> None:
+    def keep(self, task: RunSubEpoch, trainable: TorchTrainable, version: int) -> tuple[str, ...]:
+        """Hold ``task``'s trainable at ``version``; returns the other trials evicted to stay
+        within the budget: their next task here must carry the state again."""
         size = 3 * sum(t.numel() * t.element_size() for t in trainable.model.state_dict().values())
         # size: weights + optimizer moments, roughly
         self._cache[task.trial_id] = (trainable, version, size, task.config)
+        evicted = []
         while sum(entry[2] for entry in self._cache.values()) > self.budget and len(self._cache) > 1:
-            self._cache.popitem(last=False)
+            evicted.append(self._cache.popitem(last=False)[0])
+        return tuple(evicted)
 
 
 def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_by: str = "local process") -> None:
@@ -177,8 +182,8 @@ def _run(task: RunSubEpoch, trainables: _Trainables,
             sums = trainable.evaluate_partition(features, label, deadline)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if task.kind is TaskKind.TRAIN else None
-        trainables.keep(task, trainable, task.version + (task.kind is TaskKind.TRAIN))
-        return SubEpochDone(task.task_id, sums, compute, state)
+        evicted = trainables.keep(task, trainable, task.version + (task.kind is TaskKind.TRAIN))
+        return SubEpochDone(task.task_id, sums, compute, state, evicted)
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
     except Exception:

@@ -15,6 +15,12 @@ token and its worker index. The worker connects back over an authenticated chann
     driver -> Release        partitions a replacement of a lost worker took back: free them
     worker -> Heartbeat      (every heartbeat_interval seconds, from a side thread)
     driver -> Shutdown
+
+A worker keeps the trials it built, each at one state version, within a byte budget, and the
+driver leaves the state out of a task whose version the worker holds. ``SubEpochDone`` carries
+the sub-epoch's ``Sums``, the new state after a train sub-epoch, and the trials the worker
+evicted from that cache, so the driver knows what each worker holds rather than guessing;
+``StateMissing`` is only the safety net should the two ever disagree.
 """
 from __future__ import annotations
 
@@ -97,6 +103,7 @@ class SubEpochDone:
     sums: Sums
     compute_seconds: float       # time spent in the training or evaluation loop
     state: Any = None            # the new packed state after a train sub-epoch
+    evicted: tuple[str, ...] = ()  # trials this worker no longer holds, dropped to make room
 
 
 @dataclass
