@@ -86,7 +86,7 @@ def run(name: str, search: cb.Searcher, data: cb.Dataset, store: str) -> dict[st
             curve.append((event["time"], best_so_far))
     history = result.history()
     return {"searcher": name, "wall_s": wall, "trial_epochs": len(history), "trials": len(result.trials),
-            "statuses": dict(Counter(t.status for t in result.trials)), "best_val_accuracy": result.best.metrics[
+            "statuses": dict(Counter(str(t.status) for t in result.trials)), "best_val_accuracy": result.best.metrics[
                 "val_accuracy"], "best_config": result.best.config, "best_trial": result.best.trial_id,
             "anytime": curve}
 
