@@ -340,7 +340,6 @@ def hop_breakdown(quick: bool) -> dict[str, Any]:
     checkpoint write of the Adam state; and round trips to a second process over loopback
     TCP, as raw bytes (the floor for moving a state both ways) and through Cerebro's Channel."""
     from cerebro.store import RunStore
-    from cerebro.worker._wire import accept
 
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -373,7 +372,7 @@ def hop_breakdown(quick: bool) -> dict[str, Any]:
             for name, value in zip(steps, (t1 - t0, t2 - t1, t4 - t3, t5 - t4, t6 - t5)):
                 steps[name].append(1e3 * value)
         round_trips = _round_trips({name: pack_tensors(state) for name, (_, state) in states.items()},
-                                   repeats, accept)
+                                   repeats)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         torch.set_num_threads(previous_threads)
@@ -393,10 +392,12 @@ def _reader(blob: bytes):
     return read_into
 
 
-def _round_trips(packed: dict[str, Any], repeats: int, accept) -> dict[str, list[float]]:
+def _round_trips(packed: dict[str, Any], repeats: int) -> dict[str, list[float]]:
     """Round trips of each state's bytes (raw) and of each packed state (Channel), in ms."""
     import struct
     import subprocess
+
+    from cerebro.worker._wire import authenticate
 
     key = os.urandom(32)
     server = socket.create_server(("127.0.0.1", 0))
@@ -406,7 +407,7 @@ def _round_trips(packed: dict[str, Any], repeats: int, accept) -> dict[str, list
     out: dict[str, list[float]] = {}
     try:
         server.settimeout(120)
-        channel = accept(server, key, timeout=120)
+        channel = authenticate(server.accept()[0], key, timeout=120)
         sock = channel.sock
         for name, state in packed.items():
             raw = b"".join(bytes(part) for part in frames(state))

@@ -23,10 +23,15 @@ import pytest
 import torch
 
 from cerebro.store import TensorBytes, frames, pack_tensors, read_message, unpack_tensors, write_message
-from cerebro.worker._wire import Channel, accept, connect
+from cerebro.worker._wire import Channel, authenticate, connect
 
 KEY = b"run-token-0123456789"
 TIMEOUT = 10.0           # bounds every blocking call so a broken wire fails instead of hanging
+
+
+def accept(server, authkey, timeout):
+    """The driver's side: authenticate the next connection to ``server``."""
+    return authenticate(server.accept()[0], authkey, timeout)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

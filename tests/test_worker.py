@@ -103,12 +103,12 @@ def test_a_worker_that_cannot_load_its_partitions_says_why_and_exits(tmp_path):
 
     from cerebro.worker import run_worker
     from cerebro.worker._protocol import Hello, Setup, SetupFailed
-    from cerebro.worker._wire import accept
+    from cerebro.worker._wire import authenticate
 
     server = socket.create_server(("127.0.0.1", 0))
     worker = threading.Thread(target=run_worker, args=(server.getsockname(), b"key", 0))
     worker.start()
-    channel = accept(server, b"key")
+    channel = authenticate(server.accept()[0], b"key")
     assert isinstance(channel.recv(), Hello)
     channel.send(Setup([0], str(tmp_path / "missing"), cloudpickle.dumps(build), 1, 1.0))
     failed = channel.recv()

@@ -47,6 +47,7 @@ class Driver:
     def __init__(self, policy: SearchPolicy, store: RunStore, backend: Backend, settings: RunSettings, *,
                  build_blob: bytes, progress: Progress, take_up: Callable[[TrialBook], None] | None = None,
                  time_offset: float = 0.0) -> None:
+        """Nothing starts yet (:meth:`run` does); ``progress`` observes every event of the run."""
         self.store, self.backend, self.settings, self.progress = store, backend, settings, progress
         self._take_up, self._time_offset = take_up, time_offset
         self._t0 = time.monotonic()
@@ -94,6 +95,9 @@ class Driver:
         return any(w.running for w in self.pool.workers.values())
 
     def _step(self) -> None:
+        """One turn of the loop: start what can start, take what the workers answered (for
+        up to a heartbeat interval), act on lost and regained workers, then let the searcher
+        decide and add trials."""
         self._dispatch()
         self.book.check_not_stuck(self._busy())
         for worker, message in self.pool.poll(self.settings.heartbeat_interval):
@@ -116,6 +120,7 @@ class Driver:
 
     # --- sub-epochs ---------------------------------------------------------------------
     def _dispatch(self) -> None:
+        """Send every sub-epoch the scheduler assigns to the idle workers."""
         idle = [w.index for w in self.pool.workers.values() if w.running is None]
         tasks = self.scheduler.assign(idle)
         for task in tasks:   # all marked running first: a failed send then aborts every one
@@ -141,6 +146,7 @@ class Driver:
             trial.holders.add(worker.index)
 
     def _resend_with_state(self, worker: Worker) -> None:
+        """``worker`` no longer held the state its task needs: send the task again with it."""
         _, task, _ = worker.running
         trial = self.book.live.get(task.trial_id)
         if trial is None:      # it ended meanwhile: nothing left to run
@@ -156,6 +162,8 @@ class Driver:
         self._send_task(worker, worker.running[0], task, trial)
 
     def _finish_task(self, worker: Worker, message: SubEpochDone | SubEpochFailed) -> None:
+        """Journal ``worker``'s finished sub-epoch and hand its result to the trial book; a
+        failed one ends its trial (failed, or timeout)."""
         task_id, task, start = worker.running
         assert message.task_id == task_id, f"{worker.describe()} answered task {message.task_id}, not {task_id}"
         worker.running = None
@@ -179,6 +187,8 @@ class Driver:
 
     # --- workers lost and regained ------------------------------------------------------
     def _check_health(self) -> None:
+        """Act on workers that exited, went silent, or are stuck in a sub-epoch past
+        ``trial_timeout``."""
         together = self.pool.exited_together()
         if together is not None:
             # The whole launch ended before a lost connection named the task that failed

@@ -99,6 +99,7 @@ class TrialBook:
             self.create(request)
 
     def create(self, request: TrialRequest) -> None:
+        """Start a new trial, named in creation order, at its first epoch."""
         trial = Trial(trial_name(self.created), dict(request.config), request.max_epochs)
         self.created += 1
         self.live[trial.trial_id] = trial
@@ -112,6 +113,7 @@ class TrialBook:
         self.recorder.emit(TrialTakenUp(trial.trial_id, trial.config, trial.max_epochs))
 
     def start_epoch(self, trial: Trial) -> None:
+        """Schedule ``trial``'s next epoch in its visit order (from the seed, never timing)."""
         trial.epoch += 1
         trial.train_sums, trial.eval_sums = {}, {}
         self.scheduler.start_epoch(trial.trial_id, trial.epoch, visit_order(
@@ -159,6 +161,8 @@ class TrialBook:
 
     # --- epoch ends and decisions -------------------------------------------------------
     def _end_epoch(self, trial: Trial) -> None:
+        """Every sub-epoch of ``trial``'s epoch is done: checkpoint it, journal its metrics and
+        ask the searcher (epochs redone after a resume only checkpoint and go on)."""
         if trial.epoch <= trial.catch_up:      # resume: journaled and reported before the crash
             self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch)
             if trial.epoch < trial.catch_up:
@@ -250,6 +254,7 @@ class TrialBook:
             self.recorder.emit(SearchState(self.recorder.now(), **entry))
 
     def _exploit(self, trial: Trial, exploit: Exploit) -> None:
+        """PBT: ``trial`` goes on from the state of ``exploit.source``, with the new config."""
         source = self.live.get(exploit.source)
         if source is None or not source.paused or source.epoch != trial.epoch:
             raise RuntimeError(f"{trial.trial_id} cannot exploit {exploit.source}: the source must be a trial "

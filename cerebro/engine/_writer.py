@@ -25,6 +25,7 @@ class BackgroundWriter:
         self._thread.start()
 
     def submit(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Queue ``call(*args, **kwargs)``; raises the error of an earlier write, if one failed."""
         self._raise_error()
         self._calls.put((call, args, kwargs))
 
@@ -57,6 +58,7 @@ class StoreRecorder:
         self._writer = BackgroundWriter()
 
     def emit(self, event: Event) -> None:
+        """Journal ``event`` (if the journal keeps its kind) and tell the observers."""
         if event.journaled:
             self._writer.submit(self.store.emit, event)
         self.observer.notify(event)

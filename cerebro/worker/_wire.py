@@ -79,11 +79,6 @@ def connect(address: tuple[str, int], authkey: bytes, timeout: float = 60.0) -> 
     return channel
 
 
-def accept(server: socket.socket, authkey: bytes, timeout: float = 10.0) -> Channel:
-    """The driver's channel to the next worker that connects to ``server`` and authenticates."""
-    return authenticate(server.accept()[0], authkey, timeout)
-
-
 def authenticate(sock: socket.socket, authkey: bytes, timeout: float = 10.0) -> Channel:
     """The driver's side of the handshake on a freshly accepted ``sock``; closes it on failure."""
     sock.settimeout(timeout)
