@@ -57,8 +57,7 @@ class Lost:
 
 @dataclass(frozen=True)
 class Joined:
-    """A replacement of a lost worker loaded its partitions, which it takes back from the
-    workers that held them meanwhile."""
+    """A replacement of a lost worker loaded its partitions and takes them back."""
 
     worker: Worker
 
@@ -69,8 +68,7 @@ class WorkerPool:
     def __init__(self, backend: Backend, settings: RunSettings, store: RunStore, build_blob: bytes,
                  emit: Callable[[Event], None], now: Callable[[], float]) -> None:
         """Nothing starts yet (:meth:`open` does); ``emit`` takes the pool's journal events."""
-        self.backend, self.settings = backend, settings
-        self.store, self.build_blob = store, build_blob
+        self.backend, self.settings, self.store, self.build_blob = backend, settings, store, build_blob
         self.heartbeat_timeout = backend.heartbeat_timeout
         self._emit, self._now = emit, now
         self.workers: dict[int, Worker] = {}
@@ -103,12 +101,9 @@ class WorkerPool:
     def restart(self) -> list[Task]:
         """Start every worker anew; returns the sub-epochs that were running, to run again."""
         self._starting = True
-        self._authkey = secrets.token_bytes(32)   # what the old launch still starts cannot join
         running = [w.running[1] for w in self.workers.values() if w.running is not None]
-        for worker in self.workers.values():
+        for worker in [*self.workers.values(), *self._arriving.values()]:
             self._count_bytes(worker)
-            worker.channel.close()
-        for worker in self._arriving.values():
             worker.channel.close()
         self.workers, self._arriving, self._joining, self._events = {}, {}, {}, []
         self.backend.stop()
@@ -151,8 +146,7 @@ class WorkerPool:
 
     def _accept_workers(self, server: socket.socket, accepted: queue.Queue[tuple[bytes, Channel]],
                         stopping: threading.Event) -> None:
-        """The acceptor thread: authenticate each connection and queue it with the token it
-        passed (a worker of an abandoned launch has an older one); strangers are dropped."""
+        """The acceptor thread: queue each connection that authenticates, with the token it used."""
         while not stopping.is_set():
             try:
                 sock, _ = server.accept()
@@ -169,8 +163,7 @@ class WorkerPool:
             accepted.put((authkey, channel))
 
     def _connect(self) -> None:
-        """Wait until every worker of the launch said hello, took its partitions and is ready;
-        a worker that fails to start, or a launch past ``startup_timeout``, raises."""
+        """Wait until every worker of the launch is set up; raises if one fails or is late."""
         deadline = time.monotonic() + self.settings.startup_timeout
         pending: dict[int, Worker] = {}
         while len(self.workers) < self.backend.workers:
