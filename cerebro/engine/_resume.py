@@ -136,8 +136,6 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         if not store.has("searcher.pkl"):
             raise ResumeError(f"{store.path!r} has no searcher.pkl: it was not started by fit, so it cannot resume")
         policy = cloudpickle.loads(store.read_searcher())
-        if build is not None:
-            policy.build = build
         build_blob = pickle_build(build) if build is not None else store.read_build()
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])
