@@ -8,12 +8,24 @@ import pytest
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+# Every process this test session starts inherits this mark, workers whose driver was killed
+# too, so another session's workers on the same machine are never counted as ours.
+SESSION = os.environ.setdefault("CEREBRO_TEST_SESSION", str(os.getpid()))
+
+
+def _ours(process: psutil.Process) -> bool:
+    try:
+        return process.environ().get("CEREBRO_TEST_SESSION") == SESSION
+    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
 def _live_workers() -> list[psutil.Process]:
-    """Local worker processes (``python -m cerebro.worker``) that still run."""
+    """This session's local worker processes (``python -m cerebro.worker``) that still run."""
     found = []
     for process in psutil.process_iter(["cmdline", "status"]):
         cmdline = process.info["cmdline"] or []
-        if "cerebro.worker" in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+        if "cerebro.worker" in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE and _ours(process):
             found.append(process)
     return found
 
