@@ -169,10 +169,8 @@ class Driver:
         worker.running = None
         self.recorder.emit(SubEpoch(task.trial_id, task.epoch, task.partition, worker.index, task.kind, start,
                                     self._now(), getattr(message, "compute_seconds", None)))
-        for trial_id in getattr(message, "evicted", ()):   # their next task on this worker carries the state
-            evicted = self.book.live.get(trial_id)
-            if evicted is not None:
-                evicted.holders.discard(worker.index)
+        # Their next task on this worker carries the state again.
+        self.book.forget_holders(worker.index, getattr(message, "evicted", ()))
         trial = self.book.live.get(task.trial_id)
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
@@ -236,7 +234,7 @@ class Driver:
             self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, worker.index, task.kind))
             self._cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
             worker.running = None
-        self.book.forget_holder(worker.index)
+        self.book.forget_holders(worker.index)
         if not self.pool.workers or self.backend.workers_fail_together:
             self._no_worker_left(f"{worker.describe()} {lost.reason}")
             return True
@@ -268,8 +266,7 @@ class Driver:
         # seeds, so the results do not change (invariant 2).
         self._restarts += not self._cause_removed
         self._cause_removed = False
-        for trial in self.book.live.values():
-            trial.holders.clear()
+        self.book.forget_holders()
         for task in self.pool.restart():
             self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, task.worker, task.kind))
             self.scheduler.abort(task)

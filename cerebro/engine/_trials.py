@@ -10,6 +10,7 @@ A trial ends completed, stopped, failed, diverged or timeout; failures count aga
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -154,10 +155,15 @@ class TrialBook:
                                             + "; ".join(trial.lost_with))
         return True
 
-    def forget_holder(self, worker: int) -> None:
-        """``worker`` is gone: no trial's state is held there any more."""
-        for trial in self.live.values():
-            trial.holders.discard(worker)
+    def forget_holders(self, worker: int | None = None, trial_ids: Iterable[str] | None = None) -> None:
+        """``worker`` (None: every worker) no longer holds the state of ``trial_ids`` (None:
+        of any trial): it was lost, restarted, or evicted them from its cache."""
+        trials = self.live.values() if trial_ids is None else filter(None, map(self.live.get, trial_ids))
+        for trial in trials:
+            if worker is None:
+                trial.holders.clear()
+            else:
+                trial.holders.discard(worker)
 
     # --- epoch ends and decisions -------------------------------------------------------
     def _end_epoch(self, trial: Trial) -> None:
@@ -305,17 +311,9 @@ def mean_metrics(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:
     if not sums:
         return {}
     ordered = [sums[p] for p in sorted(sums)]
-    rows = sum(s.rows for s in ordered)
-    if rows == 0:
+    total = sum(ordered, Sums.empty(ordered[0].metrics))
+    if total.rows == 0:
         return {}
-    loss = 0.0
-    for s in ordered:
-        loss += s.loss
-    means = {f"{prefix}_loss": loss / rows}
-    for name in ordered[0].metrics:
-        total = 0.0
-        for s in ordered:
-            total += s.metrics[name]
-        means[f"{prefix}_{name}"] = total / rows
-    return means
+    return {f"{prefix}_loss": total.loss / total.rows,
+            **{f"{prefix}_{name}": value / total.rows for name, value in total.metrics.items()}}
 
