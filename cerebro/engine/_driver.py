@@ -126,7 +126,7 @@ class Driver:
         for task in tasks:   # all marked running first: a failed send then aborts every one
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
             self.pool.workers[task.worker].running = (task_id, task, self._now())
-            self.recorder.emit(SubEpochStarted(task.trial_id, task.epoch, task.partition, task.worker, task.kind))
+            self.recorder.emit(_told(SubEpochStarted, task))
         for task in tasks:
             worker = self.pool.workers.get(task.worker)
             if worker is not None:
@@ -156,7 +156,7 @@ class Driver:
             # A replacement took the partition back meanwhile: it runs there instead.
             self.scheduler.abort(task)
             worker.running = None
-            self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, worker.index, task.kind))
+            self.recorder.emit(_told(SubEpochAborted, task))
             return
         trial.holders.discard(worker.index)
         self._send_task(worker, worker.running[0], task, trial)
@@ -231,7 +231,7 @@ class Driver:
         self._cause_removed = False
         if worker.running is not None:
             task = worker.running[1]
-            self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, worker.index, task.kind))
+            self.recorder.emit(_told(SubEpochAborted, task))
             self._cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
             worker.running = None
         self.book.forget_holders(worker.index)
@@ -268,8 +268,13 @@ class Driver:
         self._cause_removed = False
         self.book.forget_holders()
         for task in self.pool.restart():
-            self.recorder.emit(SubEpochAborted(task.trial_id, task.epoch, task.partition, task.worker, task.kind))
+            self.recorder.emit(_told(SubEpochAborted, task))
             self.scheduler.abort(task)
         for partition in range(self.settings.num_partitions):   # a new launch holds them as at the start
             self.scheduler.move(partition, partition % self.backend.workers)
         self.recorder.emit(WorkersRestarted(last, self._restarts, self.pool.info(), self._now()))
+
+
+def _told(event: type[SubEpochStarted], task: Task) -> SubEpochStarted:
+    """The observers' event that ``task`` started on its worker, or was aborted there."""
+    return event(task.trial_id, task.epoch, task.partition, task.worker, task.kind)
