@@ -19,9 +19,10 @@ from .search import (
     randint,
     uniform,
 )
+from .store import UntrustedStateError
 from .worker import TorchTrainable
 
 __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "LocalBackend", "RandomSearch", "Result",
            "ResumeError", "Searcher", "SparkBackend", "TPESearch", "TooManyFailuresError", "TorchTrainable",
-           "TrialResult", "WorkerLostError", "choice", "load", "loguniform", "metrics", "quniform", "randint",
-           "resume", "uniform"]
+           "TrialResult", "UntrustedStateError", "WorkerLostError", "choice", "load", "loguniform", "metrics",
+           "quniform", "randint", "resume", "uniform"]

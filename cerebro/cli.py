@@ -38,7 +38,7 @@ Examples:
   cerebro status runs/exp1                      where a run stands, live or finished
   cerebro report runs/exp1                      runs/exp1/report.html, opens offline
   cerebro resume runs/exp1                      finish a run whose driver died
-  cerebro export runs/exp1 --trial best -o model.pt
+  cerebro export runs/exp1 --trial best -o model.safetensors
 
 Exit codes: 0 success, 1 the run failed or was interrupted, 2 bad usage or bad input.""")
 def main() -> None:
@@ -161,14 +161,15 @@ def status(run_dir: str) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--workers", default=None, type=int, help="local worker processes (default: as the run had)")
 @click.option("--quiet", is_flag=True, help="no live progress")
-def resume(run_dir: str, workers: int | None, quiet: bool) -> None:
+@click.option("--trust", is_flag=True, help="read the pickled states of a run written by an older version")
+def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool) -> None:
     """Finish a run whose driver died (killed, crashed, Ctrl-C), from its journal and
     checkpoints; the results are those the run would have had without the crash.
 
     Example: cerebro resume cerebro_runs/gridsearch-20261122-101500-ab12
     """
     from . import resume as resume_run
-    result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1)
+    result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust)
     print_summary(result, Console())
 
 
@@ -189,16 +190,21 @@ def report(run_dir: str, out: str | None) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--trial", default="best", show_default=True, help="a trial id such as t0003, or 'best'")
-@click.option("-o", "--out", required=True, help="the file to write, e.g. model.pt")
-@click.option("--torchscript", is_flag=True, help="a TorchScript module instead of the state dict with its config")
-def export(run_dir: str, trial: str, out: str, torchscript: bool) -> None:
-    """Save one trial's trained model: by default ``torch.save({"config", "state_dict"})``,
+@click.option("-o", "--out", required=True, help="the file to write: model.safetensors, or model.pt with --torchscript")
+@click.option("--torchscript", is_flag=True, help="a TorchScript module instead of the weights with their config")
+@click.option("--trust", is_flag=True, help="read the pickled weights of a run written by an older version")
+def export(run_dir: str, trial: str, out: str, torchscript: bool, trust: bool) -> None:
+    """Save one trial's trained model: by default its weights as safetensors (tensors, with
+    the trial id, epoch and config as JSON metadata: data only, loadable without Cerebro);
     with --torchscript a scripted module that loads without Cerebro or the build code.
 
-    Example: cerebro export cerebro_runs/demo-20261122-101500-ab12 --trial best -o model.pt
+    Example: cerebro export cerebro_runs/demo-20261122-101500-ab12 --trial best -o model.safetensors
     """
+    if not torchscript and not out.endswith(".safetensors"):
+        raise click.BadParameter(f"{out!r}: the weights are written as safetensors, so name the file "
+                                 f"*.safetensors (or add --torchscript for a scripted module)", param_hint="--out")
     import torch
-    result = load(run_dir)
+    result = load(run_dir, trust=trust)
     ids = [t.trial_id for t in result.trials]
     if trial != "best" and trial not in ids:
         raise click.BadParameter(f"{trial!r} is not a trial of this run; trials: {', '.join(ids)}",
@@ -207,5 +213,5 @@ def export(run_dir: str, trial: str, out: str, torchscript: bool) -> None:
     if torchscript:
         torch.jit.script(chosen.model()).save(out)
     else:
-        torch.save({"trial_id": chosen.trial_id, "config": chosen.config, "state_dict": chosen.state_dict()}, out)
+        chosen.save_weights(out)
     click.echo(f"{chosen.trial_id} ({json.dumps(chosen.config)}) -> {out}")

@@ -1,6 +1,8 @@
 """A run directory written before the engine redesign (``fixtures/legacy_run``, an ASHA
 search whose driver was SIGKILLed after 17 epochs; ``fixtures/make_legacy_run.py`` made it)
-still loads, and resumes to the results of an uninterrupted run, bitwise."""
+still loads, and resumes to the results of an uninterrupted run, bitwise. Its checkpoints
+and searcher are pickles, which can run code when read: their weights are read, and the run
+resumed, only when the caller trusts the directory (``trust=True``)."""
 from __future__ import annotations
 
 import os
@@ -8,6 +10,7 @@ import shutil
 import sys
 
 import pytest
+import torch
 
 import cerebro as cb
 
@@ -35,10 +38,22 @@ def test_a_run_directory_of_the_old_engine_loads(legacy_run):
     assert history.groupby("trial_id").epoch.max().to_dict() == {
         "t0000": 4, "t0001": 4, "t0002": 3, "t0003": 3, "t0004": 1, "t0005": 1, "t0006": 1}
     assert len(result.schedule()) == 75
+    with pytest.raises(cb.UntrustedStateError, match=r"t0000/checkpoint.state holds pickled states written by an "
+                                                      r"older version of Cerebro, .* open it with trust=True"):
+        result.trials[0].state_dict()
+    weights = cb.load(legacy_run, trust=True).trials[0].state_dict()
+    assert weights and all(w.dtype == torch.float32 for w in weights.values())
+
+
+def test_an_old_run_resumes_only_when_trusted(legacy_run):
+    journal = open(os.path.join(legacy_run, "journal.jsonl"), "rb").read()
+    with pytest.raises(cb.UntrustedStateError, match="legacy_run holds pickled states .* nothing was read"):
+        cb.resume(legacy_run, backend=cb.LocalBackend(2, threads_per_worker=1), verbose=0)
+    assert open(os.path.join(legacy_run, "journal.jsonl"), "rb").read() == journal
 
 
 @pytest.mark.slow
 def test_a_run_directory_of_the_old_engine_resumes_to_the_uninterrupted_results(legacy_run, tmp_path):
-    resumed = cb.resume(legacy_run, backend=cb.LocalBackend(2, threads_per_worker=1), verbose=0)
+    resumed = cb.resume(legacy_run, backend=cb.LocalBackend(2, threads_per_worker=1), verbose=0, trust=True)
     expected = make_legacy_run.fit(str(tmp_path / "uninterrupted"))
     assert_same_results(resumed, expected, partitions=2)

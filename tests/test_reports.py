@@ -11,6 +11,7 @@ import pytest
 import torch
 from _models import build, digits
 from click.testing import CliRunner
+from safetensors import safe_open
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
 
@@ -90,18 +91,25 @@ def test_cli_report_export_and_resume(run, tmp_path):
     runner = CliRunner()
     done = runner.invoke(main, ["report", run.run_dir, "-o", str(tmp_path / "r.html")])
     assert done.exit_code == 0 and os.path.getsize(tmp_path / "r.html") > 100_000
-    done = runner.invoke(main, ["export", run.run_dir, "-o", str(tmp_path / "best.pt")])
+    done = runner.invoke(main, ["export", run.run_dir, "-o", str(tmp_path / "best.safetensors")])
     assert done.exit_code == 0, done.output
-    saved = torch.load(tmp_path / "best.pt")
-    assert saved["trial_id"] == run.best.trial_id and saved["config"] == run.best.config
-    assert all(torch.equal(saved["state_dict"][k], v) for k, v in run.best.state_dict().items())
+    with safe_open(tmp_path / "best.safetensors", "pt") as saved:
+        metadata = saved.metadata()
+        weights = {k: saved.get_tensor(k) for k in saved.keys()}
+    assert metadata["trial_id"] == run.best.trial_id and json.loads(metadata["config"]) == run.best.config
+    assert int(metadata["epoch"]) == run.best.epochs
+    expected = run.best.state_dict()
+    assert list(weights) == sorted(expected) and all(torch.equal(weights[k], v) for k, v in expected.items())
+    done = runner.invoke(main, ["export", run.run_dir, "-o", str(tmp_path / "best.pt")])
+    assert done.exit_code == 2 and "'" + str(tmp_path / "best.pt") + "': the weights are written as safetensors" \
+        in " ".join(done.output.split()) and not os.path.exists(tmp_path / "best.pt")
     done = runner.invoke(main, ["export", run.run_dir, "--trial", "t0001", "--torchscript", "-o",
                                 str(tmp_path / "t1.ts")])
     assert done.exit_code == 0, done.output
     inputs = torch.rand(3, 64)
     scripted = torch.jit.load(tmp_path / "t1.ts")
     assert torch.equal(scripted(inputs), run.trials[1].model()(inputs))
-    done = runner.invoke(main, ["export", run.run_dir, "--trial", "t0099", "-o", str(tmp_path / "x.pt")])
+    done = runner.invoke(main, ["export", run.run_dir, "--trial", "t0099", "-o", str(tmp_path / "x.safetensors")])
     assert done.exit_code == 2 and "'t0099' is not a trial of this run" in done.output
     done = runner.invoke(main, ["resume", run.run_dir, "--quiet"])
     assert done.exit_code == 0 and run.best.trial_id in done.output
@@ -173,10 +181,10 @@ def test_mlflow_has_a_parent_run_a_nested_run_per_trial_and_the_best_model(tmp_p
         rows = history[history.trial_id == trial.trial_id]
         assert [m.step for m in logged] == rows.epoch.tolist()
         assert [m.value for m in logged] == pytest.approx(rows.val_accuracy.tolist())
-    artifact = client.download_artifacts(parents[0].info.run_id, "best_model/model.pt", str(tmp_path))
-    saved = torch.load(artifact)
-    assert saved["trial_id"] == result.best.trial_id
-    assert all(torch.equal(saved["state_dict"][k], v) for k, v in result.best.state_dict().items())
+    artifact = client.download_artifacts(parents[0].info.run_id, "best_model/model.safetensors", str(tmp_path))
+    with safe_open(artifact, "pt") as saved:
+        assert saved.metadata()["trial_id"] == result.best.trial_id
+        assert all(torch.equal(saved.get_tensor(k), v) for k, v in result.best.state_dict().items())
 
 
 class InterruptedOnce(cb.GridSearch):

@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from _crafted import craft_checkpoint, pickled_payload
 from _crash import assert_same_results, epochs_journaled, reference
 from _models import digits
 
@@ -100,16 +101,29 @@ def test_a_damaged_journal_tail_is_dropped_and_the_run_resumes(tmp_path, damage)
     assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))
 
 
-def test_a_damaged_checkpoint_is_rolled_back_and_its_epochs_redone(tmp_path):
+@pytest.mark.parametrize("damage", ["flipped byte", "crafted pickle"])
+def test_a_damaged_checkpoint_is_rolled_back_and_its_epochs_redone(tmp_path, damage):
+    """A crafted one too: a pickle with a valid header and CRC-32 whose payload would write a
+    marker file is reported, names its file, runs nothing, and is rolled back like a CRC error."""
     store = crashed_run(tmp_path, "mid-epoch")
     live = [t for t in cb.load(store).trials if t.status == "running" and t.epochs >= 1]
     victim = live[0].trial_id
-    flip_byte(os.path.join(store, "trials", victim, "checkpoint.state"), 100)
-    assert "CRC" in cb.load(store).store.checkpoints(victim)[0]["problem"]
+    latest = os.path.join(store, "trials", victim, "checkpoint.state")
+    marker = tmp_path / "ran"
+    if damage == "flipped byte":
+        flip_byte(latest, 100)
+    else:
+        header = json.loads(open(latest, "rb").readline())
+        craft_checkpoint(latest, pickled_payload(str(marker)), header["epoch"], trial_id=victim,
+                         format=header["format"])
+    problem = cb.load(store).store.checkpoints(victim)[0]["problem"]
+    assert ("CRC" if damage == "flipped byte" else "not a Cerebro data message") in problem
     resumed = cb.resume(store, verbose=0)
     rolled = [e for e in resumed.store.events() if e["event"] == "trial_rolled_back"]
     assert [e["trial_id"] for e in rolled] == [victim]
+    assert rolled[0]["checkpoints"][0].startswith(latest + ": ")
     assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))
+    assert not marker.exists()
 
 
 def test_one_driver_per_run_directory_until_it_dies(tmp_path):

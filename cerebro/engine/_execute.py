@@ -24,7 +24,7 @@ from ..backends import Backend, LocalBackend
 from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
-from ..store import RunStore
+from ..store import STATE_FORMAT, RunStore
 from ..worker import TorchTrainable
 from ._driver import Driver
 from ._interface import SearchPolicy
@@ -99,9 +99,9 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     """Write the run directory (partitions, build, searcher, run.json), drive the run, and
     return its :class:`Result`; the arguments are ``execute``'s, checked."""
     layout = data.write(run_store.data_dir, num_partitions)
-    run_store.write_build(build_blob)
-    run_store.write_searcher(searcher_blob)
+    run_store.write_code(build_blob, searcher_blob)
     run_store.write_run_info({
+        "state_format": STATE_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seed": seed,
         "searcher": settings,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from ..backends import Backend
-from ..store import Event, RunStore, WorkerLost, WorkerNotReplaced
+from ..store import Event, RunStore, StateFormatError, WorkerLost, WorkerNotReplaced
 from ..worker._protocol import Hello, Ready, Release, Setup, SetupFailed, Shutdown, TakeOver
 from ..worker._wire import Channel, authenticate
 from ._errors import WorkerLostError
@@ -182,7 +182,7 @@ class WorkerPool:
                     worker = self._new_worker(hello, channel)
                     self._send_setup(worker)
                     pending[worker.index] = worker
-                except (EOFError, OSError):
+                except (EOFError, OSError, StateFormatError):
                     channel.close()   # it died right after connecting; _check_startup names it
             for ready in wait([w.channel for w in pending.values()], timeout=0):
                 worker = next(w for w in pending.values() if w.channel is ready)
@@ -239,6 +239,9 @@ class WorkerPool:
             return None
         except (EOFError, OSError):
             self.lose(worker, "closed its connection")
+            return None
+        except StateFormatError as error:
+            self.lose(worker, f"sent a malformed message, which was not run: {error}")
             return None
         worker.last_seen = time.monotonic()
         return message
@@ -344,7 +347,7 @@ class WorkerPool:
                 break
             try:     # only a replacement is expected now: read nothing from anyone else
                 hello = channel.recv() if authkey == self._authkey and self._joining else None
-            except (EOFError, OSError):
+            except (EOFError, OSError, StateFormatError):
                 hello = None
             if not isinstance(hello, Hello) or hello.worker not in self._joining:
                 channel.close()         # a task of an abandoned launch, or a replacement given up
@@ -371,7 +374,7 @@ class WorkerPool:
         held them meanwhile, which free them."""
         try:
             message = worker.channel.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError, StateFormatError):
             message = None
         if isinstance(message, SetupFailed):
             self._give_up(worker, f"could not start: {message.error.strip().splitlines()[-1]}")

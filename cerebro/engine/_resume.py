@@ -29,6 +29,7 @@ from ..store import (
     TrialEnded,
     TrialRolledBack,
     TrialStatus,
+    UntrustedStateError,
     parse_event,
 )
 from ._driver import Driver
@@ -113,18 +114,20 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
 
 
 def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
-           backend: str | Backend = "local", workers: int | None = None, verbose: int = 1) -> Result:
+           backend: str | Backend = "local", workers: int | None = None, verbose: int = 1,
+           trust: bool = False) -> Result:
     """Finish the run in ``run_dir`` whose driver died, and return its :class:`Result`.
 
     The result is the one the run would have had without the crash, bitwise. A finished run
     is returned as it is. ``build`` replaces the stored, cloudpickled one (e.g. when its
     module moved); ``backend``/``workers`` may differ from the first driver's: results do
-    not depend on them.
+    not depend on them. ``trust=True`` reads the pickled states of a run written by an
+    older version, which could run code: only for run directories you trust.
 
     Example:
         >>> result = cb.resume("runs/exp1")          # or: cerebro resume runs/exp1
     """
-    store = RunStore.open(run_dir)
+    store = RunStore.open(run_dir, trust)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
     lock = store.lock()
@@ -133,8 +136,10 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         events, good, damaged = store.read_journal()
         if any(event["event"] == "run_finished" for event in events):
             return Result(store, build)
-        if not store.has("searcher.pkl"):
-            raise ResumeError(f"{store.path!r} has no searcher.pkl: it was not started by fit, so it cannot resume")
+        if store.pickled_states and not trust:
+            raise UntrustedStateError(store.path)
+        if not store.has("build.pkl"):
+            raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
         policy = cloudpickle.loads(store.read_searcher())
         build_blob = pickle_build(build) if build is not None else store.read_build()
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
@@ -191,7 +196,8 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered) -> None:
         else:
             trial.state, trial.version, trial.epoch = None, 0, 0
         trial.catch_up, trial.recovered = rt.epoch, rt
-        checkpoints = [c.get("problem", c.get("epoch")) for c in store.checkpoints(trial.trial_id)]
+        checkpoints = [f"{c['path']}: {c['problem']}" if "problem" in c else c["epoch"]
+                       for c in store.checkpoints(trial.trial_id)]
         book.recorder.emit(TrialRolledBack(trial.trial_id, rt.epoch, trial.epoch, checkpoints, book.recorder.now()))
         actions.append((trial, None))
     for trial, rt in actions:

@@ -114,14 +114,13 @@ class MLflowLog(Progress):
 
     def log_best(self, result: Result) -> None:
         """The best trial's weights and config as the parent run's ``best_model`` artifact."""
-        import torch
         try:
             best = result.best
         except RuntimeError:
             return
         with tempfile.TemporaryDirectory() as scratch:
-            path = os.path.join(scratch, "model.pt")
-            torch.save({"trial_id": best.trial_id, "config": best.config, "state_dict": best.state_dict()}, path)
+            path = os.path.join(scratch, "model.safetensors")
+            best.save_weights(path)
             self.client.log_artifact(self.parent, path, artifact_path="best_model")
         self.client.set_tag(self.parent, "cerebro.best_trial", best.trial_id)
         self.client.log_metric(self.parent, f"best_{self.metric}", best.metrics[self.metric])

@@ -1,6 +1,7 @@
 """``Result``: what a run produced, rebuilt from its run directory at any time."""
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
@@ -52,6 +53,13 @@ class TrialResult:
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's weights after the trial's last finished epoch, on the CPU."""
         return unpack_tensors(self._require_result().store.read_checkpoint(self.trial_id)["model"])
+
+    def save_weights(self, path: str | os.PathLike) -> None:
+        """Write :meth:`state_dict` to ``path`` as safetensors, data only, with the trial id,
+        epoch and config (JSON) as metadata; ``safetensors.torch.load_file`` reads it back."""
+        from safetensors.torch import save_file
+        save_file(self.state_dict(), os.fspath(path),
+                  metadata={"trial_id": self.trial_id, "epoch": str(self.epochs), "config": json.dumps(self.config)})
 
     def model(self) -> torch.nn.Module:
         """The model that ``build(config)`` makes, with the trained weights loaded."""
@@ -186,9 +194,13 @@ class Result:
         return f"Result({self.run_dir!r}, trials={len(self._trials)}, finished={self.finished})"
 
 
-def load(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None) -> Result:
+def load(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
+         trust: bool = False) -> Result:
     """The :class:`Result` of the run in ``run_dir``, finished or not.
 
-    ``build`` replaces the stored, cloudpickled one (e.g. when its module moved).
+    Loading reads data only; the stored, cloudpickled ``build`` is code and is unpickled
+    only by :meth:`TrialResult.model`. ``build`` replaces it (e.g. when its module moved).
+    ``trust=True`` also reads the pickled weights of runs written by older versions, which
+    could run code: only for run directories you trust.
     """
-    return Result(RunStore.open(run_dir), build)
+    return Result(RunStore.open(run_dir, trust), build)

@@ -27,8 +27,10 @@ from ._events import (
     WorkersRestarted,
     parse_event,
 )
-from ._run_store import RunStore
+from ._legacy_pickle import UntrustedStateError
+from ._run_store import STATE_FORMAT, RunStore
 from ._state_codec import (
+    StateFormatError,
     TensorBytes,
     frames,
     pack_tensors,
@@ -39,9 +41,9 @@ from ._state_codec import (
     write_message,
 )
 
-__all__ = ["EVENTS", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited", "JournalRepaired",
+__all__ = ["EVENTS", "STATE_FORMAT", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited", "JournalRepaired",
            "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState",
-           "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded",
-           "TrialRolledBack", "TrialStatus", "TrialTakenUp", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced",
-           "WorkersRestarted", "frames", "pack_tensors", "parse", "parse_event", "read_exactly", "read_message",
-           "unpack_tensors", "write_message"]
+           "StateFormatError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes",
+           "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus", "TrialTakenUp", "UntrustedStateError",
+           "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors",
+           "parse", "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]

@@ -5,18 +5,24 @@
     run.json                 settings, seed, versions, data fingerprint
     journal.jsonl            append-only events (trials, sub-epochs, epoch ends, ends), each
                              line with the CRC-32 of its JSON
-    build.pkl                the user's build(config), cloudpickled
-    searcher.pkl             the searcher as fit got it, for resume
+    build.pkl                the user's code: build(config) and the searcher as fit got them,
+                             cloudpickled; the one file that runs code when read (by resume
+                             and TrialResult.model only)
     data/                    the partitions (see cerebro.data)
     trials/t0000/config.json
-    trials/t0000/checkpoint.state  the latest epoch's model and optimizer state, after a
-                             header line with its epoch, size and CRC-32
+    trials/t0000/checkpoint.state  the latest epoch's model and optimizer state, data only
+                             (see _state_codec), after a header line with its epoch, size and
+                             CRC-32
     trials/t0000/checkpoint.prev.state  the one before it
     trials/t0000/error.txt       the traceback of a failed trial
     history.csv, schedule.csv    written when the run finishes
+
+Runs written before states were data only hold pickles (checkpoints, searcher.pkl); they are
+read only when the store is opened with ``trust=True`` (see :mod:`._legacy_pickle`).
 """
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -29,15 +35,20 @@ import pandas as pd
 
 from . import _files as files
 from ._events import Event
+from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._state_codec import frames, read_message, write_message
+
+_CODE_MAGIC = b"CEREBRO-CODE 1\n"
+STATE_FORMAT = "data/1"     # run.json and every checkpoint header name it; older runs pickled
 
 
 class RunStore:
     """Reads and writes one run directory: a local path, a ``file://`` URL, or any URL that
     fsspec reaches (see :mod:`cerebro.store._files`)."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, trust: bool = False) -> None:
         self.path = files.normalize(os.fspath(path))
+        self.trust = trust    # read the pickled states of runs written by older versions
 
     @classmethod
     def create(cls, path: str | os.PathLike) -> RunStore:
@@ -59,8 +70,8 @@ class RunStore:
         return store
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> RunStore:
-        store = cls(path)
+    def open(cls, path: str | os.PathLike, trust: bool = False) -> RunStore:
+        store = cls(path, trust)
         if not files.exists(store.file("run.json")):
             raise FileNotFoundError(f"{store.path!r} is not a Cerebro run directory (no run.json)")
         return store
@@ -80,22 +91,35 @@ class RunStore:
         with files.open_file(self.file("run.json")) as f:
             return json.load(f)
 
-    def write_build(self, blob: bytes) -> None:
-        files.write_atomic(self.file("build.pkl"), blob)
+    @functools.cached_property
+    def pickled_states(self) -> bool:
+        """Whether an older version wrote this run, with its states pickled."""
+        return "state_format" not in self.read_run_info()
+
+    def write_code(self, build: bytes, searcher: bytes) -> None:
+        """The cloudpickled ``build`` and searcher, in build.pkl: a JSON line with their sizes,
+        then the two blobs, so reading one never unpickles the other."""
+        header = json.dumps({"build": len(build), "searcher": len(searcher)}).encode() + b"\n"
+        files.write_atomic(self.file("build.pkl"), _CODE_MAGIC + header + build + searcher)
 
     def read_build(self) -> bytes:
+        return self._read_code()[0]
+
+    def read_searcher(self) -> bytes:
+        return self._read_code()[1]
+
+    def _read_code(self) -> tuple[bytes, bytes]:
         with files.open_file(self.file("build.pkl")) as f:
-            return f.read()
+            content = f.read()
+        if not content.startswith(_CODE_MAGIC):     # written before build.pkl held both
+            with files.open_file(self.file("searcher.pkl")) as f:
+                return content, f.read()
+        head, _, blobs = content[len(_CODE_MAGIC):].partition(b"\n")
+        sizes = json.loads(head)
+        return blobs[:sizes["build"]], blobs[sizes["build"]:sizes["build"] + sizes["searcher"]]
 
     def has(self, *parts: str) -> bool:
         return files.exists(self.file(*parts))
-
-    def write_searcher(self, blob: bytes) -> None:
-        files.write_atomic(self.file("searcher.pkl"), blob)
-
-    def read_searcher(self) -> bytes:
-        with files.open_file(self.file("searcher.pkl")) as f:
-            return f.read()
 
     def lock(self) -> IO | None:
         """Hold the run for this driver until the returned file is closed (or the process
@@ -169,7 +193,7 @@ class RunStore:
         for frame in frames(state):
             crc, size = zlib.crc32(frame, crc), size + memoryview(frame).nbytes
         header = json.dumps({"trial_id": trial_id, "epoch": epoch, "exploit": exploit, "size": size,
-                             "crc": crc}).encode() + b"\n"
+                             "crc": crc, "format": STATE_FORMAT}).encode() + b"\n"
         current = self.file("trials", trial_id, "checkpoint.state")
         if files.exists(current):
             files.move(current, self.file("trials", trial_id, "checkpoint.prev.state"))
@@ -177,7 +201,11 @@ class RunStore:
 
     def checkpoints(self, trial_id: str) -> list[dict[str, Any]]:
         """A trial's checkpoints, newest first: their headers with ``state`` (packed), or
-        ``problem`` where the file is torn or corrupted."""
+        ``problem`` where the file is torn, corrupted or not data only.
+
+        Raises :class:`UntrustedStateError` for a pickled checkpoint of an older version
+        unless the store was opened with ``trust=True``.
+        """
         found = []
         for name in ("checkpoint.state", "checkpoint.prev.state"):
             path = self.file("trials", trial_id, name)
@@ -191,7 +219,16 @@ class RunStore:
                 if len(body) != header["size"] or zlib.crc32(body) != header["crc"]:
                     raise ValueError(f"{len(body)} bytes with CRC {zlib.crc32(body)}; its header says "
                                      f"{header['size']} bytes with CRC {header['crc']}")
-                found.append({**header, "path": path, "state": read_message(io.BytesIO(body))})
+                if header.get("format") == STATE_FORMAT:
+                    state = read_message(io.BytesIO(body))
+                elif self.pickled_states and "format" not in header:
+                    if not self.trust:
+                        raise UntrustedStateError(path)
+                    state = read_pickled_state(body)
+                else:
+                    raise ValueError(f"its header names the format {header.get('format')!r}; this run's "
+                                     f"states are {STATE_FORMAT!r}")
+                found.append({**header, "path": path, "state": state})
             except (ValueError, KeyError, TypeError, EOFError) as error:
                 found.append({"path": path, "problem": f"{type(error).__name__}: {error}"})
         return found

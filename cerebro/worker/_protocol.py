@@ -136,3 +136,9 @@ class Heartbeat:
 @dataclass
 class Shutdown:
     reason: str = field(default="run finished")
+
+
+# What a message on the wire may hold besides plain data and tensors: nothing else can be
+# constructed when one is read (see cerebro.store._state_codec).
+WIRE_TYPES: tuple[type, ...] = (Hello, Setup, Ready, SetupFailed, RunSubEpoch, Sums, SubEpochDone, StateMissing,
+                                SubEpochFailed, TakeOver, Release, Heartbeat, Shutdown, TaskKind)

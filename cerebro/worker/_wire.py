@@ -1,9 +1,10 @@
 """The wire under the worker protocol: authenticated, framed messages on a TCP socket.
 
-Messages are framed by :mod:`cerebro.store._state_codec`, so tensors travel without copies.
+Messages are written by :mod:`cerebro.store._state_codec`: data only, so reading one can run
+no code, and tensors travel without copies.
 
-Both ends prove they hold the run's auth token with an HMAC challenge before anything is
-unpickled, so only the driver's own workers can talk to it.
+Both ends prove they hold the run's auth token with an HMAC challenge before a message is
+read, so only the driver's own workers can talk to it.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import threading
 from typing import Any
 
 from ..store import frames, parse, read_exactly
+from ._protocol import WIRE_TYPES
 
 
 class Channel:
@@ -45,7 +47,7 @@ class Channel:
             count = self.sock.recv_into(buffer)
             self.bytes_received += count
             return count
-        return parse(read_into)
+        return parse(read_into, WIRE_TYPES)
 
     def close(self) -> None:
         self.sock.close()
