@@ -3,7 +3,7 @@ from . import metrics
 from ._version import __version__ as __version__
 from .backends import Backend, LocalBackend, SparkBackend
 from .data import Dataset
-from .engine import ResumeError, TooManyFailuresError, WorkerLostError, resume
+from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError, resume
 from .report import Result, TrialResult, load
 from .search import (
     ASHA,
@@ -19,10 +19,10 @@ from .search import (
     randint,
     uniform,
 )
-from .store import UntrustedStateError
+from .store import StoreInUseError, UntrustedStateError
 from .worker import TorchTrainable
 
 __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "LocalBackend", "RandomSearch", "Result",
-           "ResumeError", "Searcher", "SparkBackend", "TPESearch", "TooManyFailuresError", "TorchTrainable",
-           "TrialResult", "UntrustedStateError", "WorkerLostError", "choice", "load", "loguniform", "metrics",
-           "quniform", "randint", "resume", "uniform"]
+           "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError", "TPESearch",
+           "TooManyFailuresError", "TorchTrainable", "TrialResult", "UntrustedStateError", "WorkerLostError",
+           "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "uniform"]

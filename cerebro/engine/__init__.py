@@ -1,5 +1,5 @@
 from ._driver import Driver
-from ._errors import TooManyFailuresError, WorkerLostError
+from ._errors import StoreWriteError, TooManyFailuresError, WorkerLostError
 from ._execute import execute
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._resume import ResumeError, resume
@@ -7,6 +7,7 @@ from ._scheduler import EVAL, TRAIN, MOPScheduler, Task, TaskKind
 from ._seeds import init_seed, search_rng, subepoch_seed, trial_index, trial_name
 from ._visit_order import VisitScheme, visit_order
 
-__all__ = ["Decision", "Driver", "EVAL", "Exploit", "MOPScheduler", "ResumeError", "SearchPolicy", "TRAIN", "Task",
-           "TaskKind", "TooManyFailuresError", "TrialRequest", "WorkerLostError", "execute", "init_seed", "resume",
-           "search_rng", "subepoch_seed", "trial_index", "trial_name", "VisitScheme", "visit_order"]
+__all__ = ["Decision", "Driver", "EVAL", "Exploit", "MOPScheduler", "ResumeError", "SearchPolicy", "StoreWriteError",
+           "TRAIN", "Task", "TaskKind", "TooManyFailuresError", "TrialRequest", "WorkerLostError", "execute",
+           "init_seed", "resume", "search_rng", "subepoch_seed", "trial_index", "trial_name", "VisitScheme",
+           "visit_order"]

@@ -73,8 +73,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions,
                         backend, int(seed), verbose, limits, tensorboard, mlflow)
     finally:
-        if lock is not None:
-            lock.close()
+        lock.close()
 
 
 @contextlib.contextmanager

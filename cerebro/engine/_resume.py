@@ -159,8 +159,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         with sigterm_interrupts():
             driver.run()
     finally:
-        if lock is not None:
-            lock.close()
+        lock.close()
     return finished(store, build, mlflow_log)
 
 

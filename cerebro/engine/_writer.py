@@ -8,16 +8,19 @@ from typing import Any
 
 from ..report import Progress
 from ..store import Event, RunStore
+from ._errors import StoreWriteError
 
 
 class BackgroundWriter:
     """Runs write calls one at a time, in the order given, on a thread of its own.
 
     The order is kept, so the journal reads as if written synchronously. The first error
-    is raised again by the next :meth:`submit` or by :meth:`close`.
+    stops every later write (they would leave a torn run) and is raised again, as a
+    :class:`StoreWriteError` naming ``store``, by the next :meth:`submit` or by :meth:`close`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, store: str) -> None:
+        self.store = store
         # Each item is a write (call, args, kwargs), or None to stop.
         self._calls: queue.Queue[tuple[Callable[..., Any], tuple, dict] | None] = queue.Queue()
         self._error: BaseException | None = None
@@ -45,8 +48,14 @@ class BackgroundWriter:
                     self._error = error
 
     def _raise_error(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"writing to the run directory failed: {self._error!r}") from self._error
+        if self._error is None:
+            return
+        if isinstance(self._error, OSError):
+            raise StoreWriteError(self._error.errno, f"writing to the store {self.store!r} failed: "
+                                  f"{self._error}; the run stopped. What it journaled before is kept: "
+                                  f"make the store writable (or free space), then cb.resume({self.store!r})"
+                                  ) from self._error
+        raise RuntimeError(f"writing to the store {self.store!r} failed: {self._error!r}") from self._error
 
 
 class StoreRecorder:
@@ -55,7 +64,7 @@ class StoreRecorder:
 
     def __init__(self, store: RunStore, now: Callable[[], float], observer: Progress) -> None:
         self.store, self.now, self.path, self.observer = store, now, store.path, observer
-        self._writer = BackgroundWriter()
+        self._writer = BackgroundWriter(store.path)
 
     def emit(self, event: Event) -> None:
         """Journal ``event`` (if the journal keeps its kind) and tell the observers."""

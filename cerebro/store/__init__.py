@@ -28,6 +28,7 @@ from ._events import (
     parse_event,
 )
 from ._legacy_pickle import UntrustedStateError
+from ._lock import StoreInUseError
 from ._run_store import STATE_FORMAT, RunStore
 from ._state_codec import (
     StateFormatError,
@@ -43,7 +44,7 @@ from ._state_codec import (
 
 __all__ = ["EVENTS", "STATE_FORMAT", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited", "JournalRepaired",
            "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState",
-           "StateFormatError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes",
-           "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus", "TrialTakenUp", "UntrustedStateError",
-           "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors",
-           "parse", "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]
+           "StateFormatError", "StoreInUseError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind",
+           "TensorBytes", "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus", "TrialTakenUp",
+           "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames",
+           "pack_tensors", "parse", "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]

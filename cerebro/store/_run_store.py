@@ -26,7 +26,6 @@ import functools
 import io
 import json
 import os
-import socket
 import zlib
 from collections.abc import Iterator
 from typing import IO, Any
@@ -36,6 +35,7 @@ import pandas as pd
 from . import _files as files
 from ._events import Event
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
+from ._lock import Lease, lock_local
 from ._state_codec import frames, read_message, write_message
 
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
@@ -121,26 +121,13 @@ class RunStore:
     def has(self, *parts: str) -> bool:
         return files.exists(self.file(*parts))
 
-    def lock(self) -> IO | None:
-        """Hold the run for this driver until the returned file is closed (or the process
-        ends, however it ends: the operating system drops the lock). Local stores only."""
+    def lock(self) -> IO | Lease:
+        """Hold the run for this driver until the returned handle is closed: the operating
+        system's lock on a local store (dropped however the process ends), a renewed lease
+        file on other file systems (see :mod:`._lock`)."""
         if "://" in self.path:
-            return None
-        import fcntl
-        handle = open(self.file(".lock"), "a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            handle.close()
-            raise RuntimeError(f"store {self.path!r} is in use by another driver ({holder}); wait for it "
-                               f"to end or stop it, then resume") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        handle.flush()
-        return handle
+            return Lease(self.path, self.file(".lock"))
+        return lock_local(self.path, self.file(".lock"))
 
     # --- the journal --------------------------------------------------------------------
     def append(self, event: str, **fields: Any) -> None:
