@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import platform
 import secrets
@@ -36,7 +37,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, trial_timeout: float | None = None,
-            max_failures: int | None = None, tensorboard: bool = True, mlflow: bool | str = False) -> Result:
+            max_failures: int | None = None, max_worker_losses: int = 2, tensorboard: bool = True,
+            mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
     ``example_config`` is one configuration of the space, built once on the driver to learn
@@ -57,7 +59,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         Integer(low=0, description="a non-negative integer or None").check("seed", seed)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    limits = Limits(trial_timeout, max_failures)
+    limits = Limits(trial_timeout, max_failures, max_worker_losses)
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)
@@ -107,7 +109,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "backend": repr(backend),
         "workers": backend.workers,
         "threads_per_worker": backend.threads_per_worker,
-        "limits": {"trial_timeout": limits.trial_timeout, "max_failures": limits.max_failures},
+        "limits": dataclasses.asdict(limits),
         "visit_order": VisitScheme.LATIN.value,
         "tensorboard": tensorboard,
         "mlflow": mlflow,

@@ -129,7 +129,7 @@ class Searcher(ABC):
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
             store: str | os.PathLike | None = None, seed: int | None = None,
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
-            tensorboard: bool = True, mlflow: bool | str = False) -> Result:
+            max_worker_losses: int = 2, tensorboard: bool = True, mlflow: bool | str = False) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -145,6 +145,11 @@ class Searcher(ABC):
                 given up (the others take over its partitions). ``None``: no limit.
             max_failures: stop the run (:class:`cerebro.TooManyFailuresError`) once more
                 trials than this ended failed, diverged or timeout. ``None``: never.
+            max_worker_losses: a trial whose sub-epochs were running on this many lost
+                workers is taken for their cause (it crashes or hangs them) and fails; the
+                lost sub-epochs before that run again elsewhere, with the same results.
+                Raise it where workers die for reasons of their own (spot instances), as
+                Spark's ``spark.task.maxFailures``.
             tensorboard: write per-trial scalars and hyperparameters under
                 ``store/tensorboard`` (local stores) for ``tensorboard --logdir``.
             mlflow: ``True`` logs to MLflow in ``sqlite:///store/mlflow.db``, a string to that
@@ -152,7 +157,8 @@ class Searcher(ABC):
         """
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
         return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   trial_timeout=trial_timeout, max_failures=max_failures, tensorboard=tensorboard, mlflow=mlflow)
+                   trial_timeout=trial_timeout, max_failures=max_failures, max_worker_losses=max_worker_losses,
+                   tensorboard=tensorboard, mlflow=mlflow)
 
 
 def _shown(value: Any) -> str:
