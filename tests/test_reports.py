@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import subprocess
 
 import pytest
 import torch
+from _crafted import Payload
 from _models import build, digits
 from click.testing import CliRunner
 from safetensors import safe_open
@@ -122,6 +124,25 @@ def test_cli_report_export_and_resume(run, tmp_path):
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--virtual-time-budget=10000", "--window-size=1300,2600"]
+
+
+def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, tmp_path):
+    """Only build.pkl is code, and only TrialResult.model() (and resume) unpickle it."""
+    copy = shutil.copytree(run.run_dir, tmp_path / "shared_run")
+    marker = tmp_path / "ran"
+    with open(copy / "build.pkl", "wb") as f:        # a colleague's run directory, tampered with
+        f.write(pickle.dumps(Payload(str(marker))))
+    runner = CliRunner()
+    for command in (["status", str(copy)], ["report", str(copy), "-o", str(tmp_path / "r.html")],
+                    ["export", str(copy), "-o", str(tmp_path / "w.safetensors")]):
+        done = runner.invoke(main, command)
+        assert done.exit_code == 0, (command, done.output)
+    loaded = cb.load(copy)
+    assert loaded.best.trial_id == run.best.trial_id and loaded.best.state_dict()
+    assert not marker.exists()
+    with pytest.raises(TypeError, match="'int' object is not callable"):   # os.system's exit status
+        loaded.best.model()                          # unpickling the build runs it: by design
+    assert marker.exists()
 
 
 @pytest.fixture(scope="module")

@@ -103,17 +103,22 @@ class RunStore:
         files.write_atomic(self.file("build.pkl"), _CODE_MAGIC + header + build + searcher)
 
     def read_build(self) -> bytes:
-        return self._read_code()[0]
+        content = self._read_code()
+        return content if isinstance(content, bytes) else content[0]
 
     def read_searcher(self) -> bytes:
-        return self._read_code()[1]
+        content = self._read_code()
+        if isinstance(content, bytes):             # written before build.pkl held both
+            with files.open_file(self.file("searcher.pkl")) as f:
+                return f.read()
+        return content[1]
 
-    def _read_code(self) -> tuple[bytes, bytes]:
+    def _read_code(self) -> bytes | tuple[bytes, bytes]:
+        """build.pkl's (build, searcher), or its content if an older version wrote it (the build alone)."""
         with files.open_file(self.file("build.pkl")) as f:
             content = f.read()
-        if not content.startswith(_CODE_MAGIC):     # written before build.pkl held both
-            with files.open_file(self.file("searcher.pkl")) as f:
-                return content, f.read()
+        if not content.startswith(_CODE_MAGIC):
+            return content
         head, _, blobs = content[len(_CODE_MAGIC):].partition(b"\n")
         sizes = json.loads(head)
         return blobs[:sizes["build"]], blobs[sizes["build"]:sizes["build"] + sizes["searcher"]]
