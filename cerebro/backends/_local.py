@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from ..worker._protocol import AUTHKEY_ENV
+from ..worker._protocol import AUTHKEY_ENV, HANDSHAKE_FAILED
 from ._base import Backend, check_heartbeat_timeout, check_max_restarts, check_positive
 
 
@@ -58,8 +58,10 @@ class LocalBackend(Backend):
         return True
 
     def exited(self) -> dict[int, str]:
-        return {worker: f"exited with code {process.returncode}" for worker, process in enumerate(self._processes)
-                if process.poll() is not None}
+        return {worker: f"exited with code {process.returncode}" + (
+                    " (it could not complete its handshake with the driver)"
+                    if process.returncode == HANDSHAKE_FAILED else "")
+                for worker, process in enumerate(self._processes) if process.poll() is not None}
 
     def release(self, worker: int) -> None:
         if worker < len(self._processes) and self._processes[worker].poll() is None:

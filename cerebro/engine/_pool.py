@@ -1,7 +1,7 @@
 """The worker pool: which workers are in the run, and talking to them.
 
-It accepts connections (an acceptor thread runs the authentication), sets workers up,
-watches their heartbeats and processes, sends and receives messages, and starts anew a
+It accepts connections (an acceptor thread hands each handshake to a thread of its own),
+sets workers up, watches their heartbeats and processes, sends and receives messages, and starts anew a
 lost worker where the backend can. It never decides what runs where: a worker lost while
 the run trains, and a replacement that joined, are reported as events
 (:meth:`WorkerPool.events`) for the driver to act on. Only a failure while the workers
@@ -23,7 +23,7 @@ from multiprocessing.connection import wait
 from ..backends import Backend
 from ..store import Event, RunStore, StateFormatError, WorkerLost, WorkerNotReplaced
 from ..worker._protocol import Hello, Ready, Release, Setup, SetupFailed, Shutdown, TakeOver
-from ..worker._wire import Channel, authenticate
+from ..worker._wire import HANDSHAKE_SECONDS, Channel, authenticate
 from ._errors import WorkerLostError
 from ._scheduler import Task
 from ._settings import RunSettings
@@ -146,7 +146,11 @@ class WorkerPool:
 
     def _accept_workers(self, server: socket.socket, accepted: queue.Queue[tuple[bytes, Channel]],
                         stopping: threading.Event) -> None:
-        """The acceptor thread: queue each connection that authenticates, with the token it used."""
+        """The acceptor thread. Each connection's handshake runs on a thread of its own, at most
+        :data:`MAX_HANDSHAKES` at once (more are closed unread), each cut off after
+        ``HANDSHAKE_SECONDS``: silent, slow or hostile peers cannot delay real workers. Each
+        connection that authenticates is queued with the token it used."""
+        slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
         while not stopping.is_set():
             try:
                 sock, _ = server.accept()
@@ -154,13 +158,11 @@ class WorkerPool:
                 continue
             except OSError:            # the server closed
                 return
-            authkey = self._authkey
-            try:
-                channel = authenticate(sock, authkey)
-            except (OSError, EOFError, PermissionError):   # a stranger, or a peer that left
+            if not slots.acquire(blocking=False):
+                sock.close()           # a flood: real workers retry
                 continue
-            channel.sock.settimeout(self.heartbeat_timeout)   # no send or receive may block forever
-            accepted.put((authkey, channel))
+            threading.Thread(target=_handshake, args=(sock, self._authkey, self.heartbeat_timeout, accepted, slots),
+                             name="cerebro-handshake", daemon=True).start()
 
     def _connect(self) -> None:
         """Wait until every worker of the launch is set up; raises if one fails or is late."""
@@ -401,3 +403,18 @@ class WorkerPool:
         worker.channel.close()
         self.backend.release(worker.index)
         self._emit(WorkerNotReplaced(worker.index, why, self._now()))
+
+
+MAX_HANDSHAKES = 128
+
+
+def _handshake(sock: socket.socket, authkey: bytes, heartbeat_timeout: float,
+               accepted: queue.Queue[tuple[bytes, Channel]], slots: threading.BoundedSemaphore) -> None:
+    try:
+        channel = authenticate(sock, authkey, HANDSHAKE_SECONDS)
+    except (OSError, EOFError, PermissionError):   # a stranger, a peer too slow, or one that left
+        return
+    finally:
+        slots.release()
+    channel.sock.settimeout(heartbeat_timeout)      # no send or receive may block forever
+    accepted.put((authkey, channel))

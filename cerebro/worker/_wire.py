@@ -3,16 +3,20 @@
 Messages are written by :mod:`cerebro.store._state_codec`: data only, so reading one can run
 no code, and tensors travel without copies.
 
-Both ends prove they hold the run's auth token with an HMAC challenge before a message is
-read, so only the driver's own workers can talk to it.
+Both ends prove they hold the run's auth token with an HMAC challenge (a fresh nonce per
+connection, the answer bound to the answering side's role) before a message is read, so only
+the driver's own workers can talk to it. The driver gives a peer :data:`HANDSHAKE_SECONDS` for
+the whole handshake and reads exactly the 32-byte answer from it; nothing else is buffered.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
 import socket
 import threading
+import time
 from typing import Any
 
 from ..store import frames, parse, read_exactly
@@ -53,41 +57,91 @@ class Channel:
         self.sock.close()
 
     # --- authentication: an HMAC challenge each way -----------------------------------
-    def _challenge(self, authkey: bytes) -> None:
-        nonce = os.urandom(32)
+    def _challenge(self, authkey: bytes, peer: bytes, deadline: float) -> None:
+        """Send a fresh nonce; the peer must answer with its HMAC under ``authkey``, bound to
+        the peer's role, so an answer is never valid for the other direction or another nonce."""
+        nonce = os.urandom(NONCE_BYTES)
         self.sock.sendall(nonce)
-        answer = read_exactly(self.sock.recv_into, 32)
-        if not hmac.compare_digest(answer, hmac.new(authkey, nonce, hashlib.sha256).digest()):
+        answer = self._read(NONCE_BYTES, deadline)
+        if not hmac.compare_digest(answer, _proof(authkey, peer, nonce)):
+            with contextlib.suppress(OSError):
+                self.sock.sendall(b"no")    # refused, not cut short: a worker must not retry
             raise PermissionError("peer failed authentication")
         self.sock.sendall(b"ok")
 
-    def _answer(self, authkey: bytes) -> None:
-        nonce = read_exactly(self.sock.recv_into, 32)
-        self.sock.sendall(hmac.new(authkey, bytes(nonce), hashlib.sha256).digest())
-        if bytes(read_exactly(self.sock.recv_into, 2)) != b"ok":
-            raise PermissionError("peer failed authentication")
+    def _answer(self, authkey: bytes, me: bytes, deadline: float) -> None:
+        nonce = self._read(NONCE_BYTES, deadline)
+        self.sock.sendall(_proof(authkey, me, bytes(nonce)))
+        if bytes(self._read(2, deadline)) != b"ok":
+            raise PermissionError("the peer refused this side's proof of the token")
+
+    def _read(self, n: int, deadline: float) -> bytearray:
+        """``n`` bytes before ``deadline`` (time.monotonic), however slowly they trickle in."""
+        def read_into(buffer: memoryview) -> int:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the handshake ran past its deadline")
+            self.sock.settimeout(left)
+            return self.sock.recv_into(buffer)
+        return read_exactly(read_into, n)
+
+
+NONCE_BYTES = 32
+HANDSHAKE_SECONDS = 1.0     # the driver's deadline for a peer's whole handshake
+_DRIVER, _WORKER = b"driver", b"worker"
+
+
+def _proof(authkey: bytes, role: bytes, nonce: bytes) -> bytes:
+    return hmac.new(authkey, role + nonce, hashlib.sha256).digest()
+
+
+class HandshakeError(ConnectionError):
+    """A worker could not complete its handshake with the driver: refused, or out of time."""
 
 
 def connect(address: tuple[str, int], authkey: bytes, timeout: float = 60.0) -> Channel:
-    """A worker's channel to the driver at ``address``, both sides authenticated."""
-    channel = Channel(socket.create_connection(address, timeout=timeout))
-    try:
-        channel._answer(authkey)
-        channel._challenge(authkey)
-    except (OSError, EOFError, PermissionError):
-        channel.close()
-        raise
-    channel.sock.settimeout(None)
-    return channel
+    """A worker's channel to the driver at ``address``, both sides authenticated.
+
+    A handshake the driver cut short (it was busy, or this process was slow) is tried again
+    until ``timeout``; a driver that refuses the token, or proves a wrong one, is not.
+    Raises :class:`HandshakeError` naming the driver and why.
+    """
+    give_up, why = time.monotonic() + timeout, "no attempt"
+    while time.monotonic() < give_up:
+        try:
+            sock = socket.create_connection(address, timeout=max(0.1, give_up - time.monotonic()))
+        except OSError as error:
+            why = f"cannot connect ({error})"
+            time.sleep(0.2)          # the driver is not listening yet, or is overwhelmed: back off
+            continue
+        channel = Channel(sock)
+        try:
+            deadline = min(give_up, time.monotonic() + max(timeout / 4, HANDSHAKE_SECONDS))
+            channel._answer(authkey, _WORKER, deadline)
+            channel._challenge(authkey, _DRIVER, deadline)
+        except PermissionError as error:
+            channel.close()
+            raise HandshakeError(f"the driver at {address[0]}:{address[1]} refused this worker's token, or "
+                                 f"could not prove it holds the same one ({error})") from None
+        except (OSError, EOFError) as error:
+            channel.close()
+            why = f"the handshake was cut short ({type(error).__name__}: {error})"
+            time.sleep(0.1)
+            continue
+        channel.sock.settimeout(None)
+        return channel
+    raise HandshakeError(f"could not complete a handshake with the driver at {address[0]}:{address[1]} "
+                         f"within {timeout:.0f} s: {why}")
 
 
-def authenticate(sock: socket.socket, authkey: bytes, timeout: float = 10.0) -> Channel:
-    """The driver's side of the handshake on a freshly accepted ``sock``; closes it on failure."""
-    sock.settimeout(timeout)
+def authenticate(sock: socket.socket, authkey: bytes, timeout: float = HANDSHAKE_SECONDS) -> Channel:
+    """The driver's side of the handshake on a freshly accepted ``sock``: the peer must prove
+    the token within ``timeout`` seconds, whatever it sends; closes ``sock`` on failure."""
     channel = Channel(sock)
+    deadline = time.monotonic() + timeout
     try:
-        channel._challenge(authkey)
-        channel._answer(authkey)
+        channel._challenge(authkey, _WORKER, deadline)
+        channel._answer(authkey, _DRIVER, deadline)
     except (OSError, EOFError, PermissionError):
         sock.close()
         raise
