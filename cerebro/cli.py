@@ -94,7 +94,7 @@ def demo(workers: int, epochs: int, store: str | None, seed: int) -> None:
 @click.argument("experiment", type=click.Path(exists=True, dir_okay=False))
 @click.option("--workers", default=2, show_default=True, help="workers (local processes or Spark tasks)")
 @click.option("--backend", type=click.Choice(["local", "spark"]), default="local", show_default=True,
-              help="spark: tasks of a barrier job on the SparkSession that getOrCreate finds")
+              help="spark: one-task jobs on the SparkSession that getOrCreate finds")
 @click.option("--store", default=None, help="run directory (default: ./cerebro_runs/<searcher>-<time>)")
 @click.option("--seed", default=None, type=int, help="the run's seed (default: drawn and recorded)")
 @click.option("--trial-timeout", default=None, type=float, help="seconds one sub-epoch of a trial may take")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 
 import pandas as pd
 import pytest
 import torch
+from _crash import epochs_journaled
 from _models import build, crashing_once, digits
 from _spark import session, standalone_cluster
 from test_resume import assert_same_results as assert_same_results_as_uninterrupted
@@ -86,7 +88,7 @@ def test_standalone_cluster_gives_the_local_backends_results_bit_for_bit(tmp_pat
             spark.stop()
 
 
-def test_a_killed_task_is_relaunched_and_the_results_do_not_change(tmp_path, local_result):
+def test_a_killed_task_is_replaced_alone_and_the_results_do_not_change(tmp_path, local_result):
     marker = tmp_path / "crashed"
     spark = session("local[2]")
     try:
@@ -98,13 +100,61 @@ def test_a_killed_task_is_relaunched_and_the_results_do_not_change(tmp_path, loc
     assert marker.exists()
     events = list(result.store.events())
     names = [e["event"] for e in events]
-    # A failed barrier task fails its stage: every worker starts anew, no partitions hand over.
-    assert names.count("workers_restarted") == 1 and names.count("worker_lost") == 1
-    assert "partitions_moved" not in names
-    restarted = next(e for e in events if e["event"] == "workers_restarted")
-    after = result.schedule()[lambda s: s.start > restarted["time"]]
-    assert len(after) > 0 and set(after.pid) == {info["pid"] for info in result.workers.values()}
+    # One job per worker: the other worker trains on, with the lost one's partitions meanwhile.
+    assert names.count("worker_lost") == 1 and "workers_restarted" not in names and "partitions_moved" in names
+    assert_survivors_trained_on(events, result)
     assert_same_results(local_result, result)
+
+
+def assert_survivors_trained_on(events: list[dict], result: cb.Result) -> None:
+    """Every worker but the lost one kept its process from the start and trained after the loss."""
+    lost = next(e for e in events if e["event"] == "worker_lost")
+    started = next(e for e in events if e["event"] == "run_started")["workers"]
+    survivors = {info["pid"] for index, info in started.items() if int(index) != lost["worker"]}
+    after = result.schedule()[lambda s: s.start > lost["time"]]
+    assert survivors <= set(after.pid)
+    assert survivors <= {info["pid"] for info in result.workers.values()}
+
+
+def killing_itself(store: str, marker: str):
+    """``build`` whose Python worker SIGKILLs itself once, mid sub-epoch, after an epoch is journaled."""
+    def build_that_kills(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def loss_that_kills(outputs, targets):
+            if not os.path.exists(marker) and epochs_journaled(store) >= 1:
+                try:    # O_EXCL: of two workers reaching here at once, only one dies
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    return loss(outputs, targets)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return loss(outputs, targets)
+        trainable.loss = loss_that_kills
+        return trainable
+    return build_that_kills
+
+
+def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_path):
+    store, marker = str(tmp_path / "run"), str(tmp_path / "killed")
+    with standalone_cluster(workers=2, cores=2, log_dir=str(tmp_path)) as master:
+        spark = session(master)
+        try:
+            backend = cb.SparkBackend(spark, workers=4, slot_wait=120)
+            result = cb.GridSearch(killing_itself(store, marker), SPACE, epochs=3, metric="val_accuracy",
+                                   mode="max").fit(digits(partitions=4), backend=backend, seed=SEED, store=store,
+                                                   verbose=0)
+        finally:
+            spark.stop()
+    assert os.path.exists(marker)
+    events = list(result.store.events())
+    names = [e["event"] for e in events]
+    assert names.count("worker_lost") == 1 and "workers_restarted" not in names
+    assert_survivors_trained_on(events, result)
+    expected = cb.GridSearch(build, SPACE, epochs=3, metric="val_accuracy", mode="max").fit(
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=SEED,
+        store=tmp_path / "undisturbed", verbose=0)
+    assert_same_results(expected, result)
 
 
 def test_a_trial_that_kills_its_task_twice_fails_and_only_it(tmp_path):
@@ -120,7 +170,7 @@ def test_a_trial_that_kills_its_task_twice_fails_and_only_it(tmp_path):
     assert error.startswith("lost the 2 workers that ran it: worker ")
     assert error.count("while running t0001 train epoch 1") == 2
     names = [e["event"] for e in result.store.events()]
-    assert names.count("workers_restarted") == 2 and names.count("worker_lost") == 2
+    assert names.count("worker_lost") == 2
     assert result.finished
 
 

@@ -40,9 +40,6 @@ class Backend(ABC):
     threads_per_worker: int
     heartbeat_timeout: float   # a worker silent this many seconds is lost
     max_restarts: int = 0      # times a lost worker may be started anew, and all workers after losing all
-    # True where losing one worker ends the others too (Spark's barrier stage): the driver
-    # then starts every worker anew at once instead of handing the partitions over.
-    workers_fail_together: bool = False
 
     def driver_address(self) -> tuple[str, int]:
         """Where the driver listens for its workers: (host, port); port 0 picks a free one."""

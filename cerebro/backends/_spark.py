@@ -1,4 +1,15 @@
-"""``SparkBackend``: the workers are the tasks of one barrier-mode Spark job."""
+"""``SparkBackend``: each worker is the one task of a Spark job of its own.
+
+Why not one barrier-mode job, as before: a barrier stage fails whole, so losing one task
+restarted every worker. At 1,000 workers, where some executor is always dying, a run would
+never finish an epoch. With one job per worker, a lost worker is replaced alone (a new
+one-task job) while the others keep training, exactly as the local backend replaces a
+process. The barrier's one remaining service, gang scheduling, is not needed: the driver
+waits until every worker has connected, and :meth:`SparkBackend.start` checks first that
+the cluster has a task slot for each. Spark's own retry of a failed task is declined (the
+retry returns at once): the driver decides whether and when a worker starts anew, so no
+worker index ever runs twice.
+"""
 from __future__ import annotations
 
 import functools
@@ -7,6 +18,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import Integer
@@ -17,23 +29,35 @@ SHUTDOWN_GRACE_S = 5.0
 DRIVER_PORT = Integer(low=0, high=65535, description="a port number, or 0 for any free port")
 
 
-def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[Any]) -> Iterator[int]:
-    """One barrier task: the same worker loop as a local worker process, for the whole run."""
-    from pyspark import BarrierTaskContext
+def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[int]) -> Iterator[int]:
+    """A worker's one task: the same worker loop as a local worker process, for the whole run."""
+    from pyspark import TaskContext
 
     from ..worker import run_worker
-    context = BarrierTaskContext.get()
-    worker = context.partitionId()
+    [worker] = list(rows)      # read to the end, or Spark will not reuse this Python worker
+    context = TaskContext.get()
+    if context.attemptNumber() > 0:
+        return iter([worker])      # Spark retrying a lost worker: the driver starts its replacement
     gpus = context.resources().get("gpu")
     if gpus is not None and gpus.addresses:   # the GPUs Spark gave this task, before CUDA starts
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus.addresses)
     run_worker(address, bytes.fromhex(authkey_hex), worker,
                f"spark task {worker} of stage {context.stageId()}, attempt {context.attemptNumber()}")
-    yield worker
+    return iter([worker])
+
+
+@dataclass
+class _WorkerJob:
+    """The Spark job that runs one worker, on a driver thread of its own."""
+
+    group: str
+    thread: threading.Thread | None = None
+    error: BaseException | None = field(default=None)
 
 
 class SparkBackend(Backend):
-    """``workers`` long-running tasks of one barrier-mode Spark job, each a Cerebro worker.
+    """``workers`` long-running Spark tasks, each the one task of a job of its own and a
+    Cerebro worker (see the module docstring for why not one barrier job).
 
     Every task loads its partitions from the store once and keeps them in memory; only model
     state moves, over the same protocol as local workers, to the driver at
@@ -42,13 +66,14 @@ class SparkBackend(Backend):
 
     Args:
         spark: a SparkSession; default: the active one.
-        workers: barrier tasks to run; default: every task slot of the cluster.
+        workers: worker tasks to run; default: every task slot of the cluster.
         threads_per_worker: torch threads per task; default: ``spark.task.cpus``.
         heartbeat_timeout: seconds without a heartbeat after which a worker counts as lost.
         driver_port: the port the driver listens on for its workers (0: any free port).
-        max_restarts: how often a lost task (its executor or Python worker died) makes the
-            driver relaunch the barrier job; running sub-epochs then run again from the
-            states the driver holds, so the results are the same.
+        max_restarts: how often each lost worker (its task, Python worker or executor died)
+            is started anew, as a new one-task job, while the others keep training; its
+            sub-epoch runs again meanwhile on a survivor, from the state the driver holds,
+            so the results are the same.
         slot_wait: seconds to wait for executors to register before deciding there are
             too few task slots.
 
@@ -56,8 +81,6 @@ class SparkBackend(Backend):
         >>> spark = SparkSession.builder.master("spark://host:7077").getOrCreate()
         >>> search.fit(data, backend=cb.SparkBackend(spark, workers=4), store="/shared/runs/exp1")
     """
-
-    workers_fail_together = True    # a failed barrier task fails its whole stage
 
     def __init__(self, spark: Any = None, workers: int | None = None, threads_per_worker: int | None = None,
                  heartbeat_timeout: float = 60.0, driver_port: int = 0, slot_wait: float = 10.0,
@@ -85,9 +108,8 @@ class SparkBackend(Backend):
         DRIVER_PORT.check("driver_port", driver_port)
         self.driver_port = int(driver_port)
         self.max_restarts = check_max_restarts(max_restarts)
-        self._job: threading.Thread | None = None
-        self._job_error: BaseException | None = None
-        self._group = ""
+        self._jobs: dict[int, _WorkerJob] = {}
+        self._task: functools.partial | None = None
 
     def _slots(self, wanted: int | None, wait: float) -> int:
         """Task slots the cluster has now; executors of a fresh session may still be registering."""
@@ -110,41 +132,54 @@ class SparkBackend(Backend):
         return (self.spark.sparkContext.getConf().get("spark.driver.host"), self.driver_port)
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
-        context = self.spark.sparkContext
         self._check_slots(self._slots(self.workers, self.slot_wait))   # executors may have gone since
-        self._group = f"cerebro-{secrets.token_hex(4)}"
-        self._job_error = None
-        task = functools.partial(_spark_task, address, authkey.hex())
+        self._task = functools.partial(_spark_task, address, authkey.hex())
+        for worker in range(self.workers):
+            self._launch(worker)
+
+    def _launch(self, worker: int) -> None:
+        context = self.spark.sparkContext
+        job = self._jobs[worker] = _WorkerJob(f"cerebro-{secrets.token_hex(4)}-worker-{worker}")
+        task = self._task
 
         def run_job() -> None:
-            context.setJobGroup(self._group, "Cerebro MOP workers", interruptOnCancel=True)
+            context.setJobGroup(job.group, f"Cerebro MOP worker {worker}", interruptOnCancel=True)
             try:
-                context.parallelize(range(self.workers), self.workers).barrier().mapPartitions(task).collect()
+                context.parallelize([worker], 1).mapPartitions(task).collect()
             except BaseException as error:   # reported through exited()
-                self._job_error = error
+                job.error = error
 
-        self._job = threading.Thread(target=run_job, name="cerebro-spark-job", daemon=True)
-        self._job.start()
+        job.thread = threading.Thread(target=run_job, name=f"cerebro-spark-worker-{worker}", daemon=True)
+        job.thread.start()
+
+    def replace(self, worker: int) -> bool:
+        self.release(worker)
+        self._launch(worker)
+        return True
+
+    def release(self, worker: int) -> None:
+        job = self._jobs.get(worker)
+        if job is not None and job.thread.is_alive():
+            self.spark.sparkContext.cancelJobGroup(job.group)   # kills the task's Python worker
 
     def exited(self) -> dict[int, str]:
-        if self._job is None or self._job.is_alive():
-            return {}
-        what = "ended with its Spark job" if self._job_error is None else \
-            f"ended with its Spark job, which failed: {str(self._job_error).splitlines()[0]}"
-        return {worker: what for worker in range(self.workers)}
+        return {worker: "ended with its Spark job" + ("" if job.error is None else
+                                                      f", which failed: {str(job.error).splitlines()[0]}")
+                for worker, job in self._jobs.items() if not job.thread.is_alive()}
 
     def stop(self) -> None:
-        if self._job is None:
-            return
         # Workers told to shut down (or whose driver connection closed) end their tasks by
         # themselves; a cancelled task's Python worker is killed, not reused by the next fit.
-        self._job.join(timeout=SHUTDOWN_GRACE_S)
+        jobs, self._jobs = list(self._jobs.values()), {}
+        grace = time.monotonic() + SHUTDOWN_GRACE_S
+        for job in jobs:
+            job.thread.join(timeout=max(0.0, grace - time.monotonic()))
         deadline = time.monotonic() + 60
-        while self._job.is_alive() and time.monotonic() < deadline:
-            # again and again: the job may not have been submitted yet when stop() is called
-            self.spark.sparkContext.cancelJobGroup(self._group)
-            self._job.join(timeout=1)
-        self._job = None
+        for job in jobs:
+            while job.thread.is_alive() and time.monotonic() < deadline:
+                # again and again: the job may not have been submitted yet when stop() is called
+                self.spark.sparkContext.cancelJobGroup(job.group)
+                job.thread.join(timeout=1)
 
     def __repr__(self) -> str:
         return (f"SparkBackend(master={self.spark.sparkContext.master!r}, workers={self.workers}, "

@@ -187,13 +187,6 @@ class Driver:
     def _check_health(self) -> None:
         """Act on workers that exited, went silent, or are stuck in a sub-epoch past
         ``trial_timeout``."""
-        together = self.pool.exited_together()
-        if together is not None:
-            # The whole launch ended before a lost connection named the task that failed
-            # first: start anew, blaming no trial.
-            self._cause_removed = False
-            self._no_worker_left(f"the workers {together}")
-            return
         self.pool.check_health()
         timeout = self.settings.limits.trial_timeout
         if timeout is not None:
@@ -225,8 +218,8 @@ class Driver:
     def _hand_over(self, lost: Lost) -> bool:
         """The surviving workers load a lost worker's partitions from the store and its
         sub-epoch runs again, from the state the driver holds and with the same seeds, so
-        the results do not change (invariant 2). Where no worker is left, or the backend's
-        workers fail together (Spark), every worker starts anew instead: returns True."""
+        the results do not change (invariant 2). Where no worker is left, every worker
+        starts anew instead: returns True."""
         worker = lost.worker
         self._cause_removed = False
         if worker.running is not None:
@@ -235,7 +228,7 @@ class Driver:
             self._cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
             worker.running = None
         self.book.forget_holders(worker.index)
-        if not self.pool.workers or self.backend.workers_fail_together:
+        if not self.pool.workers:
             self._no_worker_left(f"{worker.describe()} {lost.reason}")
             return True
         moved = self.pool.spread(self.scheduler.partitions_of(worker.index))
@@ -258,8 +251,7 @@ class Driver:
         down has failed does not count against ``max_restarts``: that budget is for losses
         the run cannot blame on a trial."""
         if not self._cause_removed and self._restarts >= self.backend.max_restarts:
-            together = " (a lost task fails its whole barrier stage)" if self.backend.workers_fail_together else ""
-            raise WorkerLostError(f"{last}; no worker is left{together} and the backend may not start more "
+            raise WorkerLostError(f"{last}; no worker is left and the backend may not start more "
                                   f"(max_restarts={self.backend.max_restarts}). "
                                   f"Its journal and checkpoints are in {self.store.path}")
         # Running sub-epochs run again from the states the driver holds, with the same

@@ -302,13 +302,6 @@ class WorkerPool:
                 for w in sorted(self.workers.values(), key=lambda w: w.index)}
 
     # --- health -------------------------------------------------------------------------
-    def exited_together(self) -> str | None:
-        """What ended the whole launch, where the backend's workers fail together (Spark's
-        job) and it ended before a lost connection named the task that failed first."""
-        if not self.backend.workers_fail_together:
-            return None
-        return next((what for index, what in self.backend.exited().items() if index in self.workers), None)
-
     def check_health(self) -> None:
         """Workers whose process ended or whose heartbeats stopped are lost."""
         for index, what in self.backend.exited().items():
