@@ -77,9 +77,10 @@ def dataset() -> cb.Dataset:
 def backend(kind: str) -> cb.Backend:
     if kind == "spark":
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)     # executors run this venv's Python
         from pyspark.sql import SparkSession
         spark = (SparkSession.builder.master("local[2]").appName("cerebro-chaos")
-                 .config("spark.ui.enabled", "false").getOrCreate())
+                 .config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1").getOrCreate())
         return cb.SparkBackend(spark, workers=2, threads_per_worker=1, heartbeat_timeout=HEARTBEAT_TIMEOUT,
                                max_restarts=1000)
     return cb.LocalBackend(2, threads_per_worker=1, heartbeat_timeout=HEARTBEAT_TIMEOUT, max_restarts=1000)
@@ -206,7 +207,9 @@ def apply(run: Disturbed, fault: str, rng: random.Random) -> dict[str, Any]:
     elif fault.endswith("flipped checkpoint byte"):
         events = journal(run.store)
         ended = {e["trial_id"] for e in events if e["event"] == "trial_ended"}
-        live = sorted({e["trial_id"] for e in events if e["event"] == "epoch_end"} - ended)
+        live = sorted(t for t in {e["trial_id"] for e in events if e["event"] == "epoch_end"} - ended
+                      # a kill between moving the latest checkpoint aside and writing the next leaves none
+                      if os.path.exists(os.path.join(run.store, "trials", t, "checkpoint.state")))
         if live:
             trial = rng.choice(live)
             path = os.path.join(run.store, "trials", trial, "checkpoint.state")

@@ -26,7 +26,7 @@ def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: i
     """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
     return execute(searcher, build=searcher.build,
-                   example_config=sample_config(searcher.space, np.random.default_rng(0)),
+                   example_configs=[sample_config(searcher.space, np.random.default_rng(i)) for i in range(8)],
                    metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
                    backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                    trial_timeout=trial_timeout, max_failures=max_failures, max_worker_losses=max_worker_losses,

@@ -147,7 +147,7 @@ def test_validation_set_with_other_label_dtype():
 
 
 def test_seed_must_be_an_integer():
-    with raises(ValueError, "seed=1.5 must be an integer"):
+    with raises(ValueError, "seed=1.5 must be a non-negative integer"):
         cb.Dataset.from_numpy(X, Y, seed=1.5)
 
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 from _crafted import craft_checkpoint, pickled_payload
 from _crash import assert_same_results, epochs_journaled, reference
-from _models import digits
+from _models import build, digits
 
 import cerebro as cb
 from cerebro.engine import VisitScheme, visit_order
@@ -67,7 +67,8 @@ def test_a_killed_driver_resumes_to_the_uninterrupted_results(tmp_path, point):
     assert_same_results(resumed, uninterrupted(tmp_path, point))
     events = [e["event"] for e in resumed.store.events()]
     assert events.count("run_resumed") == 1 and events[-1] == "run_finished"
-    assert cb.resume(store, verbose=0).finished      # resuming a finished run changes nothing
+    with pytest.warns(UserWarning, match=r"has finished; there is nothing to resume"):
+        assert cb.resume(store, verbose=0).finished      # resuming a finished run changes nothing
 
 
 def test_a_run_killed_on_two_workers_resumes_on_one_to_the_same_results(tmp_path):
@@ -180,3 +181,18 @@ def test_a_run_made_before_visit_schemes_resumes_with_the_order_it_started_with(
         after += scheme is VisitScheme.RANDOM
         assert rows.sort_values("start").partition.tolist() == visit_order(5, trial_id, epoch, 4, scheme)
     assert before and after
+
+
+def build_of_another_model(config: dict) -> cb.TorchTrainable:
+    return build(dict(config, hidden=7))
+
+
+def test_resume_with_a_build_of_another_model_is_refused_and_the_run_stays_resumable(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")
+    journal = open(os.path.join(store, "journal.jsonl"), "rb").read()
+    with pytest.raises(cb.ResumeError, match=r"^build does not make the model this run trained: t\d{4}'s checkpoint "
+                                             r"has 0\.bias of shape \((16|32),\), build\(config\) makes \(7,\); "
+                                             r"resume with the run's own build .*; nothing was resumed$"):
+        cb.resume(store, build_of_another_model, verbose=0)
+    assert open(os.path.join(store, "journal.jsonl"), "rb").read() == journal
+    assert_same_results(cb.resume(store, verbose=0), uninterrupted(tmp_path, "mid-epoch"))

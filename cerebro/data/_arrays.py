@@ -157,6 +157,11 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         """Training rows in their seeded, shuffled order."""
         return self.features[self._train_rows], self.label[self._train_rows]
 
+    def sample(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``rows`` training rows, as the workers load them."""
+        features, label = self.features[self._train_rows[:rows]], self.label[self._train_rows[:rows]]
+        return np.ascontiguousarray(features), np.ascontiguousarray(label)
+
     def validation_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Validation rows in their seeded, shuffled order (empty without validation)."""
         if self._val is not None:

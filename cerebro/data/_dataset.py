@@ -17,6 +17,7 @@ from .._checks import Integer, Optional
 from ._partitions import PartitionLayout
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 Validation = Union[float, "Dataset", tuple, None]
@@ -61,7 +62,7 @@ class Dataset(abc.ABC):
 
     def __init__(self, *, validation: Any, partitions: int | None, seed: int) -> None:
         check_partition_count(partitions)
-        Integer().check("seed", seed)
+        Integer(low=0, description="a non-negative integer").check("seed", seed)
         self.partitions = None if partitions is None else int(partitions)
         self.seed = int(seed)
         self.validation = validation
@@ -115,6 +116,11 @@ class Dataset(abc.ABC):
     @abc.abstractmethod
     def has_validation(self) -> bool:
         """Whether any rows are for validation."""
+
+    def sample(self, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The first ``rows`` training rows as a worker loads them (features, label), for
+        checks on the driver; None where getting them would cost a job (Spark)."""
+        return None
 
     def check_partitions(self, partitions: int) -> None:
         """Fail early when ``partitions`` cannot each get a training row."""

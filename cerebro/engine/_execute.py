@@ -12,7 +12,7 @@ import sysconfig
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import cloudpickle
@@ -26,14 +26,14 @@ from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
-from ..worker import TorchTrainable
 from ._driver import Driver
 from ._interface import SearchPolicy
+from ._preflight import check_build
 from ._settings import Limits, RunSettings
 from ._visit_order import VisitScheme
 
 
-def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_config: dict[str, Any],
+def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_configs: Sequence[dict[str, Any]],
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, trial_timeout: float | None = None,
@@ -41,8 +41,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
-    ``example_config`` is one configuration of the space, built once on the driver to learn
-    the metrics the trainable logs.
+    ``example_configs`` are configurations of the space for the checks of ``build`` on the
+    driver (see :mod:`._preflight`).
     """
     if not isinstance(data, Dataset):
         raise TypeError(f"data must be a cerebro.Dataset (e.g. cb.Dataset.from_numpy(X, y)); "
@@ -63,7 +63,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)
-    _check_metric(build, example_config, metric, data.has_validation)
+    check_build(build, example_configs, metric, data)
     if store is None:
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
@@ -197,29 +197,3 @@ def _is_users_module(module: types.ModuleType) -> bool:
     if module.__name__ == "__main__" or path is None or module.__name__.split(".")[0] == "cerebro":
         return False
     return not os.path.abspath(path).startswith(_INSTALLED)
-
-
-def _check_metric(build: Callable, config: dict[str, Any], metric: str, has_validation: bool) -> None:
-    """``metric`` must be one the trainable logs; learned from one build on the driver.
-
-    The build runs on the meta device (no memory, no init) when the user's code allows it,
-    else on the CPU. If it fails both ways, that trial will fail on its worker with its
-    traceback, and the check is skipped.
-    """
-    trainable = None
-    for device in ("meta", "cpu"):
-        try:
-            with torch.device(device):
-                trainable = build(config)
-            break
-        except Exception:
-            continue
-    if trainable is None:
-        return
-    if not isinstance(trainable, TorchTrainable):
-        raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
-    prefixes = ("train", "val") if has_validation else ("train",)
-    logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metrics)]
-    if metric not in logged:
-        hint = "" if has_validation else " (the data has no validation split)"
-        raise ValueError(f"metric={metric!r} is not logged{hint}; logged metrics are {logged}")

@@ -10,11 +10,13 @@ run ends bitwise as it would have without the crash (invariant 3).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
+import torch
 
 from ..backends import Backend
 from ..report import Result
@@ -135,12 +137,16 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         info = store.read_run_info()
         events, good, damaged = store.read_journal()
         if any(event["event"] == "run_finished" for event in events):
+            warnings.warn(f"run {store.path!r} has finished; there is nothing to resume, so its Result is "
+                          f"returned as it is", stacklevel=2)
             return Result(store, build)
         if store.pickled_states and not trust:
             raise UntrustedStateError(store.path)
         if not store.has("build.pkl"):
             raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
         policy = cloudpickle.loads(store.read_searcher())
+        if build is not None:
+            check_fits_checkpoints(build, store, events)
         build_blob = pickle_build(build) if build is not None else store.read_build()
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])
@@ -208,3 +214,29 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered) -> None:
                     if rt.status is None and rt.pending is not None})
     for request in recovered.unstarted:
         book.create(request)
+
+
+def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events: list[dict[str, Any]]) -> None:
+    """Refuse, before any work, a ``build`` whose model cannot load the run's checkpoints
+    (another architecture): every trial would fail and the run would be lost."""
+    for event in map(parse_event, events):
+        if not isinstance(event, TrialCreated):
+            continue
+        saved = next((c["state"]["model"] for c in store.checkpoints(event.trial_id) if "state" in c), None)
+        if saved is None:
+            continue
+        try:
+            with torch.device("meta"):
+                trainable = build(event.config)
+        except Exception as error:
+            raise ResumeError(f"build(config) fails for {event.trial_id}'s config {event.config}: "
+                              f"{type(error).__name__}: {error}; nothing was resumed") from error
+        made = {name: tuple(tensor.shape) for name, tensor in trainable.model.state_dict().items()}
+        kept = {name: tuple(tensor.shape) for name, tensor in saved.items()}
+        if made != kept:
+            name = next(n for n in sorted({*made, *kept}) if made.get(n) != kept.get(n))
+            raise ResumeError(f"build does not make the model this run trained: {event.trial_id}'s checkpoint "
+                              f"has {name} of shape {kept.get(name, 'none')}, build(config) makes "
+                              f"{made.get(name, 'none')}; resume with the run's own build (or none: the stored "
+                              f"one); nothing was resumed")
+        return

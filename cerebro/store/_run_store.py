@@ -56,8 +56,13 @@ class RunStore:
         store = cls(path)
         try:
             holds_run, empty = files.exists(store.file("run.json")), files.is_empty_dir(store.path)
+            if empty is None and files.exists(store.path):
+                raise FileExistsError(f"store {store.path!r} is a file, not a directory; choose a new or "
+                                      f"empty directory")
             if not holds_run and empty is not False:
                 files.makedirs(store.path)
+        except FileExistsError:
+            raise
         except Exception as error:
             raise OSError(f"store {store.path!r} cannot be reached: {type(error).__name__}: "
                           f"{str(error).splitlines()[0]}") from error

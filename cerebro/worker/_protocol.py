@@ -31,7 +31,7 @@ from typing import Any
 from ..store import TaskKind
 
 AUTHKEY_ENV = "CEREBRO_AUTHKEY"
-HANDSHAKE_FAILED = 3     # a worker process's exit status when it could not authenticate with the driver
+HANDSHAKE_FAILED = 77    # a worker process's exit status when it could not authenticate with the driver (EX_NOPERM)
 
 
 @dataclass

@@ -87,8 +87,7 @@ class TorchTrainable:
             rows = order[start:start + self.batch_size]
             inputs, targets = features[rows], label[rows]
             self.optimizer.zero_grad(set_to_none=True)
-            outputs = self.model(inputs)
-            loss = self.loss(outputs, targets)
+            outputs, loss = self._forward(inputs, targets)
             loss.backward()
             self.optimizer.step()
             sums += _batch_sums(loss, outputs.detach(), targets, self.metrics)
@@ -104,10 +103,32 @@ class TorchTrainable:
         self.model.eval()
         for start in range(0, len(features), self.batch_size):
             inputs, targets = features[start:start + self.batch_size], label[start:start + self.batch_size]
-            outputs = self.model(inputs)
-            sums += _batch_sums(self.loss(outputs, targets), outputs, targets, self.metrics)
+            outputs, loss = self._forward(inputs, targets)
+            sums += _batch_sums(loss, outputs, targets, self.metrics)
             _check(deadline)
         return sums
+
+
+    def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's outputs and the batch's loss; a failure says what the shapes were."""
+        outputs = None
+        try:
+            outputs = self.model(inputs)
+            loss = self.loss(outputs, targets)
+        except Exception as error:
+            made = "" if outputs is None else f" -> outputs {_shape(outputs)}"
+            error.add_note(f"on a batch of features {_shape(inputs)}{made}, labels {_shape(targets)}")
+            raise
+        if loss.dim() != 0:
+            raise ValueError(f"loss(outputs, targets) must return a scalar (the batch's mean loss); it returned "
+                             f"a tensor of shape {tuple(loss.shape)} (a loss with reduction='none'?)")
+        return outputs, loss
+
+
+def _shape(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
 
 
 class SubEpochTimeout(Exception):

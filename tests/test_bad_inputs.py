@@ -1,0 +1,245 @@
+"""Invariant 4, exhaustively: each bad input fails with a message naming the value and the
+rule, before any worker starts and before anything is written to the store.
+
+One table, one case per row: how to make the mistake, the error type, and the message it must
+give (matched whole). Mistakes in data, the search space, the searchers' and ``fit``'s
+arguments, the backends, the store, ``build`` (checked on the driver on a few configurations
+and two rows of data), ``cb.load`` and ``cb.resume``."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import cerebro as cb
+
+X = np.random.default_rng(0).random((60, 8)).astype(np.float32)
+Y = np.arange(60) % 3
+SPACE = {"lr": cb.choice([0.1])}
+
+
+def linear(outputs: int = 3, batch_size: int = 8, loss=torch.nn.functional.cross_entropy) -> cb.TorchTrainable:
+    model = torch.nn.Linear(8, outputs)
+    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=batch_size)
+
+
+def build(config: dict) -> cb.TorchTrainable:
+    return linear()
+
+
+def build_batch_size_0(config: dict) -> cb.TorchTrainable:
+    return linear(batch_size=0)
+
+
+def build_per_row_loss(config: dict) -> cb.TorchTrainable:
+    return linear(loss=lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets, reduction="none"))
+
+
+def build_that_raises(config: dict) -> cb.TorchTrainable:
+    raise RuntimeError(f"no model for {config}")
+
+
+def data(**kwargs) -> cb.Dataset:
+    return cb.Dataset.from_numpy(X, Y, **{"partitions": 2, **kwargs})
+
+
+def fit(tmp_path, search=None, dataset=None, **kwargs):
+    """A fit whose store must not exist afterwards: nothing was written, no worker started."""
+    store = tmp_path / "run"
+    try:
+        return (search or cb.GridSearch(build, SPACE, epochs=1)).fit(
+            dataset if dataset is not None else data(), store=store, **{"workers": 1, "verbose": 0, **kwargs})
+    finally:
+        assert not store.exists()
+
+
+def a_file(tmp_path) -> str:
+    path = tmp_path / "afile"
+    path.write_text("not a directory")
+    return str(path)
+
+
+CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message as a regex)
+    # --- data --------------------------------------------------------------------------------
+    "string labels": (lambda t: cb.Dataset.from_numpy(X, np.array(["a", "b", "c"] * 20)), TypeError,
+                      r"label must be numeric \(class indices 0\.\.K-1 or float targets\); got dtype <U1"),
+    "float labels for a classification loss": (
+        lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, (Y * 0.5).astype(np.float32), partitions=2)), ValueError,
+        r"the label is float32 but the loss takes class indices: loss\(outputs, targets\) fails on float labels "
+        r"\(RuntimeError: .*\); encode the classes as integers 0\.\.K-1 \(e\.g\. y\.astype\(int\)\)"),
+    "1-D features": (lambda t: cb.Dataset.from_numpy(X[:, 0], Y), ValueError,
+                     r"features must have shape \(rows, \.\.\.\) with at least 2 dimensions; got shape \(60,\)"),
+    "infinite features": (lambda t: cb.Dataset.from_numpy(np.where(X > 0.99, np.inf, X), Y), ValueError,
+                          r"features: \d+ rows hold NaN or infinite values \(first at row \d+\)"),
+    "NaN labels": (lambda t: cb.Dataset.from_numpy(X, np.where(Y == 1, np.nan, Y)), ValueError,
+                   r"label: 20 rows hold NaN or infinite values \(first at row 1\)"),
+    "object features": (lambda t: cb.Dataset.from_numpy(X.astype(object), Y), TypeError,
+                        r"features must be numeric; got dtype object"),
+    "a text column among the features": (
+        lambda t: cb.Dataset.from_pandas(pd.DataFrame({"a": ["x"] * 60, "b": X[:, 0], "y": Y}), features=["a", "b"],
+                                         label="y"), TypeError,
+        r"column 'a' must be numeric or hold numeric arrays; got dtype object"),
+    "validation features of another shape": (
+        lambda t: cb.Dataset.from_numpy(X, Y, validation=(X[:, :4], Y)), ValueError,
+        r"validation features have shape \(4,\) per row; training features have \(8,\)"),
+    "features and labels of different lengths": (
+        lambda t: cb.Dataset.from_numpy(X, Y[:50]), ValueError,
+        r"features have 60 rows but label has 50; they must have the same number of rows"),
+    "no rows": (lambda t: cb.Dataset.from_numpy(X[:0], Y[:0]), ValueError,
+                r"data is empty: features and label have 0 rows"),
+    "validation fraction of 1.5": (lambda t: data(validation=1.5), ValueError,
+                                   r"validation=1\.5 must be a fraction in \[0, 1\), a Dataset or a \(features, "
+                                   r"label\) pair"),
+    "partitions=0": (lambda t: data(partitions=0), ValueError,
+                     r"partitions=0 must be a positive integer or None \(one partition per worker\)"),
+    "partitions=-1": (lambda t: data(partitions=-1), ValueError,
+                      r"partitions=-1 must be a positive integer or None \(one partition per worker\)"),
+    "partitions=2.5": (lambda t: data(partitions=2.5), ValueError,
+                       r"partitions=2\.5 must be a positive integer or None \(one partition per worker\)"),
+    "more partitions than rows": (lambda t: fit(t, dataset=cb.Dataset.from_numpy(X[:6], Y[:6], partitions=8)),
+                                  ValueError, r"partitions=8 is more than the 5 training rows; every partition "
+                                              r"needs at least one row"),
+    "a seed that is not an integer": (lambda t: data(seed="a"), ValueError, r"seed='a' must be a non-negative integer"),
+    "a negative data seed": (lambda t: data(seed=-1), ValueError, r"seed=-1 must be a non-negative integer"),
+    "a missing feature column": (
+        lambda t: cb.Dataset.from_pandas(pd.DataFrame({"a": X[:, 0], "y": Y}), features=["a", "b"], label="y"),
+        ValueError, r"feature columns \['b'\] are not in the DataFrame; columns are \['a', 'y'\]"),
+    "a missing label column": (
+        lambda t: cb.Dataset.from_pandas(pd.DataFrame({"a": X[:, 0], "y": Y}), features=["a"], label="z"),
+        ValueError, r"label column 'z' is not in the DataFrame; columns are \['a', 'y'\]"),
+    "a missing Parquet path": (lambda t: cb.Dataset.from_parquet(str(t / "nope.parquet"), label="y"),
+                               FileNotFoundError, r"Parquet path '.*nope\.parquet' does not exist"),
+    "data that is not a Dataset": (lambda t: fit(t, dataset=X), TypeError,
+                                   r"data must be a cerebro\.Dataset \(e\.g\. cb\.Dataset\.from_numpy\(X, y\)\); "
+                                   r"got ndarray"),
+    # --- the search space ----------------------------------------------------------------------
+    "an empty space": (lambda t: fit(t, cb.GridSearch(build, {}, epochs=1)), ValueError,
+                       r"space=\{\} must name at least one parameter"),
+    "an empty choice": (lambda t: cb.choice([]), ValueError, r"choice: values=\[\] must hold at least one option"),
+    "uniform reversed": (lambda t: cb.uniform(1, 0), ValueError, r"uniform: low=1 must be smaller than high=0"),
+    "uniform of zero width": (lambda t: cb.uniform(1, 1), ValueError, r"uniform: low=1 must be smaller than high=1"),
+    "loguniform from 0": (lambda t: cb.loguniform(0, 1), ValueError, r"loguniform: low=0 must be greater than 0"),
+    "loguniform reversed": (lambda t: cb.loguniform(0.1, 0.0001), ValueError,
+                            r"loguniform: low=0\.1 must be smaller than high=0\.0001"),
+    "randint reversed": (lambda t: cb.randint(5, 1), ValueError, r"randint: low=5 must be smaller than high=1"),
+    "randint of zero width": (lambda t: cb.randint(5, 5), ValueError, r"randint: low=5 must be smaller than high=5"),
+    "a configuration value that is an object": (
+        lambda t: cb.choice([torch.nn.ReLU()]), ValueError,
+        r"choice: ReLU\(\) cannot be stored as a configuration value; use numbers, strings, booleans, None or "
+        r"lists of them \(map names to objects inside build\)"),
+    "a constant that is a function": (
+        lambda t: fit(t, cb.GridSearch(build, {"f": len}, epochs=1)), ValueError,
+        r"space\['f'\]: <built-in function len> cannot be stored as a configuration value; use numbers, strings, "
+        r"booleans, None or lists of them \(map names to objects inside build\)"),
+    "a space key that is a history column": (
+        lambda t: fit(t, cb.GridSearch(build, {"epoch": cb.choice([1, 2])}, epochs=1)), ValueError,
+        r"space key 'epoch' is also a column of result\.history\(\) \(trial_id, epoch, exploited_from, train_loss, "
+        r"val_loss\); rename it"),
+    "a space key that is a metric": (
+        lambda t: fit(t, cb.GridSearch(build, {"val_loss": 3.0}, epochs=1)), ValueError,
+        r"space key 'val_loss' is also a column of result\.history\(\) .*; rename it"),
+    "a grid over a continuous range": (
+        lambda t: fit(t, cb.GridSearch(build, {"lr": cb.uniform(0.1, 1)}, epochs=1)), ValueError,
+        r"GridSearch can only enumerate cb\.choice values; space\['lr'\] is uniform\(0\.1, 1\)\. Use "
+        r"cb\.choice\(\[\.\.\.\]\) or cb\.RandomSearch"),
+    # --- the searchers ---------------------------------------------------------------------------
+    "epochs=2.5": (lambda t: fit(t, cb.GridSearch(build, SPACE, epochs=2.5)), ValueError,
+                   r"epochs=2\.5 must be an integer >= 1"),
+    "epochs=0": (lambda t: fit(t, cb.GridSearch(build, SPACE, epochs=0)), ValueError,
+                 r"epochs=0 must be an integer >= 1"),
+    "num_trials=0": (lambda t: fit(t, cb.RandomSearch(build, SPACE, num_trials=0)), ValueError,
+                     r"num_trials=0 must be an integer >= 1"),
+    "a metric the trainable does not log": (
+        lambda t: fit(t, cb.GridSearch(build, SPACE, epochs=1, metric="val_f1")), ValueError,
+        r"metric='val_f1' is not logged; logged metrics are \['train_loss', 'val_loss'\]"),
+    "mode='maximize'": (lambda t: fit(t, cb.GridSearch(build, SPACE, epochs=1, mode="maximize")), ValueError,
+                        r"mode='maximize' must be 'min' or 'max'"),
+    "ASHA reduction_factor=1": (lambda t: fit(t, cb.ASHA(build, SPACE, reduction_factor=1)), ValueError,
+                                r"reduction_factor=1 must be a number >= 2"),
+    "ASHA grace_period beyond max_epochs": (
+        lambda t: fit(t, cb.ASHA(build, SPACE, grace_period=10, max_epochs=3)), ValueError,
+        r"grace_period=10 must be at most max_epochs=3"),
+    "Hyperband eta=1": (lambda t: fit(t, cb.Hyperband(build, SPACE, eta=1)), ValueError,
+                        r"eta=1 must be a number >= 2"),
+    # --- build, checked on the driver ---------------------------------------------------------------
+    "a build that returns a model, not a trainer": (
+        lambda t: fit(t, cb.GridSearch(lambda config: torch.nn.Linear(8, 3), SPACE, epochs=1)), TypeError,
+        r"build\(config\) must return a cerebro\.TorchTrainable; got Linear"),
+    "batch_size=0": (lambda t: fit(t, cb.GridSearch(build_batch_size_0, SPACE, epochs=1)), ValueError,
+                     r"build\(config\) fails for each of the 1 configurations tried on the driver, e\.g\. "
+                     r"\{'lr': 0\.1\}: ValueError: batch_size=0 must be a positive integer\n(.|\n)*"),
+    "a build that always raises": (
+        lambda t: fit(t, cb.ASHA(build_that_raises, {"lr": cb.choice([0.1, 0.2])}, metric="val_f1")), ValueError,
+        r"build\(config\) fails for each of the 2 configurations tried on the driver, e\.g\. \{'lr': 0\.[12]\}: "
+        r"RuntimeError: no model for \{'lr': 0\.[12]\}\n(.|\n)*"),
+    "a loss that is not a scalar": (
+        lambda t: fit(t, cb.GridSearch(build_per_row_loss, SPACE, epochs=1)), ValueError,
+        r"loss\(outputs, targets\) must return a scalar \(the batch's mean loss\); it returned a tensor of shape "
+        r"\(2,\) \(a loss with reduction='none'\?\)"),
+    # --- fit's settings, the backends and the store -------------------------------------------------
+    "a fit seed that is not an integer": (lambda t: fit(t, seed=1.5), ValueError,
+                                          r"seed=1\.5 must be a non-negative integer or None"),
+    "a negative fit seed": (lambda t: fit(t, seed=-1), ValueError, r"seed=-1 must be a non-negative integer or None"),
+    "workers=0": (lambda t: fit(t, workers=0), ValueError, r"workers=0 must be a positive integer"),
+    "verbose=2": (lambda t: fit(t, verbose=2), ValueError, r"verbose=2 must be 0 \(silent\) or 1 \(progress\)"),
+    "a negative trial_timeout": (lambda t: fit(t, trial_timeout=-1), ValueError,
+                                 r"trial_timeout=-1 must be a positive number of seconds or None"),
+    "a negative max_failures": (lambda t: fit(t, max_failures=-1), ValueError,
+                                r"max_failures=-1 must be an integer >= 0 or None"),
+    "max_worker_losses=0": (lambda t: fit(t, max_worker_losses=0), ValueError,
+                            r"max_worker_losses=0 must be a positive integer"),
+    "an unknown backend": (lambda t: fit(t, backend="yarn", workers=None), ValueError,
+                           r"backend='yarn' must be 'local' or a Backend instance such as "
+                           r"cb\.LocalBackend\(workers=4\)"),
+    "threads_per_worker=0": (lambda t: cb.LocalBackend(2, threads_per_worker=0), ValueError,
+                             r"threads_per_worker=0 must be a positive integer"),
+    "a heartbeat timeout under a second": (lambda t: cb.LocalBackend(2, heartbeat_timeout=0.5), ValueError,
+                                           r"heartbeat_timeout=0\.5 must be a number of seconds > 1"),
+    "a store that is a file": (
+        lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(data(), workers=1, store=a_file(t), verbose=0),
+        FileExistsError, r"store '.*afile' is a file, not a directory; choose a new or empty directory"),
+    "a store that holds a run": (
+        lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(data(), workers=1, store=finished_run(t), verbose=0),
+        FileExistsError, r"store '.*done' already holds a run; choose another store, load it with cb\.load, or "
+                         r"delete it"),
+    "cb.load of a directory that is not a run": (lambda t: cb.load(t), FileNotFoundError,
+                                                 r"'.*' is not a Cerebro run directory \(no run\.json\)"),
+    "cb.resume of a directory that is not a run": (lambda t: cb.resume(t), FileNotFoundError,
+                                                   r"'.*' is not a Cerebro run directory \(no run\.json\)"),
+}
+
+def finished_run(tmp_path) -> str:
+    """A directory that holds a run (its run.json is what says so)."""
+    store = tmp_path / "done"
+    store.mkdir()
+    (store / "run.json").write_text("{}")
+    return str(store)
+
+
+def test_the_table_is_exhaustive_enough():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_bad_input_is_refused_with_a_message_naming_it(tmp_path, name):
+    make, error, message = CASES[name]
+    with pytest.raises(error) as raised:
+        make(tmp_path)
+    assert re.fullmatch(message, str(raised.value)), str(raised.value)
+
+
+def build_by_outputs(config: dict) -> cb.TorchTrainable:
+    return linear(outputs=config["outputs"])
+
+
+@pytest.mark.slow
+def test_a_model_whose_output_does_not_fit_the_labels_fails_its_trial_with_the_shapes(tmp_path):
+    """What differs between configurations is the trials' to fail, at their first sub-epoch."""
+    result = cb.GridSearch(build_by_outputs, {"outputs": cb.choice([3, 2])}, epochs=2).fit(
+        data(), workers=1, store=tmp_path / "run", verbose=0)
+    assert [t.status for t in result.trials] == ["completed", "failed"]
+    assert re.search(r"IndexError: Target 2 is out of bounds\.\non a batch of features \(8, 8\) float32 -> "
+                     r"outputs \(8, 2\) float32, labels \(8,\) int64", result.trials[1].error), result.trials[1].error
