@@ -23,6 +23,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -100,15 +101,19 @@ def build(config: dict) -> cb.TorchTrainable:
                              torch.nn.functional.cross_entropy, batch_size=32)
 
 
-def killing_build(store: str, marker: str):
-    """``build`` whose worker kills itself once, mid sub-epoch, after 2 journaled epochs."""
+def killing_build(build: Callable[[dict], cb.TorchTrainable], store: str, marker: str, after: int = 2):
+    """``build`` whose worker SIGKILLs itself once, mid sub-epoch, once ``after`` epochs are
+    journaled in ``store``; the ``marker`` file, created exclusively, lets one worker only die."""
     def build_that_kills(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
         loss = trainable.loss
 
         def loss_that_kills(outputs, targets):
-            if not os.path.exists(marker) and _epochs_journaled(store) >= 2:
-                open(marker, "w").close()
+            if not os.path.exists(marker) and epochs_journaled(store) >= after:
+                try:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                except FileExistsError:
+                    return loss(outputs, targets)
                 os.kill(os.getpid(), signal.SIGKILL)
             return loss(outputs, targets)
         trainable.loss = loss_that_kills
@@ -116,7 +121,7 @@ def killing_build(store: str, marker: str):
     return build_that_kills
 
 
-def _epochs_journaled(store: str) -> int:
+def epochs_journaled(store: str) -> int:
     try:
         with open(os.path.join(store, "journal.jsonl"), "rb") as f:
             return f.read().count(b'"event": "epoch_end"')
@@ -135,7 +140,7 @@ def run(scratch: str, name: str, flooded: bool) -> tuple[dict[str, Any], pd.Data
     backend = (FloodedBackend if flooded else cb.LocalBackend)(2, threads_per_worker=1)
     started = time.monotonic()
     try:
-        result = cb.GridSearch(killing_build(store, marker), SPACE, epochs=EPOCHS).fit(
+        result = cb.GridSearch(killing_build(build, store, marker), SPACE, epochs=EPOCHS).fit(
             digits(), backend=backend, store=store, seed=5, verbose=0)
     finally:
         if flooded and backend.flood is not None:

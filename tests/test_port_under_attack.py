@@ -5,18 +5,17 @@ token never shows in a worker's command line or in any file of the run directory
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 import pytest
-from _crash import assert_same_results, epochs_journaled
+from _crash import assert_same_results
 from _models import build, digits
 
 import cerebro as cb
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from port_flood import Flood  # noqa: E402
+from port_flood import Flood, killing_build  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -43,27 +42,11 @@ class FloodedBackend(cb.LocalBackend):
         return process
 
 
-def killing_build(store: str, marker: str):
-    """``build`` whose worker kills itself once, mid sub-epoch, after 2 journaled epochs."""
-    def build_that_kills(config: dict) -> cb.TorchTrainable:
-        trainable = build(config)
-        loss = trainable.loss
-
-        def loss_that_kills(outputs, targets):
-            if not os.path.exists(marker) and epochs_journaled(store) >= 2:
-                open(marker, "w").close()
-                os.kill(os.getpid(), signal.SIGKILL)
-            return loss(outputs, targets)
-        trainable.loss = loss_that_kills
-        return trainable
-    return build_that_kills
-
-
 def test_a_flooded_port_starts_finishes_and_replaces_a_killed_worker_with_the_same_results(tmp_path):
     store, marker = str(tmp_path / "run"), str(tmp_path / "killed")
     backend = FloodedBackend(2, threads_per_worker=1)
     try:
-        result = cb.GridSearch(killing_build(store, marker), SPACE, epochs=60).fit(
+        result = cb.GridSearch(killing_build(build, store, marker), SPACE, epochs=60).fit(
             digits(partitions=4), backend=backend, store=store, seed=5, verbose=0)
     finally:
         if backend.flood is not None:

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import os
 import re
-import signal
+import sys
 import time
 
 import pandas as pd
 import pytest
 import torch
-from _crash import epochs_journaled
 from _models import build, crashing_once, digits
 from _spark import session, standalone_cluster
 from test_resume import assert_same_results as assert_same_results_as_uninterrupted
 from test_resume import crashed_run, uninterrupted
 
 import cerebro as cb
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+from port_flood import killing_build  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -116,32 +119,13 @@ def assert_survivors_trained_on(events: list[dict], result: cb.Result) -> None:
     assert survivors <= {info["pid"] for info in result.workers.values()}
 
 
-def killing_itself(store: str, marker: str):
-    """``build`` whose Python worker SIGKILLs itself once, mid sub-epoch, after an epoch is journaled."""
-    def build_that_kills(config: dict) -> cb.TorchTrainable:
-        trainable = build(config)
-        loss = trainable.loss
-
-        def loss_that_kills(outputs, targets):
-            if not os.path.exists(marker) and epochs_journaled(store) >= 1:
-                try:    # O_EXCL: of two workers reaching here at once, only one dies
-                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                except FileExistsError:
-                    return loss(outputs, targets)
-                os.kill(os.getpid(), signal.SIGKILL)
-            return loss(outputs, targets)
-        trainable.loss = loss_that_kills
-        return trainable
-    return build_that_kills
-
-
 def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_path):
     store, marker = str(tmp_path / "run"), str(tmp_path / "killed")
     with standalone_cluster(workers=2, cores=2, log_dir=str(tmp_path)) as master:
         spark = session(master)
         try:
             backend = cb.SparkBackend(spark, workers=4, slot_wait=120)
-            result = cb.GridSearch(killing_itself(store, marker), SPACE, epochs=3, metric="val_accuracy",
+            result = cb.GridSearch(killing_build(build, store, marker, after=1), SPACE, epochs=3, metric="val_accuracy",
                                    mode="max").fit(digits(partitions=4), backend=backend, seed=SEED, store=store,
                                                    verbose=0)
         finally:
