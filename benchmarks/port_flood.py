@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from recovery import epochs_journaled
 
 import cerebro as cb
 
@@ -119,14 +120,6 @@ def killing_build(build: Callable[[dict], cb.TorchTrainable], store: str, marker
         trainable.loss = loss_that_kills
         return trainable
     return build_that_kills
-
-
-def epochs_journaled(store: str) -> int:
-    try:
-        with open(os.path.join(store, "journal.jsonl"), "rb") as f:
-            return f.read().count(b'"event": "epoch_end"')
-    except FileNotFoundError:
-        return 0
 
 
 def digits() -> cb.Dataset:

@@ -57,7 +57,7 @@ def disturbing(store: str, marker: str, how: str):
         loss = trainable.loss
 
         def disturbing_loss(outputs, targets):
-            if not os.path.exists(marker) and _epochs_journaled(store) >= 8:
+            if not os.path.exists(marker) and epochs_journaled(store) >= 8:
                 with open(marker, "w") as f:
                     f.write(repr(time.monotonic()))
                 os.kill(os.getpid(), signal.SIGSTOP if how == "sigstop" else signal.SIGKILL)
@@ -67,7 +67,7 @@ def disturbing(store: str, marker: str, how: str):
     return disturbing_build
 
 
-def _epochs_journaled(store: str) -> int:
+def epochs_journaled(store: str) -> int:
     try:
         with open(os.path.join(store, "journal.jsonl"), "rb") as f:
             return f.read().count(b'"event": "epoch_end"')
