@@ -90,7 +90,7 @@ def child(mode: str, store: str, kind: str, quick: bool) -> None:
     """The driver: fit the search, or resume it after a kill."""
     if mode == "fit":
         search(quick).fit(dataset(), backend=backend(kind), store=store, seed=SEED, verbose=0,
-                          max_worker_losses=1000)
+                          max_trial_losses=1000)
     else:
         cb.resume(store, backend=backend(kind), verbose=0)
 

@@ -22,12 +22,12 @@ if TYPE_CHECKING:
 
 def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
         store: str | os.PathLike | None, seed: int | None, verbose: int, trial_timeout: float | None,
-        max_failures: int | None, max_worker_losses: int, tensorboard: bool, mlflow: bool | str) -> Result:
+        max_failures: int | None, max_trial_losses: int, tensorboard: bool, mlflow: bool | str) -> Result:
     """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
     return execute(searcher, build=searcher.build,
                    example_configs=[sample_config(searcher.space, np.random.default_rng(i)) for i in range(8)],
                    metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
                    backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   trial_timeout=trial_timeout, max_failures=max_failures, max_worker_losses=max_worker_losses,
+                   trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
                    tensorboard=tensorboard, mlflow=mlflow)

@@ -99,12 +99,12 @@ def demo(workers: int, epochs: int, store: str | None, seed: int) -> None:
 @click.option("--seed", default=None, type=int, help="the run's seed (default: drawn and recorded)")
 @click.option("--trial-timeout", default=None, type=float, help="seconds one sub-epoch of a trial may take")
 @click.option("--max-failures", default=None, type=int, help="stop the run when more trials fail")
-@click.option("--max-worker-losses", default=2, show_default=True, type=int,
+@click.option("--max-trial-losses", default=2, show_default=True, type=int,
               help="a trial on this many lost workers fails as their cause")
 @click.option("--mlflow", default=None, help="'local' for RUN_DIR/mlflow.db, or a tracking URI")
 @click.option("--quiet", is_flag=True, help="no live progress")
 def run(experiment: str, workers: int, backend: str, store: str | None, seed: int | None,
-        trial_timeout: float | None, max_failures: int | None, max_worker_losses: int, mlflow: str | None,
+        trial_timeout: float | None, max_failures: int | None, max_trial_losses: int, mlflow: str | None,
         quiet: bool) -> None:
     """Run the searcher that EXPERIMENT (a Python file) defines.
 
@@ -135,7 +135,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
     else:
         chosen, workers_arg = "local", workers
     result = search.fit(data, backend=chosen, workers=workers_arg, store=store, seed=seed, verbose=0 if quiet else 1,
-                        trial_timeout=trial_timeout, max_failures=max_failures, max_worker_losses=max_worker_losses,
+                        trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
                         mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
     print_summary(result, Console())
 

@@ -189,8 +189,8 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
                                  r"trial_timeout=-1 must be a positive number of seconds or None"),
     "a negative max_failures": (lambda t: fit(t, max_failures=-1), ValueError,
                                 r"max_failures=-1 must be an integer >= 0 or None"),
-    "max_worker_losses=0": (lambda t: fit(t, max_worker_losses=0), ValueError,
-                            r"max_worker_losses=0 must be a positive integer"),
+    "max_trial_losses=0": (lambda t: fit(t, max_trial_losses=0), ValueError,
+                            r"max_trial_losses=0 must be a positive integer"),
     "an unknown backend": (lambda t: fit(t, backend="yarn", workers=None), ValueError,
                            r"backend='yarn' must be 'local' or a Backend instance such as "
                            r"cb\.LocalBackend\(workers=4\)"),

@@ -179,28 +179,28 @@ def test_a_run_whose_paused_trials_need_a_second_decide_is_not_stuck():
         ("t0000", "stopped"), ("t0001", "completed")]
 
 
-@pytest.mark.parametrize("max_worker_losses", [1, 2, 4])
-def test_a_trial_fails_on_its_max_worker_losses_th_lost_worker_and_not_before(max_worker_losses):
+@pytest.mark.parametrize("max_trial_losses", [1, 2, 4])
+def test_a_trial_fails_on_its_max_trial_losses_th_lost_worker_and_not_before(max_trial_losses):
     recorder = Recorder()
     scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=False)
     settings = RunSettings(seed=3, num_partitions=2, evaluate=False,
-                           limits=Limits(max_worker_losses=max_worker_losses))
+                           limits=Limits(max_trial_losses=max_trial_losses))
     searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=1, metric="train_loss")
     book = TrialBook(searcher, scheduler, settings, recorder)
     searcher.start(settings.seed)
     book.add_trials()
     reasons = []
-    for loss in range(1, max_worker_losses + 1):
+    for loss in range(1, max_trial_losses + 1):
         [task] = scheduler.assign([0, 1])
         reasons.append(f"worker {task.worker} lost ({loss})")
-        assert book.worker_lost(task, reasons[-1]) is (loss == max_worker_losses)
+        assert book.worker_lost(task, reasons[-1]) is (loss == max_trial_losses)
         assert [e["status"] for e in recorder.events("trial_ended")] == ([TrialStatus.FAILED] if
-                                                                         loss == max_worker_losses else [])
+                                                                         loss == max_trial_losses else [])
     [ended] = recorder.events("trial_ended")
-    assert ended["reason"] == f"lost the {max_worker_losses} workers that ran it: " + "; ".join(reasons)
+    assert ended["reason"] == f"lost the {max_trial_losses} workers that ran it: " + "; ".join(reasons)
 
 
-def test_max_worker_losses_must_be_a_positive_integer():
+def test_max_trial_losses_must_be_a_positive_integer():
     for bad in (0, -1, 2.5, "3", None):
-        with pytest.raises((ValueError, TypeError), match=rf"^max_worker_losses={bad!r} must be a positive integer"):
-            Limits(max_worker_losses=bad)
+        with pytest.raises((ValueError, TypeError), match=rf"^max_trial_losses={bad!r} must be a positive integer"):
+            Limits(max_trial_losses=bad)

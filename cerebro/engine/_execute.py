@@ -37,7 +37,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, trial_timeout: float | None = None,
-            max_failures: int | None = None, max_worker_losses: int = 2, tensorboard: bool = True,
+            max_failures: int | None = None, max_trial_losses: int = 2, tensorboard: bool = True,
             mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
@@ -59,7 +59,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         Integer(low=0, description="a non-negative integer or None").check("seed", seed)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    limits = Limits(trial_timeout, max_failures, max_worker_losses)
+    limits = Limits(trial_timeout, max_failures, max_trial_losses)
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)

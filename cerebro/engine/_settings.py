@@ -15,7 +15,7 @@ class Limits:
 
     trial_timeout: float | None = None
     max_failures: int | None = None
-    max_worker_losses: int = 2
+    max_trial_losses: int = 2
 
     def __post_init__(self) -> None:
         for name, constraint in _LIMITS.items():
@@ -23,7 +23,7 @@ class Limits:
         # numpy numbers pass; run.json and the messages want them plain
         if self.max_failures is not None:
             object.__setattr__(self, "max_failures", int(self.max_failures))
-        object.__setattr__(self, "max_worker_losses", int(self.max_worker_losses))
+        object.__setattr__(self, "max_trial_losses", int(self.max_trial_losses))
         if self.trial_timeout is not None and type(self.trial_timeout) not in (int, float):
             object.__setattr__(self, "trial_timeout", float(self.trial_timeout))
 
@@ -31,7 +31,7 @@ class Limits:
 _LIMITS = {"trial_timeout": Optional(Real(0, math.inf, low_open=True, high_open=True,
                                           description="a positive number of seconds or None")),
            "max_failures": Optional(Integer(low=0, description="an integer >= 0 or None")),
-           "max_worker_losses": Integer(low=1, description="a positive integer")}
+           "max_trial_losses": Integer(low=1, description="a positive integer")}
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class RunSettings:
         seed: the run's seed; every random choice derives from it (see ``_seeds``).
         num_partitions: partitions of the data, fixed for the run.
         evaluate: whether the data has a validation split, visited after each epoch.
-        limits: ``trial_timeout``, ``max_failures`` and ``max_worker_losses``.
+        limits: ``trial_timeout``, ``max_failures`` and ``max_trial_losses``.
         visit_scheme: the visit order's scheme, as recorded in run.json.
         heartbeat_interval: seconds between a worker's heartbeats.
         startup_timeout: seconds a worker may take to connect and load its partitions.

@@ -140,14 +140,14 @@ class TrialBook:
 
     def worker_lost(self, task: Task, reason: str) -> bool:
         """``task`` will not finish: its worker was lost. A trial whose sub-epochs were on
-        ``max_worker_losses`` lost workers is taken for their cause (it crashes or hangs its
+        ``max_trial_losses`` lost workers is taken for their cause (it crashes or hangs its
         worker) and fails, not the run; returns True then."""
         self.scheduler.abort(task)
         trial = self.live.get(task.trial_id)
         if trial is None:
             return False
         trial.lost_with.append(reason)
-        if len(trial.lost_with) < self.settings.limits.max_worker_losses:
+        if len(trial.lost_with) < self.settings.limits.max_trial_losses:
             return False
         self.end(trial, TrialStatus.FAILED, f"lost the {len(trial.lost_with)} workers that ran it: "
                                             + "; ".join(trial.lost_with))

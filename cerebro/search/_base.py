@@ -129,7 +129,7 @@ class Searcher(ABC):
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
             store: str | os.PathLike | None = None, seed: int | None = None,
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
-            max_worker_losses: int = 2, tensorboard: bool = True, mlflow: bool | str = False) -> Result:
+            max_trial_losses: int = 2, tensorboard: bool = True, mlflow: bool | str = False) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -145,7 +145,7 @@ class Searcher(ABC):
                 given up (the others take over its partitions). ``None``: no limit.
             max_failures: stop the run (:class:`cerebro.TooManyFailuresError`) once more
                 trials than this ended failed, diverged or timeout. ``None``: never.
-            max_worker_losses: a trial whose sub-epochs were running on this many lost
+            max_trial_losses: a trial whose sub-epochs were running on this many lost
                 workers is taken for their cause (it crashes or hangs them) and fails; the
                 lost sub-epochs before that run again elsewhere, with the same results.
                 Raise it where workers die for reasons of their own (spot instances), as
@@ -157,7 +157,7 @@ class Searcher(ABC):
         """
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
         return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   trial_timeout=trial_timeout, max_failures=max_failures, max_worker_losses=max_worker_losses,
+                   trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
                    tensorboard=tensorboard, mlflow=mlflow)
 
 
