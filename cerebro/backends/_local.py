@@ -15,9 +15,11 @@ class LocalBackend(Backend):
 
     Args:
         workers: number of worker processes; each holds ``partitions / workers`` partitions.
-        threads_per_worker: torch intra-op threads per worker; default: cores // workers.
-            Some CPU kernels (convolutions) add up in a thread-count dependent order, so for
-            bitwise-equal results across worker counts keep this equal, e.g. 1.
+        threads_per_worker: torch intra-op threads per worker; default 1. CPU kernels
+            (matrix products, convolutions) add up in an order that depends on the thread
+            count, so one thread everywhere gives the same bits on any worker count and
+            backend. More threads run faster where workers are fewer than cores, at the
+            price of those bits (the run warns and says so in run.json).
         heartbeat_timeout: seconds without a heartbeat (sent every second) after which a
             worker counts as lost, e.g. when it hangs or its machine stops answering. The
             other workers then load its partitions and run its sub-epoch again.
@@ -31,9 +33,8 @@ class LocalBackend(Backend):
     def __init__(self, workers: int = 2, threads_per_worker: int | None = None,
                  heartbeat_timeout: float = 60.0, max_restarts: int = 2) -> None:
         self.workers = check_positive("workers", workers)
-        if threads_per_worker is None:
-            threads_per_worker = max(1, (os.cpu_count() or 1) // workers)
-        self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker)
+        self.threads_per_worker = check_positive("threads_per_worker", 1 if threads_per_worker is None
+                                                 else threads_per_worker)
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
         self.max_restarts = check_max_restarts(max_restarts)
         self._processes: list[subprocess.Popen] = []

@@ -12,6 +12,7 @@ import sysconfig
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -101,6 +102,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     return its :class:`Result`; the arguments are ``execute``'s, checked."""
     layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_code(build_blob, searcher_blob)
+    note = reproducibility_caveat(backend)
     run_store.write_run_info({
         "state_format": STATE_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -109,6 +111,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "backend": repr(backend),
         "workers": backend.workers,
         "threads_per_worker": backend.threads_per_worker,
+        "reproducible": {"across_worker_counts_and_backends": note is None, "why_not": note},
         "limits": dataclasses.asdict(limits),
         "visit_order": VisitScheme.LATIN.value,
         "tensorboard": tensorboard,
@@ -125,6 +128,18 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN)
     Driver(policy, run_store, backend, settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)
+
+
+def reproducibility_caveat(backend: Backend) -> str | None:
+    """Why this backend's settings give up invariant 2's bitwise equality across worker
+    counts and backends, warned once; None when they keep it."""
+    if backend.threads_per_worker == 1:
+        return None
+    note = (f"threads_per_worker={backend.threads_per_worker}: CPU kernels (matrix products, convolutions) add "
+            f"up in an order that depends on the thread count, so this run is bitwise equal only to runs with "
+            f"the same threads_per_worker; 1 (the local default) gives the same bits on any worker count")
+    warnings.warn(note, stacklevel=3)
+    return note
 
 
 def finished(store: RunStore, build: Callable[[dict], Any] | None, mlflow_log: MLflowLog | None) -> Result:

@@ -35,7 +35,14 @@ from ..store import (
     parse_event,
 )
 from ._driver import Driver
-from ._execute import finished, observers, pickle_build, resolve_backend, sigterm_interrupts
+from ._execute import (
+    finished,
+    observers,
+    pickle_build,
+    reproducibility_caveat,
+    resolve_backend,
+    sigterm_interrupts,
+)
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._settings import Limits, RunSettings
 from ._trials import Trial, TrialBook, describe, diverged
@@ -150,6 +157,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         build_blob = pickle_build(build) if build is not None else store.read_build()
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])
+        reproducibility_caveat(backend)
         if damaged:
             store.truncate_journal(good)
             store.emit(JournalRepaired(damaged, 0.0))
