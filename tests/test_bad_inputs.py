@@ -35,7 +35,7 @@ def build_batch_size_0(config: dict) -> cb.TorchTrainable:
 
 
 def build_per_row_loss(config: dict) -> cb.TorchTrainable:
-    return linear(loss=lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets, reduction="none"))
+    return linear(loss=torch.nn.CrossEntropyLoss(reduction="none"))
 
 
 def build_that_raises(config: dict) -> cb.TorchTrainable:
@@ -68,8 +68,8 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
                       r"label must be numeric \(class indices 0\.\.K-1 or float targets\); got dtype <U1"),
     "float labels for a classification loss": (
         lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, (Y * 0.5).astype(np.float32), partitions=2)), ValueError,
-        r"the label is float32 but the loss takes class indices: loss\(outputs, targets\) fails on float labels "
-        r"\(RuntimeError: .*\); encode the classes as integers 0\.\.K-1 \(e\.g\. y\.astype\(int\)\)"),
+        r"the label is float32 but loss=cross_entropy takes class indices; encode the classes as integers 0\.\.K-1 "
+        r"\(e\.g\. y\.astype\(int\)\)"),
     "1-D features": (lambda t: cb.Dataset.from_numpy(X[:, 0], Y), ValueError,
                      r"features must have shape \(rows, \.\.\.\) with at least 2 dimensions; got shape \(60,\)"),
     "infinite features": (lambda t: cb.Dataset.from_numpy(np.where(X > 0.99, np.inf, X), Y), ValueError,
@@ -177,8 +177,8 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
         r"RuntimeError: no model for \{'lr': 0\.[12]\}\n(.|\n)*"),
     "a loss that is not a scalar": (
         lambda t: fit(t, cb.GridSearch(build_per_row_loss, SPACE, epochs=1)), ValueError,
-        r"loss\(outputs, targets\) must return a scalar \(the batch's mean loss\); it returned a tensor of shape "
-        r"\(2,\) \(a loss with reduction='none'\?\)"),
+        r"loss=CrossEntropyLoss with reduction='none' returns one value per row; the loss must return the "
+        r"batch's mean \(reduction='mean'\)"),
     # --- fit's settings, the backends and the store -------------------------------------------------
     "a fit seed that is not an integer": (lambda t: fit(t, seed=1.5), ValueError,
                                           r"seed=1\.5 must be a non-negative integer or None"),
@@ -243,3 +243,16 @@ def test_a_model_whose_output_does_not_fit_the_labels_fails_its_trial_with_the_s
     assert [t.status for t in result.trials] == ["completed", "failed"]
     assert re.search(r"IndexError: Target 2 is out of bounds\.\non a batch of features \(8, 8\) float32 -> "
                      r"outputs \(8, 2\) float32, labels \(8,\) int64", result.trials[1].error), result.trials[1].error
+
+
+def build_with_own_per_row_loss(config: dict) -> cb.TorchTrainable:
+    return linear(loss=lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets, reduction="none"))
+
+
+@pytest.mark.slow
+def test_a_loss_of_its_own_that_is_not_a_scalar_fails_its_trial_at_the_first_batch(tmp_path):
+    result = cb.GridSearch(build_with_own_per_row_loss, SPACE, epochs=1).fit(
+        data(), workers=1, store=tmp_path / "run", verbose=0)
+    assert [t.status for t in result.trials] == ["failed"]
+    assert "ValueError: loss(outputs, targets) must return a scalar (the batch's mean loss); it returned a tensor " \
+           "of shape (8,) (a loss with reduction='none'?)" in result.trials[0].error

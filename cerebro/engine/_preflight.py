@@ -3,14 +3,16 @@
 ``build`` runs for a few configurations of the space, on the meta device (no memory, no
 init) where the user's code allows it, else on the CPU. From the first that builds it learns
 the metrics the trainable logs, and so whether ``metric`` can rank the trials and whether a
-space key would overwrite a history column; then it runs the model and the loss on two rows
-of the training data, to refuse what fails for every trial alike: labels whose dtype the
-loss cannot take (float labels for a classification loss) and a loss that is not a scalar.
-What may differ between configurations (a model whose output does not fit the labels) is
-left to the trials, which fail at their first sub-epoch with the shapes in their error.
+space key would overwrite a history column; and from its loss object what fails for every
+trial alike: float labels for torch's classification losses, a loss with
+``reduction='none'``. Nothing else of the user's code runs here: a model or a loss may have
+side effects. What the driver cannot see (a model whose output does not fit the labels, a
+loss of its own that is not a scalar) fails that trial at its first sub-epoch, with the
+shapes in its error.
 """
 from __future__ import annotations
 
+import functools
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,9 +41,9 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     if clashes:
         raise ValueError(f"space key {clashes[0]!r} is also a column of result.history() "
                          f"({', '.join((*HISTORY_COLUMNS, *logged))}); rename it")
-    sample = data.sample(2)
+    sample = data.sample(1)
     if sample is not None:
-        _check_loss(trainable, *sample)
+        _check_loss(trainable.loss, sample[1])
 
 
 def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]) -> tuple[Any, dict]:
@@ -61,33 +63,18 @@ def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str,
                      + "".join(traceback.format_exception(error))) from error
 
 
-def _check_loss(trainable: TorchTrainable, features: np.ndarray, label: np.ndarray) -> None:
-    device = next((p.device for p in trainable.model.parameters()), torch.device("cpu"))
-    inputs, targets = torch.from_numpy(features), torch.from_numpy(label)
-    with torch.no_grad():
-        try:
-            loss = trainable.loss(trainable.model(inputs.to(device)), targets.to(device))
-        except Exception as error:
-            _check_label_dtype(trainable, targets, error)
-            return                         # the model's own problem: its trial will say so
-    if loss.dim() != 0:
-        raise ValueError(f"loss(outputs, targets) must return a scalar (the batch's mean loss); it returned a "
-                         f"tensor of shape {tuple(loss.shape)} (a loss with reduction='none'?)")
-
-
-def _check_label_dtype(trainable: TorchTrainable, targets: torch.Tensor, error: Exception) -> None:
-    """Float labels that the loss fails on but takes as class indices: a classification
-    loss given the wrong label dtype, whatever the model."""
-    if not targets.is_floating_point():
-        return
-    classes = torch.zeros(len(targets), int(targets.max().clamp(min=1).item()) + 1, device=targets.device)
-    try:
-        trainable.loss(classes, targets)
-    except Exception:
-        try:
-            trainable.loss(classes, targets.long().clamp(min=0))
-        except Exception:
-            return
-        raise ValueError(f"the label is float32 but the loss takes class indices: loss(outputs, targets) fails on "
-                         f"float labels ({type(error).__name__}: {str(error).splitlines()[0]}); encode the classes "
-                         f"as integers 0..K-1 (e.g. y.astype(int))") from None
+def _check_loss(loss: Callable, label: np.ndarray) -> None:
+    """What can be told from the loss object itself, without running user code: torch's
+    classification losses need integer class indices, and every loss must average the batch."""
+    function = loss.func if isinstance(loss, functools.partial) else loss
+    reduction = getattr(loss, "reduction", None) or (loss.keywords.get("reduction")
+                                                     if isinstance(loss, functools.partial) else None)
+    name = getattr(function, "__name__", type(function).__name__)
+    if reduction == "none":
+        raise ValueError(f"loss={name} with reduction='none' returns one value per row; the loss must return "
+                         f"the batch's mean (reduction='mean')")
+    classification = function in (torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss) or \
+        isinstance(function, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
+    if classification and np.issubdtype(label.dtype, np.floating) and label.ndim == 1:
+        raise ValueError(f"the label is {label.dtype} but loss={name} takes class indices; encode the classes as "
+                         f"integers 0..K-1 (e.g. y.astype(int))")
