@@ -52,7 +52,8 @@ def main() -> None:
 
 def entry() -> None:
     """The ``cerebro`` command: ``main`` with the exit codes of its help."""
-    from .engine import ResumeError, TooManyFailuresError, WorkerLostError
+    from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
+    from .store import StoreInUseError, UntrustedStateError
     try:
         main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -64,10 +65,10 @@ def entry() -> None:
     except KeyboardInterrupt:
         click.echo("interrupted; `cerebro resume RUN_DIR` finishes the run", err=True)
         sys.exit(1)
-    except (WorkerLostError, TooManyFailuresError, ResumeError) as error:
+    except (WorkerLostError, TooManyFailuresError, ResumeError, StoreWriteError, StoreInUseError) as error:
         click.echo(f"the run failed: {error}", err=True)
         sys.exit(1)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
 

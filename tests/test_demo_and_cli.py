@@ -97,15 +97,22 @@ search = demo.search(epochs=1)
     (["run", "{empty}"], 2, "must define `data` (a cb.Dataset) and `search` (a searcher such as cb.GridSearch)"),
     (["status", "{tmp}"], 2, "is not a Cerebro run directory (no run.json)"),
     (["resume", "{failing}"], 1, "the run failed: "),
+    (["resume", "{old}"], 2, "holds pickled states written by an older version of Cerebro, and reading a "
+                             "pickle can run code; nothing was read. If you trust this run directory, open it "
+                             "with trust=True"),
     (["frobnicate"], 2, "No such command"),
 ])
 def test_exit_codes(tmp_path, args, code, message):
     (tmp_path / "empty.py").write_text("x = 1\n")
     failing = tmp_path / "failing"
     (failing / "trials").mkdir(parents=True)
-    (failing / "run.json").write_text('{"seed": 0, "searcher": {"metric": "val_loss", "mode": "min"}, "workers": 1}')
+    (failing / "run.json").write_text('{"seed": 0, "searcher": {"metric": "val_loss", "mode": "min"}, "workers": 1, '
+                                      '"state_format": "data/1"}')
+    old = tmp_path / "old"                          # written before states were data only
+    old.mkdir()
+    (old / "run.json").write_text('{"seed": 0, "searcher": {"metric": "val_loss", "mode": "min"}, "workers": 1}')
     paths = {"missing": str(tmp_path / "missing.py"), "empty": str(tmp_path / "empty.py"), "tmp": str(tmp_path),
-             "failing": str(failing)}
+             "failing": str(failing), "old": str(old)}
     completed = subprocess.run([sys.executable, "-m", "cerebro", *(a.format(**paths) for a in args)],
                                capture_output=True, text=True, timeout=120)
     assert completed.returncode == code, completed.stderr[-2000:]

@@ -103,16 +103,19 @@ def connect(address: tuple[str, int], authkey: bytes, timeout: float = 60.0) -> 
     """A worker's channel to the driver at ``address``, both sides authenticated.
 
     A handshake the driver cut short (it was busy, or this process was slow) is tried again
-    until ``timeout``; a driver that refuses the token, or proves a wrong one, is not.
+    until ``timeout``; a driver that refuses the token, proves a wrong one, or no longer
+    listens (it died: its workers must end too) is not.
     Raises :class:`HandshakeError` naming the driver and why.
     """
     give_up, why = time.monotonic() + timeout, "no attempt"
     while time.monotonic() < give_up:
         try:
             sock = socket.create_connection(address, timeout=max(0.1, give_up - time.monotonic()))
+        except ConnectionRefusedError as error:    # the driver listens before any worker starts:
+            raise HandshakeError(f"the driver at {address[0]}:{address[1]} is gone ({error})") from None
         except OSError as error:
             why = f"cannot connect ({error})"
-            time.sleep(0.2)          # the driver is not listening yet, or is overwhelmed: back off
+            time.sleep(0.2)          # a network hiccup or an overwhelmed driver: back off
             continue
         channel = Channel(sock)
         try:
