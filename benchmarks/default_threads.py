@@ -6,8 +6,9 @@ threads, which differ with the worker count. On a machine with as many workers a
 nothing changes; with fewer workers, each used to get several threads. Measured here, side
 by side in one run, alternating:
 
-1. The trainer alone: ``TorchTrainable.train_partition`` on one in-memory partition of the
-   demo's digits, MLP and CNN, with 1 thread and with cores threads, medians of repeats.
+1. The trainer alone: ``TorchTrainable.train_partition`` on one in-memory partition (the
+   demo's MLP and CNN on digits, and a wide MLP on 8,192 generated rows), with 1 thread and
+   with cores threads, medians of repeats.
 2. A whole fit: the demo's search (8 trials, MLP and CNN) for 3 epochs on 1 worker, with
    the new default (1 thread) and the old one (cores // 1 threads); and on ``cores``
    workers, where both defaults are 1 thread.
@@ -32,20 +33,31 @@ EPOCHS = 3
 
 
 def trainer_seconds(architecture: str, threads: int) -> float:
-    """One sub-epoch of ``train_partition`` over a quarter of the digits with ``threads`` threads."""
-    from sklearn.datasets import load_digits
-    features, label = load_digits(return_X_y=True)
-    features = torch.from_numpy((features / 16.0).reshape(-1, 1, 8, 8)).float()[:450]
-    label = torch.from_numpy(label).long()[:450]
+    """One sub-epoch of ``train_partition`` with ``threads`` threads: the demo's MLP or CNN on
+    a quarter of the digits, or a wide MLP (256-512-512-10) on 8,192 generated rows."""
+    if architecture == "wide":
+        generator = torch.Generator().manual_seed(0)
+        features, label = torch.rand(8192, 256, generator=generator), torch.randint(0, 10, (8192,), generator=generator)
+    else:
+        from sklearn.datasets import load_digits
+        digits, classes = load_digits(return_X_y=True)
+        features = torch.from_numpy((digits / 16.0).reshape(-1, 1, 8, 8)).float()[:450]
+        label = torch.from_numpy(classes).long()[:450]
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        trainable = build({"architecture": architecture, "lr": 1e-3, "batch_size": 32})
+        if architecture == "wide":
+            model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                        torch.nn.ReLU(), torch.nn.Linear(512, 10))
+            trainable = cb.TorchTrainable(model, torch.optim.Adam(model.parameters()),
+                                          torch.nn.functional.cross_entropy, batch_size=64)
+        else:
+            trainable = build({"architecture": architecture, "lr": 1e-3, "batch_size": 32})
         trainable.train_partition(features, label, seed=0)           # warm-up
         started = time.perf_counter()
-        for seed in range(1, 6):
+        for seed in range(1, 4):
             trainable.train_partition(features, label, seed=seed)
-        return (time.perf_counter() - started) / 5
+        return (time.perf_counter() - started) / 3
     finally:
         torch.set_num_threads(previous)
 
@@ -71,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     fits: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="cerebro-threads-") as scratch:
         for repeat in range(args.repeats):
-            for architecture in ("mlp", "cnn"):
+            for architecture in ("mlp", "cnn", "wide"):
                 for threads in (1, cores):
                     trainer.setdefault(f"{architecture}, {threads} thread(s)", []).append(
                         trainer_seconds(architecture, threads))
