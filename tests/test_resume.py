@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import psutil
 import pytest
@@ -96,7 +97,11 @@ def test_a_damaged_journal_tail_is_dropped_and_the_run_resumes(tmp_path, damage)
     else:
         with open(journal, "r+b") as f:
             f.truncate(os.path.getsize(journal) - 15)
-    assert len(list(cb.load(store).store.events())) == before - 1     # the damaged record is not used
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(list(cb.load(store).store.events())) == before - 1     # the damaged record is not used
+    assert [str(w.message) for w in caught] == ([f"{journal} line {before} is damaged (it fails its CRC-32) and was "
+                                                 f"skipped"] if damage == "flipped" else [])
     resumed = cb.resume(store, verbose=0)
     assert any(e["event"] == "journal_repaired" for e in resumed.store.events())
     assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,8 +52,19 @@ class TrialResult:
     _result: Result | None = field(default=None, repr=False, compare=False)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's weights after the trial's last finished epoch, on the CPU."""
-        return unpack_tensors(self._require_result().store.read_checkpoint(self.trial_id)["model"])
+        """The model's weights after the trial's last finished epoch, on the CPU. Where that
+        epoch's checkpoint is damaged, the newest sound one's, with a warning naming the
+        file and the epoch the weights are really from."""
+        store = self._require_result().store
+        found = store.checkpoints(self.trial_id)
+        sound = next((c for c in found if "state" in c), None)
+        if sound is None:
+            return unpack_tensors(store.read_checkpoint(self.trial_id)["model"])   # raises, naming them
+        if sound["epoch"] < self.epochs:
+            damaged = "; ".join(f"{c['path']}: {c['problem']}" for c in found if "problem" in c)
+            warnings.warn(f"{self.trial_id}'s checkpoint of epoch {self.epochs} is damaged ({damaged}); these weights "
+                          f"are from epoch {sound['epoch']}", stacklevel=2)
+        return unpack_tensors(sound["state"]["model"])
 
     def save_weights(self, path: str | os.PathLike) -> None:
         """Write :meth:`state_dict` to ``path`` as safetensors, data only, with the trial id,
@@ -98,11 +110,17 @@ class Result:
         self.bytes_communicated = 0   # driver <-> workers, both ways, once the run has finished
         # index -> pid, host, launched_by, device, partitions of the latest launch
         self.workers: dict[int, dict[str, Any]] = {}
-        for event in store.events():
+        events, self.damage = store.readable_events()
+        for message in self.damage:
+            warnings.warn(message, stacklevel=3)
+        for event in events:
             self._apply(event)
 
     def _apply(self, record: dict[str, Any]) -> None:
-        match parse_event(record):
+        event = parse_event(record)
+        if getattr(event, "trial_id", None) not in (None, *self._trials) and not isinstance(event, TrialCreated):
+            return                             # its trial's creation is on a damaged line
+        match event:
             case TrialCreated() as event:
                 self._trials[event.trial_id] = TrialResult(event.trial_id, event.config, _result=self)
             case EpochEnd() as event:

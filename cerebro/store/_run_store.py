@@ -157,6 +157,25 @@ class RunStore:
         """The journal's events up to the first torn or corrupted line (a crash mid-write)."""
         yield from self.read_journal()[0]
 
+    def readable_events(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every event whose line passes its check, and what was wrong with the others (file
+        and line): a damaged line in the middle is skipped, not taken for the journal's end.
+        A last line without its newline is not reported: a live run is writing it, or a
+        crash cut it (resume drops it)."""
+        path = self.file("journal.jsonl")
+        if not files.exists(path):
+            return [], []
+        with files.open_file(path) as f:
+            lines = f.read().splitlines(keepends=True)
+        events, damaged = [], []
+        for number, line in enumerate(lines, start=1):
+            event = _parse_record(line)
+            if event is not None:
+                events.append(event)
+            elif number < len(lines) or line.endswith(b"\n"):
+                damaged.append(f"{path} line {number} is damaged (it fails its CRC-32) and was skipped")
+        return events, damaged
+
     def read_journal(self) -> tuple[list[dict[str, Any]], int, int]:
         """(the good events, the bytes they take, the bytes after them that fail their check)."""
         path = self.file("journal.jsonl")
