@@ -100,7 +100,7 @@ def demo(workers: int, epochs: int, store: str | None, seed: int) -> None:
 @click.option("--seed", default=None, type=int, help="the run's seed (default: drawn and recorded)")
 @click.option("--trial-timeout", default=None, type=float, help="seconds one sub-epoch of a trial may take")
 @click.option("--max-failures", default=None, type=int, help="stop the run when more trials fail")
-@click.option("--max-trial-losses", default=2, show_default=True, type=int,
+@click.option("--max-trial-losses", default=3, show_default=True, type=int,
               help="a trial on this many lost workers fails as their cause")
 @click.option("--mlflow", default=None, help="'local' for RUN_DIR/mlflow.db, or a tracking URI")
 @click.option("--quiet", is_flag=True, help="no live progress")

@@ -10,6 +10,7 @@ import signal
 import pandas as pd
 import pytest
 import torch
+from _crash import assert_same_results, epochs_journaled
 from _models import build, crashing_once, digits
 from click.testing import CliRunner
 
@@ -48,13 +49,13 @@ def test_a_trial_that_kills_its_workers_fails_and_the_run_goes_on(tmp_path):
     statuses = {t.trial_id: t.status for t in result.trials}
     assert statuses == {"t0000": "completed", "t0001": "failed"}
     error = result.trials[1].error
-    assert error.startswith("lost the 2 workers that ran it: worker ")
-    assert error.count("while running t0001 train epoch 1") == 2
+    assert error.startswith("lost the 3 workers that ran it: worker ")
+    assert error.count("while running t0001 train epoch 1") == 3
     assert "closed its connection" in error or "exited with code 3" in error
     events = [e["event"] for e in result.store.events()]
     # Each loss either hands the partitions over or, with no worker left, starts all anew.
-    assert events.count("worker_lost") == 2
-    assert events.count("partitions_moved") + events.count("workers_restarted") == 2
+    assert events.count("worker_lost") == 3
+    assert events.count("partitions_moved") + events.count("workers_restarted") == 3
     assert result.finished
 
 
@@ -249,3 +250,36 @@ def test_more_failures_than_max_failures_stop_the_run(tmp_path):
                         r"t000[23] failed \(ValueError: boom: this configuration cannot be built\)\. The run "
                         r"stopped; its journal and checkpoints are in .*", str(error.value))
     assert list(cb.load(tmp_path / "run").store.events())[-1]["event"] == "trial_ended"
+
+
+def killed_twice(store: str, markers: str, victim: float):
+    """``build`` whose worker, while training the trial with lr ``victim``, is killed once
+    after 1 journaled epoch and once more after 2: two losses that are not the trial's fault."""
+    def build_with_bad_luck(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def unlucky(outputs, targets):
+            if config["lr"] == victim:
+                for number in (1, 2):
+                    marker = f"{markers}.{number}"
+                    if epochs_journaled(store) >= number and not os.path.exists(marker):
+                        open(marker, "w").close()
+                        os.kill(os.getpid(), signal.SIGKILL)
+            return loss(outputs, targets)
+        trainable.loss = unlucky
+        return trainable
+    return build_with_bad_luck
+
+
+def test_two_unrelated_losses_on_one_trial_leave_it_completed_and_the_results_unchanged(tmp_path):
+    space = {"lr": cb.choice([1e-2, 3e-2])}
+    store = str(tmp_path / "run")
+    result = cb.GridSearch(killed_twice(store, str(tmp_path / "killed"), 3e-2), space, epochs=4).fit(
+        digits(partitions=2), workers=2, seed=0, store=store, verbose=0)
+    lost = [e for e in result.store.events() if e["event"] == "worker_lost"]
+    assert len(lost) == 2 and {e["running"]["trial_id"] for e in lost} == {"t0001"}
+    assert [t.status for t in result.trials] == ["completed", "completed"]
+    expected = cb.GridSearch(build, space, epochs=4).fit(digits(partitions=2), workers=2, seed=0,
+                                                         store=tmp_path / "undisturbed", verbose=0)
+    assert_same_results(result, expected, partitions=2)

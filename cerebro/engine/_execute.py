@@ -38,7 +38,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, trial_timeout: float | None = None,
-            max_failures: int | None = None, max_trial_losses: int = 2, tensorboard: bool = True,
+            max_failures: int | None = None, max_trial_losses: int = 3, tensorboard: bool = True,
             mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 

@@ -15,7 +15,7 @@ class Limits:
 
     trial_timeout: float | None = None
     max_failures: int | None = None
-    max_trial_losses: int = 2
+    max_trial_losses: int = 3
 
     def __post_init__(self) -> None:
         for name, constraint in _LIMITS.items():

@@ -129,7 +129,7 @@ class Searcher(ABC):
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
             store: str | os.PathLike | None = None, seed: int | None = None,
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
-            max_trial_losses: int = 2, tensorboard: bool = True, mlflow: bool | str = False) -> Result:
+            max_trial_losses: int = 3, tensorboard: bool = True, mlflow: bool | str = False) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -148,8 +148,9 @@ class Searcher(ABC):
             max_trial_losses: a trial whose sub-epochs were running on this many lost
                 workers is taken for their cause (it crashes or hangs them) and fails; the
                 lost sub-epochs before that run again elsewhere, with the same results.
-                Raise it where workers die for reasons of their own (spot instances), as
-                Spark's ``spark.task.maxFailures``.
+                The default, 3, lets two unrelated losses (a killed or preempted worker)
+                hit one trial; raise it where workers die often for reasons of their own
+                (spot instances), as Spark's ``spark.task.maxFailures``.
             tensorboard: write per-trial scalars and hyperparameters under
                 ``store/tensorboard`` (local stores) for ``tensorboard --logdir``.
             mlflow: ``True`` logs to MLflow in ``sqlite:///store/mlflow.db``, a string to that
