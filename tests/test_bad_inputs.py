@@ -7,6 +7,7 @@ arguments, the backends, the store, ``build`` (checked on the driver on a few co
 and two rows of data), ``cb.load`` and ``cb.resume``."""
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -88,6 +89,17 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
     "features and labels of different lengths": (
         lambda t: cb.Dataset.from_numpy(X, Y[:50]), ValueError,
         r"features have 60 rows but label has 50; they must have the same number of rows"),
+    "complex features": (lambda t: cb.Dataset.from_numpy(X.astype(np.complex64), Y), TypeError,
+                         r"features must be real numbers; got dtype complex64 \(split a complex value into its real "
+                         r"and imaginary parts\)"),
+    "uint64 labels beyond int64": (lambda t: cb.Dataset.from_numpy(X, np.full(60, 2 ** 63, dtype=np.uint64)),
+                                   ValueError, r"label holds 9223372036854775808, beyond int64's range; class "
+                                               r"indices must be 0\.\.K-1"),
+    "a label column among the features": (
+        lambda t: cb.Dataset.from_pandas(pd.DataFrame({"a": X[:, 0], "y": Y}), features=["a", "y"], label="y"),
+        ValueError, r"label column 'y' is also among features=\['a', 'y'\]; a model must not see its label"),
+    "an empty store": (lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(data(), workers=1, store="", verbose=0),
+                       ValueError, r"store='' must name a directory \(or a URL\)"),
     "no rows": (lambda t: cb.Dataset.from_numpy(X[:0], Y[:0]), ValueError,
                 r"data is empty: features and label have 0 rows"),
     "validation fraction of 1.5": (lambda t: data(validation=1.5), ValueError,
@@ -217,6 +229,11 @@ def finished_run(tmp_path) -> str:
     store.mkdir()
     (store / "run.json").write_text("{}")
     return str(store)
+
+
+def test_a_store_under_home_is_under_home():
+    from cerebro.store import RunStore
+    assert RunStore("~/cerebro-runs/x").path == os.path.join(os.path.expanduser("~"), "cerebro-runs", "x")
 
 
 def test_the_table_is_exhaustive_enough():

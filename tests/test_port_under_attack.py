@@ -1,7 +1,7 @@
 """A real run while its driver's port is flooded from the start: 50 silent connections kept
 open (reopened whenever the driver cuts one off) and 50 garbage ones churned. The workers
 start, a killed worker is replaced, the run ends bitwise equal to an undisturbed one; the
-token never shows in a worker's command line or in any file of the run directory."""
+token never shows in a worker's command line or environment, or in any file of the run directory."""
 from __future__ import annotations
 
 import os
@@ -37,8 +37,9 @@ class FloodedBackend(cb.LocalBackend):
 
     def _spawn(self, worker: int):
         process = super()._spawn(worker)     # Popen returns once the new program runs
-        with open(f"/proc/{process.pid}/cmdline", "rb") as f:
-            self.cmdlines = [*self.cmdlines, f.read()]
+        for part in ("cmdline", "environ"):
+            with open(f"/proc/{process.pid}/{part}", "rb") as f:
+                self.cmdlines = [*self.cmdlines, f.read()]
         return process
 
 
@@ -57,7 +58,7 @@ def test_a_flooded_port_starts_finishes_and_replaces_a_killed_worker_with_the_sa
     expected = cb.GridSearch(build, SPACE, epochs=60).fit(digits(partitions=4), backend=cb.LocalBackend(
         2, threads_per_worker=1), store=tmp_path / "undisturbed", seed=5, verbose=0)
     assert_same_results(result, expected)
-    assert backend.authkeys and len(backend.cmdlines) == 3    # 2 workers, then the replacement
+    assert backend.authkeys and len(backend.cmdlines) == 6    # 2 workers, then the replacement
     for key in backend.authkeys:
         assert all(key.hex().encode() not in line and key not in line for line in backend.cmdlines)
         for folder, _, names in os.walk(store):

@@ -61,7 +61,8 @@ def test_a_trial_that_kills_its_workers_fails_and_the_run_goes_on(tmp_path):
 
 def test_a_restart_after_the_trial_that_caused_it_failed_does_not_use_up_max_restarts(tmp_path):
     result = cb.GridSearch(build, {"crash": cb.choice([False, True])}, epochs=3).fit(
-        digits(partitions=2), backend=cb.LocalBackend(2, max_restarts=0), seed=0, store=tmp_path / "run", verbose=0)
+        digits(partitions=2), backend=cb.LocalBackend(2, max_restarts=0), seed=0, store=tmp_path / "run", verbose=0,
+        max_trial_losses=2)        # its second loss leaves no worker: the trial is blamed before the restart
     assert [t.status for t in result.trials] == ["completed", "failed"]
     restarted = [e for e in result.store.events() if e["event"] == "workers_restarted"]
     assert len(restarted) == 1 and restarted[0]["restart"] == 0
@@ -127,7 +128,7 @@ def test_a_worker_that_hangs_is_lost_after_its_heartbeat_timeout(tmp_path):
     assert re.search(r"sent no heartbeat for \d+ s while running t0001 train epoch 1", result.trials[1].error)
     events = list(result.store.events())
     frozen = [e for e in events if e["event"] == "worker_lost"]
-    assert len(frozen) == 2                        # it froze the worker it moved to as well
+    assert len(frozen) == 3                        # it froze the workers it moved to as well, up to max_trial_losses
     for launch in (e for e in events if e["event"] in ("run_started", "workers_restarted", "worker_replaced")):
         for worker in launch["workers"].values():  # every process ended, the frozen ones too
             with pytest.raises(ProcessLookupError):

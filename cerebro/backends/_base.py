@@ -32,7 +32,7 @@ class Backend(ABC):
     """Launches ``workers`` worker processes that connect back to the driver.
 
     A worker is started as ``python -m cerebro.worker HOST PORT INDEX`` (or by calling
-    :func:`cerebro.worker.run_worker`) with the auth token in its environment; it then
+    :func:`cerebro.worker.run_worker`) with the auth token on its stdin; it then
     speaks the protocol of :mod:`cerebro.worker._protocol`.
     """
 

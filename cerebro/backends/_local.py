@@ -1,12 +1,13 @@
 """``LocalBackend``: worker processes on this machine, the embedded default."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 
-from ..worker._protocol import AUTHKEY_ENV, HANDSHAKE_FAILED
+from ..worker._protocol import HANDSHAKE_FAILED
 from ._base import Backend, check_heartbeat_timeout, check_max_restarts, check_positive
 
 
@@ -48,10 +49,14 @@ class LocalBackend(Backend):
         threads = str(self.threads_per_worker)
         # The driver's sys.path, so workers import what a cloudpickled build refers to.
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        env = {**os.environ, AUTHKEY_ENV: self._authkey.hex(), "OMP_NUM_THREADS": threads,
-               "MKL_NUM_THREADS": threads, "PYTHONPATH": path}
-        return subprocess.Popen([sys.executable, "-m", "cerebro.worker", self._address[0], str(self._address[1]),
-                                 str(worker)], env=env, stdin=subprocess.DEVNULL)
+        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": path}
+        process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", self._address[0], str(self._address[1]),
+                                    str(worker)], env=env, stdin=subprocess.PIPE)
+        # On stdin: never on the command line (``ps``) or in the environment (/proc/PID/environ).
+        with contextlib.suppress(BrokenPipeError):     # it died at once: exited() says so
+            process.stdin.write(self._authkey.hex().encode() + b"\n")
+            process.stdin.close()
+        return process
 
     def replace(self, worker: int) -> bool:
         self.release(worker)

@@ -20,6 +20,9 @@ def _as_features(features: Any) -> np.ndarray:
     array = np.asarray(features)
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
         raise TypeError(f"features must be numeric; got dtype {array.dtype}")
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise TypeError(f"features must be real numbers; got dtype {array.dtype} (split a complex value into its "
+                        f"real and imaginary parts)")
     if array.ndim < 2:
         raise ValueError(f"features must have shape (rows, ...) with at least 2 dimensions; "
                          f"got shape {array.shape}")
@@ -31,6 +34,8 @@ def _as_features(features: Any) -> np.ndarray:
 
 def _as_label(label: Any) -> np.ndarray:
     array = np.asarray(label)
+    if np.issubdtype(array.dtype, np.unsignedinteger) and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"label holds {array.max()}, beyond int64's range; class indices must be 0..K-1")
     if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
         return np.ascontiguousarray(array, dtype=np.int64)
     if np.issubdtype(array.dtype, np.floating):
@@ -99,6 +104,9 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         missing = [c for c in features if c not in df.columns]
         if missing:
             raise ValueError(f"feature columns {missing} are not in the DataFrame; columns are {columns}")
+        if label in features:
+            raise ValueError(f"label column {label!r} is also among features={list(features)}; a model must not "
+                             f"see its label")
         blocks = [_column_block(df[c], c) for c in features]
         return cls(np.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0],
                    _column_block(df[label], label, flatten_scalar=True),

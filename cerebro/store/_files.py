@@ -14,8 +14,11 @@ import fsspec
 
 
 def normalize(location: str) -> str:
-    """A local path made absolute (``file://`` URLs become paths); other URLs as given, once
-    their file system is known to be usable here."""
+    """A local path made absolute, ``~`` expanded (``file://`` URLs become paths); other URLs
+    as given, once their file system is known to be usable here."""
+    if not location.strip():
+        raise ValueError(f"store={location!r} must name a directory (or a URL)")
+    location = os.path.expanduser(location)
     parsed = urllib.parse.urlparse(location)
     if parsed.scheme == "file":
         return os.path.abspath(urllib.parse.unquote(parsed.path))

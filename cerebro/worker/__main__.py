@@ -1,20 +1,20 @@
 """``python -m cerebro.worker HOST PORT WORKER``: a worker process, as every backend starts it.
 
-The auth token comes in the environment (never on the command line, where ``ps`` shows it).
+The auth token comes on stdin, one line of hex: never on the command line, where ``ps``
+shows it, nor in the environment, which ``/proc/PID/environ`` keeps.
 A worker that cannot complete its handshake with the driver says why and exits with
 :data:`HANDSHAKE_FAILED` (see ``cerebro.backends.LocalBackend.exited``).
 """
-import os
 import sys
 
 from ._loop import run_worker
-from ._protocol import AUTHKEY_ENV, HANDSHAKE_FAILED
+from ._protocol import HANDSHAKE_FAILED
 from ._wire import HandshakeError
 
 if __name__ == "__main__":
     host, port, worker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     try:
-        run_worker((host, port), bytes.fromhex(os.environ.pop(AUTHKEY_ENV)), worker)
+        run_worker((host, port), bytes.fromhex(sys.stdin.readline().strip()), worker)
     except HandshakeError as error:
         print(f"cerebro worker {worker}: {error}", file=sys.stderr)
         sys.exit(HANDSHAKE_FAILED)

@@ -30,7 +30,6 @@ from typing import Any
 
 from ..store import TaskKind
 
-AUTHKEY_ENV = "CEREBRO_AUTHKEY"
 HANDSHAKE_FAILED = 77    # a worker process's exit status when it could not authenticate with the driver (EX_NOPERM)
 
 
