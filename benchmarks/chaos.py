@@ -277,8 +277,10 @@ def differences(disturbed: cb.Result, expected: cb.Result) -> list[str]:
     trials = [(t.trial_id, t.config, t.status, t.reason) for t in disturbed.trials]
     if trials != [(t.trial_id, t.config, t.status, t.reason) for t in expected.trials]:
         found.append("trial statuses or reasons differ")
-    if decisions(disturbed) != decisions(expected):
-        found.append("searcher decisions differ")
+    mine, theirs = decisions(disturbed), decisions(expected)
+    if mine != theirs:
+        found.append(f"searcher decisions differ: only disturbed {sorted(set(mine) - set(theirs))}, "
+                     f"only undisturbed {sorted(set(theirs) - set(mine))}")
     for a, b in zip(disturbed.trials, expected.trials):
         mine, theirs = a.state_dict(), b.state_dict()
         if list(mine) != list(theirs) or not all(torch.equal(mine[k], theirs[k]) for k in mine):
