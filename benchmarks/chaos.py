@@ -293,14 +293,19 @@ def differences(disturbed: cb.Result, expected: cb.Result) -> list[str]:
 
 
 def decisions(result: cb.Result) -> list[tuple]:
-    """Every decision the searcher made, once each (a resumed run replays, never re-journals)."""
-    made = set()
+    """What the searcher decided for each trial after each epoch, once each. Whether an
+    answer came from ``report`` or, after a pause, from ``decide`` depends on which trial
+    reported last, i.e. on timing; the answer itself must not (a resumed run replays the
+    journal's, never journals them twice)."""
+    made, epoch = set(), {}
     for event in result.store.events():
-        if event["event"] == "decision":
+        if event["event"] == "epoch_end":
+            epoch[event["trial_id"]] = event["epoch"]
+        elif event["event"] == "decision" and event["decision"] != "pause":
             made.add((event["trial_id"], event["epoch"], event["decision"]))
         elif event["event"] == "decide":
-            made.update((trial, -1, json.dumps(decision, sort_keys=True))
-                        for trial, decision in event["decisions"].items())
+            made.update((trial, epoch[trial], decision if isinstance(decision, str) else
+                         json.dumps(decision, sort_keys=True)) for trial, decision in event["decisions"].items())
     return sorted(made)
 
 
