@@ -131,8 +131,8 @@ def design_example_build(config: dict) -> cb.TorchTrainable:
 
 
 def test_default_backend_is_bitwise_reproducible_across_worker_counts_for_mlps(tmp_path):
-    """With every default left alone, matrix-multiply models with dropout agree bit for bit
-    on 1 and 4 workers (one torch thread per worker, whatever the worker count)."""
+    """With every default left alone, matrix-multiply models agree bit for bit on 1 and 4
+    workers (one torch thread per worker, whatever the worker count)."""
     space = {"lr": cb.loguniform(1e-3, 1e-1), "batch_size": cb.choice([32, 64]), "hidden": cb.choice([64, 256])}
     search = cb.RandomSearch(design_example_build, space, num_trials=3, epochs=2, metric="val_accuracy", mode="max")
     one, four = (search.fit(digits(partitions=4), workers=w, seed=3, store=tmp_path / f"w{w}", verbose=0)
@@ -144,6 +144,16 @@ def test_default_backend_is_bitwise_reproducible_across_worker_counts_for_mlps(t
     pd.testing.assert_frame_equal(one.history(), four.history(), check_exact=True)
     for a, b in zip(one.trials, four.trials):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+def test_default_backend_is_bitwise_reproducible_across_worker_counts_for_cnns_with_dropout(tmp_path):
+    search = cb.GridSearch(build, {"architecture": "cnn", "lr": cb.choice([1e-2, 3e-3])}, epochs=2)
+    one, two, four = (search.fit(digits(partitions=4), workers=w, seed=7, store=tmp_path / f"w{w}", verbose=0)
+                      for w in (1, 2, 4))
+    for other in (two, four):
+        pd.testing.assert_frame_equal(one.history(), other.history(), check_exact=True)
+        for a, b in zip(one.trials, other.trials):
+            assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
 
 
 def test_more_threads_per_worker_says_what_it_gives_up(tmp_path):
