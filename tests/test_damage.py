@@ -56,3 +56,18 @@ def test_a_damaged_latest_checkpoint_says_which_epoch_the_weights_are_from(finis
                                          rf"these weights are from epoch 2$"):
         weights = trial.state_dict()
     assert all(isinstance(w, torch.Tensor) for w in weights.values())
+
+
+def test_status_report_and_export_say_which_journal_line_is_damaged(finished, tmp_path):
+    from click.testing import CliRunner
+
+    from cerebro.cli import main
+    copy = shutil.copytree(finished.run_dir, tmp_path / "run")
+    journal = os.path.join(copy, "journal.jsonl")
+    flip(journal, len(open(journal, "rb").readline()) + 30)            # line 2
+    runner = CliRunner()
+    for command in (["status", str(copy)], ["report", str(copy), "-o", str(tmp_path / "r.html")],
+                    ["export", str(copy), "-o", str(tmp_path / "w.safetensors")]):
+        with pytest.warns(UserWarning, match=rf"^{journal} line 2 is damaged \(it fails its CRC-32\) and was skipped$"):
+            done = runner.invoke(main, command)
+        assert done.exit_code == 0, (command, done.output)
