@@ -201,3 +201,23 @@ def test_resume_with_a_build_of_another_model_is_refused_and_the_run_stays_resum
         cb.resume(store, build_of_another_model, verbose=0)
     assert open(os.path.join(store, "journal.jsonl"), "rb").read() == journal
     assert_same_results(cb.resume(store, verbose=0), uninterrupted(tmp_path, "mid-epoch"))
+
+
+def build_without_metrics(config: dict) -> cb.TorchTrainable:
+    trainable = build(config)
+    trainable.metrics = {}
+    return trainable
+
+
+def test_resume_with_a_build_that_does_not_log_the_runs_metric_is_refused(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")
+    info_path = os.path.join(store, "run.json")
+    info = json.load(open(info_path))
+    info["searcher"]["metric"] = "val_accuracy"          # as if the run ranked by accuracy
+    json.dump(info, open(info_path, "w"))
+    journal = open(os.path.join(store, "journal.jsonl"), "rb").read()
+    with pytest.raises(cb.ResumeError, match=r"^build does not fit this run: for t\d{4}'s config .*, ValueError: "
+                                             r"metric='val_accuracy' is not logged; logged metrics are "
+                                             r"\['train_loss', 'val_loss'\]; nothing was resumed$"):
+        cb.resume(store, build_without_metrics, verbose=0)
+    assert open(os.path.join(store, "journal.jsonl"), "rb").read() == journal

@@ -30,13 +30,7 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
                 data: Dataset) -> None:
     """Raise, naming the problem, if the run could not do what it is asked (see the module)."""
     trainable, config = _first_that_builds(build, configs)
-    if not isinstance(trainable, TorchTrainable):
-        raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
-    prefixes = ("train", "val") if data.has_validation else ("train",)
-    logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metrics)]
-    if metric not in logged:
-        hint = "" if data.has_validation else " (the data has no validation split)"
-        raise ValueError(f"metric={metric!r} is not logged{hint}; logged metrics are {logged}")
+    logged = check_metric(trainable, metric, data.has_validation)
     clashes = [key for key in config if key in (*HISTORY_COLUMNS, *logged)]
     if clashes:
         raise ValueError(f"space key {clashes[0]!r} is also a column of result.history() "
@@ -44,6 +38,18 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     sample = data.sample(1)
     if sample is not None:
         _check_loss(trainable.loss, sample[1])
+
+
+def check_metric(trainable: Any, metric: str, has_validation: bool) -> list[str]:
+    """The metrics ``trainable`` logs; raises unless it is a trainer that logs ``metric``."""
+    if not isinstance(trainable, TorchTrainable):
+        raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
+    prefixes = ("train", "val") if has_validation else ("train",)
+    logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metrics)]
+    if metric not in logged:
+        hint = "" if has_validation else " (the data has no validation split)"
+        raise ValueError(f"metric={metric!r} is not logged{hint}; logged metrics are {logged}")
+    return logged
 
 
 def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]) -> tuple[Any, dict]:

@@ -44,6 +44,7 @@ from ._execute import (
     sigterm_interrupts,
 )
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
+from ._preflight import check_metric
 from ._settings import Limits, RunSettings
 from ._trials import Trial, TrialBook, describe, diverged
 from ._visit_order import LEGACY_SCHEME, VisitScheme
@@ -153,7 +154,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
         policy = cloudpickle.loads(store.read_searcher())
         if build is not None:
-            check_fits_checkpoints(build, store, events)
+            check_fits_checkpoints(build, store, events, info)
         build_blob = pickle_build(build) if build is not None else store.read_build()
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])
@@ -224,9 +225,11 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered) -> None:
         book.create(request)
 
 
-def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events: list[dict[str, Any]]) -> None:
+def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events: list[dict[str, Any]],
+                           info: dict[str, Any]) -> None:
     """Refuse, before any work, a ``build`` whose model cannot load the run's checkpoints
-    (another architecture): every trial would fail and the run would be lost."""
+    (another architecture) or does not log the run's metric: every trial would fail, or
+    the run could not rank them, and the run would be lost."""
     for event in map(parse_event, events):
         if not isinstance(event, TrialCreated):
             continue
@@ -236,8 +239,9 @@ def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events
         try:
             with torch.device("meta"):
                 trainable = build(event.config)
+            check_metric(trainable, info["searcher"]["metric"], sum(info["data"]["val_rows"]) > 0)
         except Exception as error:
-            raise ResumeError(f"build(config) fails for {event.trial_id}'s config {event.config}: "
+            raise ResumeError(f"build does not fit this run: for {event.trial_id}'s config {event.config}, "
                               f"{type(error).__name__}: {error}; nothing was resumed") from error
         made = {name: tuple(tensor.shape) for name, tensor in trainable.model.state_dict().items()}
         kept = {name: tuple(tensor.shape) for name, tensor in saved.items()}
