@@ -79,6 +79,20 @@ def test_local_mode_gives_the_local_backends_results_bit_for_bit(tmp_path, local
         spark.stop()
 
 
+def test_speculating_long_tasks_is_refused_as_it_would_end_the_workers():
+    from pyspark import SparkConf
+
+    from cerebro.backends._spark import check_no_long_task_speculation
+    conf = SparkConf(loadDefaults=False).set("spark.speculation.task.duration.threshold", "10min")
+    check_no_long_task_speculation(conf)                                 # speculation is off
+    check_no_long_task_speculation(SparkConf(loadDefaults=False).set("spark.speculation", "true"))  # no threshold
+    with pytest.raises(ValueError, match=re.escape(
+            "spark.speculation.task.duration.threshold=10min with spark.speculation=true copies every task that "
+            "runs longer, and a Cerebro worker's task runs for the whole run: the copy would end it. Unset the "
+            "threshold or set spark.speculation=false")):
+        check_no_long_task_speculation(conf.set("spark.speculation", "True"))
+
+
 def test_standalone_cluster_gives_the_local_backends_results_bit_for_bit(tmp_path, local_result):
     with standalone_cluster(workers=2, cores=1, log_dir=str(tmp_path)) as master:
         spark = session(master)

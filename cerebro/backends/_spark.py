@@ -4,11 +4,18 @@ Why not one barrier-mode job, as before: a barrier stage fails whole, so losing 
 restarted every worker. At 1,000 workers, where some executor is always dying, a run would
 never finish an epoch. With one job per worker, a lost worker is replaced alone (a new
 one-task job) while the others keep training, exactly as the local backend replaces a
-process. The barrier's one remaining service, gang scheduling, is not needed: the driver
-waits until every worker has connected, and :meth:`SparkBackend.start` checks first that
-the cluster has a task slot for each. Spark's own retry of a failed task is declined (the
-retry returns at once): the driver decides whether and when a worker starts anew, so no
-worker index ever runs twice.
+process. Nor ordinary tasks of one job: in local mode ``spark.task.maxFailures`` is 1, so
+one lost task would fail the job whole again, and Spark, not the driver, would decide when
+a task starts anew. The barrier's one remaining service, gang scheduling, is not needed:
+the driver waits until every worker has connected, and :meth:`SparkBackend.start` checks
+first that the cluster has a task slot for each. Spark's own retry of a failed task is
+declined (the retry returns at once): the driver decides whether and when a worker starts
+anew, so no worker index ever runs twice. A speculative copy would be declined the same
+way, and its success would kill the worker it copies, so speculating long tasks is refused.
+
+What a barrier stage did better: it spread its tasks over the executors; one-task jobs go
+to whichever executor Spark offers a free slot. With ``workers`` equal to the task slots
+(the default), every slot holds one worker either way.
 """
 from __future__ import annotations
 
@@ -27,6 +34,17 @@ from ._base import Backend, check_heartbeat_timeout, check_max_restarts, check_p
 SHUTDOWN_GRACE_S = 5.0
 
 DRIVER_PORT = Integer(low=0, high=65535, description="a port number, or 0 for any free port")
+
+
+def check_no_long_task_speculation(conf: Any) -> None:
+    """Raises where Spark would speculate the worker tasks: with a duration threshold it
+    copies even a one-task job's task once it runs that long, and when the copy (declined,
+    so done at once) succeeds Spark kills the worker it copies, again and again."""
+    threshold = conf.get("spark.speculation.task.duration.threshold")
+    if str(conf.get("spark.speculation", "false")).strip().lower() == "true" and threshold is not None:
+        raise ValueError(f"spark.speculation.task.duration.threshold={threshold} with spark.speculation=true "
+                         f"copies every task that runs longer, and a Cerebro worker's task runs for the whole "
+                         f"run: the copy would end it. Unset the threshold or set spark.speculation=false")
 
 
 def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[int]) -> Iterator[int]:
@@ -93,6 +111,7 @@ class SparkBackend(Backend):
                                  "SparkSession.builder...getOrCreate() or pass it")
         self.spark = spark
         context = spark.sparkContext
+        check_no_long_task_speculation(context.getConf())
         if workers is not None:
             check_positive("workers", workers)
         self.slot_wait = slot_wait
@@ -109,6 +128,7 @@ class SparkBackend(Backend):
         self.driver_port = int(driver_port)
         self.max_restarts = check_max_restarts(max_restarts)
         self._jobs: dict[int, _WorkerJob] = {}
+        self._replaced: list[_WorkerJob] = []     # cancelled, maybe not yet ended: stop() waits
         self._task: functools.partial | None = None
 
     def _slots(self, wanted: int | None, wait: float) -> int:
@@ -154,6 +174,9 @@ class SparkBackend(Backend):
 
     def replace(self, worker: int) -> bool:
         self.release(worker)
+        self._replaced = [job for job in self._replaced if job.thread.is_alive()]
+        if worker in self._jobs:
+            self._replaced.append(self._jobs[worker])
         self._launch(worker)
         return True
 
@@ -170,7 +193,7 @@ class SparkBackend(Backend):
     def stop(self) -> None:
         # Workers told to shut down (or whose driver connection closed) end their tasks by
         # themselves; a cancelled task's Python worker is killed, not reused by the next fit.
-        jobs, self._jobs = list(self._jobs.values()), {}
+        jobs, self._jobs, self._replaced = [*self._replaced, *self._jobs.values()], {}, []
         grace = time.monotonic() + SHUTDOWN_GRACE_S
         for job in jobs:
             job.thread.join(timeout=max(0.0, grace - time.monotonic()))
