@@ -6,6 +6,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 
 import pandas as pd
 import pytest
@@ -20,6 +21,7 @@ import cerebro as cb
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 from port_flood import killing_build  # noqa: E402
+from recovery import epochs_journaled  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -106,31 +108,64 @@ def test_standalone_cluster_gives_the_local_backends_results_bit_for_bit(tmp_pat
 
 
 def test_a_killed_task_is_replaced_alone_and_the_results_do_not_change(tmp_path, local_result):
-    marker = tmp_path / "crashed"
+    store, marker = str(tmp_path / "run"), str(tmp_path / "crashed")
     spark = session("local[2]")
     try:
-        search = cb.GridSearch(crashing_once(str(marker)), SPACE, epochs=2, metric="val_accuracy", mode="max")
-        result = search.fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED,
-                            store=tmp_path / "run", verbose=0)
+        search = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker), store, epochs=4), SPACE, epochs=2,
+                               metric="val_accuracy", mode="max")
+        result = search.fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED, store=store,
+                            verbose=0)
     finally:
         spark.stop()
-    assert marker.exists()
-    events = list(result.store.events())
-    names = [e["event"] for e in events]
-    # One job per worker: the other worker trains on, with the lost one's partitions meanwhile.
-    assert names.count("worker_lost") == 1 and "workers_restarted" not in names and "partitions_moved" in names
-    assert_survivors_trained_on(events, result)
+    assert os.path.exists(marker)
+    # One job per worker: the other worker trains on, with the lost one's partitions meanwhile;
+    # the lost one comes back as a new one-task job (its failed job is not retried in local mode).
+    assert_replaced_alone(list(result.store.events()), result)
     assert_same_results(local_result, result)
 
 
-def assert_survivors_trained_on(events: list[dict], result: cb.Result) -> None:
-    """Every worker but the lost one kept its process from the start and trained after the loss."""
+def waiting_for_the_replacement(build: Callable[[dict], cb.TorchTrainable], store: str, epochs: int):
+    """``build`` whose training, once ``epochs`` epochs are journaled in ``store``, waits (up
+    to 2 minutes) until a lost worker's replacement has joined, so that the run cannot end
+    before the replacement trains, however slowly it starts."""
+    def build_that_waits(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def loss_that_waits(outputs, targets):
+            deadline = time.monotonic() + 120
+            while epochs_journaled(store) >= epochs and not replaced(store) and time.monotonic() < deadline:
+                time.sleep(0.2)     # a worker's heartbeats go on from their own thread meanwhile
+            return loss(outputs, targets)
+        trainable.loss = loss_that_waits
+        return trainable
+    return build_that_waits
+
+
+def replaced(store: str) -> bool:
+    with open(os.path.join(store, "journal.jsonl"), "rb") as f:
+        return b'"event": "worker_replaced"' in f.read()
+
+
+def assert_replaced_alone(events: list[dict], result: cb.Result) -> None:
+    """One worker was lost and started anew, as a new process in a new job, and trained; every
+    other worker kept its process from the start and trained on after the loss."""
+    names = [e["event"] for e in events]
+    assert names.count("worker_lost") == 1 and names.count("worker_replaced") == 1, names
+    assert "workers_restarted" not in names and "partitions_moved" in names
     lost = next(e for e in events if e["event"] == "worker_lost")
-    started = next(e for e in events if e["event"] == "run_started")["workers"]
-    survivors = {info["pid"] for index, info in started.items() if int(index) != lost["worker"]}
-    after = result.schedule()[lambda s: s.start > lost["time"]]
-    assert survivors <= set(after.pid)
+    back = next(e for e in events if e["event"] == "worker_replaced")
+    started = {int(index): info for index, info in next(e for e in events if e["event"] == "run_started")
+               ["workers"].items()}
+    survivors = {info["pid"] for index, info in started.items() if index != lost["worker"]}
+    schedule = result.schedule()
+    assert survivors <= set(schedule[schedule.start > lost["time"]].pid)
     assert survivors <= {info["pid"] for info in result.workers.values()}
+    new = result.workers[lost["worker"]]
+    assert back["worker"] == lost["worker"] and new["pid"] not in {info["pid"] for info in started.values()}
+    assert re.fullmatch(rf"spark task {lost['worker']} of stage \d+, attempt 0", new["launched_by"])
+    assert new["launched_by"] != started[lost["worker"]]["launched_by"]      # a stage of its own
+    assert new["pid"] in set(schedule[schedule.start > back["time"]].pid)
 
 
 def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_path):
@@ -139,16 +174,16 @@ def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_
         spark = session(master)
         try:
             backend = cb.SparkBackend(spark, workers=4, slot_wait=120)
-            result = cb.GridSearch(killing_build(build, store, marker, after=1), SPACE, epochs=3, metric="val_accuracy",
-                                   mode="max").fit(digits(partitions=4), backend=backend, seed=SEED, store=store,
-                                                   verbose=0)
+            # Killed once an epoch is journaled; once 8 of the 12 are, training waits for the
+            # replacement (Spark's retry of the killed task is declined: it is a job of its own).
+            build_that_kills = killing_build(waiting_for_the_replacement(build, store, epochs=8), store, marker,
+                                             after=1)
+            result = cb.GridSearch(build_that_kills, SPACE, epochs=3, metric="val_accuracy", mode="max").fit(
+                digits(partitions=4), backend=backend, seed=SEED, store=store, verbose=0)
         finally:
             spark.stop()
     assert os.path.exists(marker)
-    events = list(result.store.events())
-    names = [e["event"] for e in events]
-    assert names.count("worker_lost") == 1 and "workers_restarted" not in names
-    assert_survivors_trained_on(events, result)
+    assert_replaced_alone(list(result.store.events()), result)
     expected = cb.GridSearch(build, SPACE, epochs=3, metric="val_accuracy", mode="max").fit(
         digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=SEED,
         store=tmp_path / "undisturbed", verbose=0)
