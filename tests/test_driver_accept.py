@@ -15,12 +15,10 @@ import socket
 import struct
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from cerebro.engine import _pool
-from cerebro.engine._pool import WorkerPool
+from cerebro.engine import _acceptor
 from cerebro.worker._wire import connect
 
 KEY = b"run-token"
@@ -35,9 +33,8 @@ class Acceptor:
         self.address = self.server.getsockname()
         self.accepted: queue.Queue = queue.Queue()
         self.stopping = threading.Event()
-        pool = SimpleNamespace(heartbeat_timeout=5.0, _authkey=KEY)
-        self.thread = threading.Thread(target=WorkerPool._accept_workers,
-                                       args=(pool, self.server, self.accepted, self.stopping))
+        self.thread = threading.Thread(target=_acceptor.accept_workers,
+                                       args=(self.server, self.accepted, self.stopping, lambda: KEY, 5.0))
         self.thread.start()
 
     def stop(self) -> None:
@@ -105,7 +102,7 @@ def test_acceptor_survives_a_reset_and_a_stranger_then_stops(acceptor):
 def test_silent_peers_never_delay_a_real_worker(acceptor, monkeypatch):
     """50 peers that connect and say nothing hold their handshakes open (a deadline of 30 s
     here): a real worker gets in while every one of them is still waiting."""
-    monkeypatch.setattr(_pool, "HANDSHAKE_SECONDS", WAIT)
+    monkeypatch.setattr(_acceptor, "HANDSHAKE_SECONDS", WAIT)
     silent = [peer(acceptor.address) for _ in range(50)]
     nonces = [read_nonce(s) for s in silent]                  # each got its own challenge at once
     assert len(set(nonces)) == 50
@@ -122,7 +119,7 @@ def test_silent_peers_never_delay_a_real_worker(acceptor, monkeypatch):
 
 
 def test_a_peer_that_says_nothing_is_cut_off_at_the_deadline(acceptor, monkeypatch):
-    monkeypatch.setattr(_pool, "HANDSHAKE_SECONDS", 0.2)
+    monkeypatch.setattr(_acceptor, "HANDSHAKE_SECONDS", 0.2)
     silent = peer(acceptor.address)
     assert len(read_nonce(silent)) == 32
     assert receive_all(silent) == b""                         # hung up, without a word
@@ -184,8 +181,8 @@ def test_a_replayed_answer_is_refused(acceptor):
 
 
 def test_a_flood_beyond_the_handshake_slots_is_closed_unread(acceptor, monkeypatch):
-    monkeypatch.setattr(_pool, "HANDSHAKE_SECONDS", WAIT)
-    monkeypatch.setattr(_pool, "MAX_HANDSHAKES", 4)
+    monkeypatch.setattr(_acceptor, "HANDSHAKE_SECONDS", WAIT)
+    monkeypatch.setattr(_acceptor, "MAX_HANDSHAKES", 4)
     acceptor.stop()                                           # a new acceptor reads the smaller limit
     flooded = Acceptor()
     try:

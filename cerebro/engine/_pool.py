@@ -1,8 +1,8 @@
 """The worker pool: which workers are in the run, and talking to them.
 
-It accepts connections (an acceptor thread hands each handshake to a thread of its own),
-sets workers up, watches their heartbeats and processes, sends and receives messages, and starts anew a
-lost worker where the backend can. It never decides what runs where: a worker lost while
+It accepts connections (an acceptor thread, :mod:`._acceptor`), sets workers up, watches
+their heartbeats and processes, sends and receives messages, and starts anew a lost worker
+where the backend can. It never decides what runs where: a worker lost while
 the run trains, and a replacement that joined, are reported as events
 (:meth:`WorkerPool.events`) for the driver to act on. Only a failure while the workers
 start (nothing trained yet, nothing to hand over) raises :class:`WorkerLostError`.
@@ -23,7 +23,8 @@ from multiprocessing.connection import wait
 from ..backends import Backend
 from ..store import Event, RunStore, StateFormatError, WorkerLost, WorkerNotReplaced
 from ..worker._protocol import Hello, Ready, Release, Setup, SetupFailed, Shutdown, TakeOver
-from ..worker._wire import HANDSHAKE_SECONDS, Channel, authenticate
+from ..worker._wire import Channel
+from ._acceptor import accept_workers
 from ._errors import WorkerLostError
 from ._scheduler import Task
 from ._settings import RunSettings
@@ -92,9 +93,9 @@ class WorkerPool:
     def open(self) -> None:
         """Listen, start the backend's workers and wait until each has loaded its partitions."""
         self._server = socket.create_server(self.backend.driver_address())
-        self._acceptor = threading.Thread(target=self._accept_workers,
-                                          args=(self._server, self._accepted, self._stopping),
-                                          name="cerebro-accept", daemon=True)
+        self._acceptor = threading.Thread(target=accept_workers, name="cerebro-accept", daemon=True,
+                                          args=(self._server, self._accepted, self._stopping,
+                                                lambda: self._authkey, self.heartbeat_timeout))
         self._acceptor.start()
         self._launch()
 
@@ -143,26 +144,6 @@ class WorkerPool:
         self.backend.start(self._server.getsockname()[:2], self._authkey)
         self._connect()
         self._starting = False
-
-    def _accept_workers(self, server: socket.socket, accepted: queue.Queue[tuple[bytes, Channel]],
-                        stopping: threading.Event) -> None:
-        """The acceptor thread. Each connection's handshake runs on a thread of its own, at most
-        :data:`MAX_HANDSHAKES` at once (more are closed unread), each cut off after
-        ``HANDSHAKE_SECONDS``: silent, slow or hostile peers cannot delay real workers. Each
-        connection that authenticates is queued with the token it used."""
-        slots = threading.BoundedSemaphore(MAX_HANDSHAKES)
-        while not stopping.is_set():
-            try:
-                sock, _ = server.accept()
-            except ConnectionAbortedError:
-                continue
-            except OSError:            # the server closed
-                return
-            if not slots.acquire(blocking=False):
-                sock.close()           # a flood: real workers retry
-                continue
-            threading.Thread(target=_handshake, args=(sock, self._authkey, self.heartbeat_timeout, accepted, slots),
-                             name="cerebro-handshake", daemon=True).start()
 
     def _connect(self) -> None:
         """Wait until every worker of the launch is set up; raises if one fails or is late."""
@@ -396,18 +377,3 @@ class WorkerPool:
         worker.channel.close()
         self.backend.release(worker.index)
         self._emit(WorkerNotReplaced(worker.index, why, self._now()))
-
-
-MAX_HANDSHAKES = 128
-
-
-def _handshake(sock: socket.socket, authkey: bytes, heartbeat_timeout: float,
-               accepted: queue.Queue[tuple[bytes, Channel]], slots: threading.BoundedSemaphore) -> None:
-    try:
-        channel = authenticate(sock, authkey, HANDSHAKE_SECONDS)
-    except (OSError, EOFError, PermissionError):   # a stranger, a peer too slow, or one that left
-        return
-    finally:
-        slots.release()
-    channel.sock.settimeout(heartbeat_timeout)      # no send or receive may block forever
-    accepted.put((authkey, channel))
