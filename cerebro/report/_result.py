@@ -55,11 +55,7 @@ class TrialResult:
         """The model's weights after the trial's last finished epoch, on the CPU. Where that
         epoch's checkpoint is damaged, the newest sound one's, with a warning naming the
         file and the epoch the weights are really from."""
-        store = self._require_result().store
-        found = store.checkpoints(self.trial_id)
-        sound = next((c for c in found if "state" in c), None)
-        if sound is None:
-            return unpack_tensors(store.read_checkpoint(self.trial_id)["model"])   # raises, naming them
+        sound, found = self._require_result().store.sound_checkpoint(self.trial_id)
         if sound["epoch"] < self.epochs:
             damaged = "; ".join(f"{c['path']}: {c['problem']}" for c in found if "problem" in c)
             warnings.warn(f"{self.trial_id}'s checkpoint of epoch {self.epochs} is damaged ({damaged}); these weights "

@@ -36,7 +36,7 @@ from . import _files as files
 from ._events import Event
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
-from ._state_codec import frames, read_message, write_message
+from ._state_codec import frames, read_message
 
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
 STATE_FORMAT = "data/1"     # run.json and every checkpoint header name it; older runs pickled
@@ -108,22 +108,21 @@ class RunStore:
         files.write_atomic(self.file("build.pkl"), _CODE_MAGIC + header + build + searcher)
 
     def read_build(self) -> bytes:
-        content = self._read_code()
-        return content if isinstance(content, bytes) else content[0]
+        return self._read_code()[0]
 
     def read_searcher(self) -> bytes:
-        content = self._read_code()
-        if isinstance(content, bytes):             # written before build.pkl held both
+        _, searcher = self._read_code()
+        if searcher is None:                         # written before build.pkl held both
             with files.open_file(self.file("searcher.pkl")) as f:
                 return f.read()
-        return content[1]
+        return searcher
 
-    def _read_code(self) -> bytes | tuple[bytes, bytes]:
-        """build.pkl's (build, searcher), or its content if an older version wrote it (the build alone)."""
+    def _read_code(self) -> tuple[bytes, bytes | None]:
+        """build.pkl's build and searcher; an older version's holds the build alone (None)."""
         with files.open_file(self.file("build.pkl")) as f:
             content = f.read()
         if not content.startswith(_CODE_MAGIC):
-            return content
+            return content, None
         head, _, blobs = content[len(_CODE_MAGIC):].partition(b"\n")
         sizes = json.loads(head)
         return blobs[:sizes["build"]], blobs[sizes["build"]:sizes["build"] + sizes["searcher"]]
@@ -205,15 +204,15 @@ class RunStore:
     def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None:
         """Save a trial's packed state (see :func:`pack_tensors`) after ``epoch`` (``exploit``:
         just copied from another trial by PBT); the previous one is kept as the fallback."""
-        crc, size = 0, 0
-        for frame in frames(state):
+        parts, crc, size = frames(state), 0, 0      # encoded once: checked, then written
+        for frame in parts:
             crc, size = zlib.crc32(frame, crc), size + memoryview(frame).nbytes
         header = json.dumps({"trial_id": trial_id, "epoch": epoch, "exploit": exploit, "size": size,
                              "crc": crc, "format": STATE_FORMAT}).encode() + b"\n"
         current = self.file("trials", trial_id, "checkpoint.state")
         if files.exists(current):
             files.move(current, self.file("trials", trial_id, "checkpoint.prev.state"))
-        files.write_atomic(current, writer=lambda f: (f.write(header), write_message(f, state)))
+        files.write_atomic(current, writer=lambda f: [f.write(part) for part in (header, *parts)])
 
     def checkpoints(self, trial_id: str) -> list[dict[str, Any]]:
         """A trial's checkpoints, newest first: their headers with ``state`` (packed), or
@@ -252,10 +251,15 @@ class RunStore:
     def read_checkpoint(self, trial_id: str) -> Any:
         """A trial's latest packed state that passes its check; :func:`unpack_tensors` turns
         it into tensors."""
+        return self.sound_checkpoint(trial_id)[0]["state"]
+
+    def sound_checkpoint(self, trial_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A trial's newest checkpoint that passes its check (its header with ``state``), and
+        every one found (see :meth:`checkpoints`); raises if none does."""
         found = self.checkpoints(trial_id)
         for checkpoint in found:
             if "state" in checkpoint:
-                return checkpoint["state"]
+                return checkpoint, found
         if not found:
             raise FileNotFoundError(f"trial {trial_id} has no checkpoint in {self.path!r}: "
                                     f"it never finished an epoch")
