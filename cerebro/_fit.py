@@ -5,9 +5,7 @@ narrow waist 1 (``cerebro.engine._interface``) and the seeds, never the run mach
 """
 from __future__ import annotations
 
-import copy
 import os
-import secrets
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,22 +25,10 @@ def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: i
         max_failures: int | None, max_trial_losses: int, tensorboard: bool, mlflow: bool | str) -> Result:
     """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
-    if seed is None:
-        seed = secrets.randbelow(2**31)
-    return execute(searcher, build=searcher.build, example_configs=example_configs(searcher, seed),
+    return execute(searcher, build=searcher.build,
+                   example_configs=[sample_config(searcher.space, np.random.default_rng(i)) for i in range(4)],
                    metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
                    backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                    trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
                    tensorboard=tensorboard, mlflow=mlflow)
 
-
-def example_configs(searcher: Searcher, seed: object) -> list[dict]:
-    """Configurations to check ``build`` on before any worker starts: the first trials the
-    searcher will start with this seed (a copy of it, so nothing is spent), then a few drawn
-    from the space, in case those cannot be built alone."""
-    drawn = [sample_config(searcher.space, np.random.default_rng(i)) for i in range(4)]
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        return drawn                 # execute refuses the seed, naming it
-    probe = copy.deepcopy(searcher)
-    probe.start(seed)
-    return [request.config for request in probe.suggest()[:8]] + drawn

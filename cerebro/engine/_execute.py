@@ -29,7 +29,7 @@ from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
 from ._driver import Driver
 from ._interface import SearchPolicy
-from ._preflight import check_build
+from ._preflight import check_build, first_trials
 from ._settings import Limits, RunSettings
 from ._visit_order import VisitScheme
 
@@ -42,8 +42,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
-    ``example_configs`` are configurations of the space for the checks of ``build`` on the
-    driver (see :mod:`._preflight`).
+    ``build`` is checked on the driver (see :mod:`._preflight`) with the first trials the
+    policy starts with, then ``example_configs`` (configurations drawn from the space).
     """
     if not isinstance(data, Dataset):
         raise TypeError(f"data must be a cerebro.Dataset (e.g. cb.Dataset.from_numpy(X, y)); "
@@ -64,7 +64,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)
-    check_build(build, example_configs, metric, data)
+    check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     if store is None:
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")

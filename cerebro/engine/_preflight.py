@@ -1,7 +1,8 @@
 """Checks of the user's ``build`` on the driver, before any worker starts (invariant 4).
 
-``build`` runs for a few configurations of the space, on the meta device (no memory, no
-init) where the user's code allows it, else on the CPU. From the first that builds it learns
+``build`` runs for a few configurations (the policy's first trials, then some drawn from the
+space), on the meta device (no memory, no init) where the user's code allows it, else on
+the CPU. From the first that builds it learns
 the metrics the trainable logs, and so whether ``metric`` can rank the trials and whether a
 space key would overwrite a history column; and from its loss object what fails for every
 trial alike: float labels for torch's classification losses, a loss with
@@ -12,6 +13,7 @@ shapes in its error.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import traceback
 from collections.abc import Callable, Sequence
@@ -22,6 +24,7 @@ import torch
 
 from ..data import Dataset
 from ..worker import TorchTrainable
+from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from")
 
@@ -38,6 +41,14 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     sample = data.sample(1)
     if sample is not None:
         _check_loss(trainable.loss, sample[1])
+
+
+def first_trials(policy: SearchPolicy, seed: int) -> list[dict[str, Any]]:
+    """The configurations ``policy`` starts with under ``seed``, from a copy of it, so the
+    run's own policy has spent nothing."""
+    probe = copy.deepcopy(policy)
+    probe.start(seed)
+    return [request.config for request in probe.suggest()[:8]]
 
 
 def check_metric(trainable: Any, metric: str, has_validation: bool) -> list[str]:
