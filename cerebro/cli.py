@@ -166,14 +166,15 @@ def status(run_dir: str) -> None:
 @click.option("--workers", default=None, type=int, help="local worker processes (default: as the run had)")
 @click.option("--quiet", is_flag=True, help="no live progress")
 @click.option("--trust", is_flag=True, help="read the pickled states of a run written by an older version")
-def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool) -> None:
+@click.option("--retry-failed", is_flag=True, help="run the trials that failed again, from their last good epoch")
+def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_failed: bool) -> None:
     """Finish a run whose driver died (killed, crashed, Ctrl-C), from its journal and
     checkpoints; the results are those the run would have had without the crash.
 
     Example: cerebro resume cerebro_runs/gridsearch-20261122-101500-ab12
     """
     from . import resume as resume_run
-    result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust)
+    result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust, retry_failed=retry_failed)
     print_summary(result, Console())
 
 

@@ -85,3 +85,21 @@ def penalized(config: dict) -> cb.TorchTrainable:
 
     return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config.get("lr", 0.0)), loss,
                              batch_size=64)
+
+
+def failing_after(steps: int, lr: float):
+    """``build`` with a bug that shows mid-run: the loss of a trial with learning rate ``lr``
+    raises once its optimizer has taken ``steps`` steps (the step count hops with the state)."""
+    def build_with_a_bug(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss, optimizer = trainable.loss, trainable.optimizer
+
+        def buggy_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            taken = max((int(state["step"]) for state in optimizer.state.values()), default=0)
+            if config.get("lr") == lr and taken >= steps:
+                raise RuntimeError(f"bug: the loss fails after {steps} steps")
+            return loss(outputs, targets)
+
+        trainable.loss = buggy_loss
+        return trainable
+    return build_with_a_bug

@@ -11,11 +11,13 @@ import sys
 import time
 import warnings
 
+import pandas as pd
 import psutil
 import pytest
+import torch
 from _crafted import craft_checkpoint, pickled_payload
 from _crash import assert_same_results, epochs_journaled, reference
-from _models import build, digits
+from _models import build, digits, failing_after
 
 import cerebro as cb
 from cerebro.engine import VisitScheme, visit_order
@@ -221,3 +223,77 @@ def test_resume_with_a_build_that_does_not_log_the_runs_metric_is_refused(tmp_pa
                                              r"\['train_loss', 'val_loss'\]; nothing was resumed$"):
         cb.resume(store, build_without_metrics, verbose=0)
     assert open(os.path.join(store, "journal.jsonl"), "rb").read() == journal
+
+
+def damage_line(store: str, event: str) -> tuple[str, int]:
+    """Flip a byte in the first ``event`` line that has good lines after it; its path and number."""
+    journal = os.path.join(store, "journal.jsonl")
+    lines = open(journal, "rb").read().splitlines(keepends=True)
+    victim = next(i for i, line in enumerate(lines) if line.startswith(b'{"event": "%s"' % event.encode()))
+    assert victim < len(lines) - 2
+    flip_byte(journal, sum(len(line) for line in lines[victim:]) - 40)
+    return journal, victim + 1
+
+
+def test_a_damaged_middle_line_resume_does_without_is_skipped_and_nothing_is_redone(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")
+    journal, number = damage_line(store, "sub_epoch")
+    before = open(journal, "rb").read()
+    with pytest.warns(UserWarning) as caught:
+        resumed = cb.resume(store, verbose=0)
+    assert f"{journal} line {number} is damaged (it fails its CRC-32) and was skipped: it held 'sub_epoch', " \
+           f"an event resume does without" in [str(w.message) for w in caught]
+    after = open(journal, "rb").read()
+    assert after.startswith(before.rsplit(b"\n", 1)[0])     # every line kept but a torn tail
+    events = [e["event"] for e in resumed.store.events()]
+    assert "trial_rolled_back" not in events
+    expected = uninterrupted(tmp_path, "mid-epoch")
+    pd.testing.assert_frame_equal(resumed.history(), expected.history(), check_exact=True)
+    for a, b in zip(resumed.trials, expected.trials):
+        assert a.status == b.status and all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+def test_a_damaged_middle_line_resume_needs_cuts_the_journal_there_and_the_rest_is_redone(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")
+    journal, number = damage_line(store, "epoch_end")
+    with pytest.warns(UserWarning, match=rf"^{journal} line {number} is damaged \(it fails its CRC-32\) and was "
+                                         rf"skipped$"):
+        kept = len(list(cb.load(store).store.events()))
+    good_before = sum(1 for line in open(journal, "rb").read().splitlines()[:number - 1])
+    with pytest.warns(UserWarning, match=rf"^{journal} line {number} is damaged \(it fails its CRC-32\) and held "
+                                         rf"'epoch_end', an event resume needs: the run goes on from line "
+                                         rf"{number - 1}, and the work of the {kept - good_before} events after it "
+                                         rf"is redone$"):
+        resumed = cb.resume(store, verbose=0)
+    assert any(e["event"] == "journal_repaired" for e in resumed.store.events())
+    assert_same_results(resumed, uninterrupted(tmp_path, "mid-epoch"))
+
+
+def test_a_finished_run_with_a_damaged_middle_line_is_not_resumed(tmp_path):
+    store = crashed_run(tmp_path, "mid-epoch")
+    cb.resume(store, verbose=0)
+    journal, number = damage_line(store, "epoch_end")
+    before = open(journal, "rb").read()
+    with pytest.warns(UserWarning, match=r"has finished; there is nothing to resume"):
+        assert cb.resume(store, verbose=0).finished
+    assert open(journal, "rb").read() == before
+
+
+def test_failed_trials_are_retried_from_their_last_good_epoch_to_the_results_of_a_run_without_the_bug(tmp_path):
+    search = cb.GridSearch(failing_after(20, lr=3e-2), {"lr": cb.choice([1e-2, 3e-2])}, epochs=3)
+    failed = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=3, verbose=0)
+    assert [t.status for t in failed.trials] == ["completed", "failed"] and failed.finished
+    assert failed.trials[1].epochs == 1 and "bug: the loss fails after 20 steps" in failed.trials[1].error
+    with pytest.warns(UserWarning, match=r"has finished; there is nothing to resume"):
+        cb.resume(failed.run_dir, verbose=0)            # without retry_failed a finished run stays as it is
+    retried = cb.resume(failed.run_dir, build, retry_failed=True, verbose=0)
+    fixed = cb.GridSearch(build, {"lr": cb.choice([1e-2, 3e-2])}, epochs=3).fit(
+        digits(partitions=2), workers=2, store=tmp_path / "fixed", seed=3, verbose=0)
+    assert retried.finished and [(t.status, t.error) for t in retried.trials] == [("completed", None)] * 2
+    pd.testing.assert_frame_equal(retried.history(), fixed.history(), check_exact=True)
+    for a, b in zip(retried.trials, fixed.trials):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    events = [e for e in retried.store.events() if e["event"] == "trial_retried"]
+    assert [(e["trial_id"], e["epoch"]) for e in events] == [("t0001", 1)]
+    assert not os.path.exists(os.path.join(failed.run_dir, "trials", "t0001", "error.txt"))
+    assert len(retried.schedule()[lambda s: (s.trial_id == "t0001") & (s.kind == "train")]) == 3 * 2

@@ -21,14 +21,20 @@ import torch
 from ..backends import Backend
 from ..report import Result
 from ..store import (
+    EVENTS,
+    DamagedLine,
     Decided,
     DecidedPaused,
     EpochEnd,
     Exploited,
     JournalRepaired,
+    RunFinished,
+    RunResumed,
+    RunStarted,
     RunStore,
     TrialCreated,
     TrialEnded,
+    TrialRetried,
     TrialRolledBack,
     TrialStatus,
     UntrustedStateError,
@@ -85,7 +91,11 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
     trials: dict[str, RecoveredTrial] = {}
     suggested: list[TrialRequest] = []
     last_time = 0.0
-    for event in filter(None, map(parse_event, events)):
+    parsed = [event for event in map(parse_event, events) if event is not None]
+    undone = retried_ends(parsed)
+    for index, event in enumerate(parsed):
+        if index in undone:
+            continue          # the searcher is not told of an end that a retry undid
         last_time = max(last_time, getattr(event, "time", None) or getattr(event, "end", None) or 0.0)
         trial = trials.get(getattr(event, "trial_id", ""))
         match event:
@@ -123,19 +133,40 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
     return Recovered(trials, suggested, last_time)
 
 
+def retried_ends(events: list[Any]) -> frozenset[int]:
+    """The positions of the ``trial_ended`` events that a later ``trial_retried`` undid."""
+    ends: dict[str, int] = {}
+    undone = set()
+    for index, event in enumerate(events):
+        if isinstance(event, TrialEnded):
+            ends[event.trial_id] = index
+        elif isinstance(event, TrialRetried) and event.trial_id in ends:
+            undone.add(ends.pop(event.trial_id))
+    return frozenset(undone)
+
+
 def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
            backend: str | Backend = "local", workers: int | None = None, verbose: int = 1,
-           trust: bool = False) -> Result:
+           trust: bool = False, retry_failed: bool = False) -> Result:
     """Finish the run in ``run_dir`` whose driver died, and return its :class:`Result`.
 
     The result is the one the run would have had without the crash, bitwise. A finished run
     is returned as it is. ``build`` replaces the stored, cloudpickled one (e.g. when its
-    module moved); ``backend``/``workers`` may differ from the first driver's: results do
-    not depend on them. ``trust=True`` reads the pickled states of a run written by an
-    older version, which could run code: only for run directories you trust.
+    module moved, or to fix a bug); it must make the model the run trained. ``backend``/
+    ``workers`` may differ from the first driver's: results do not depend on them.
+    ``retry_failed=True`` runs the trials that failed (status ``failed``, e.g. because of a
+    bug in ``build``) again from their last good epoch, also in a finished run, where the
+    searcher's later decisions did not depend on their failure. ``trust=True`` reads the
+    pickled states of a run written by an older version, which could run code: only for run
+    directories you trust.
+
+    Everything is checked before anything is written: a ``build`` that cannot make the
+    run's model, a damaged journal line that resume cannot do without (the run goes on from
+    the line before it, with a warning), a searcher that answers otherwise than the journal.
 
     Example:
         >>> result = cb.resume("runs/exp1")          # or: cerebro resume runs/exp1
+        >>> result = cb.resume("runs/exp1", fixed_build, retry_failed=True)
     """
     store = RunStore.open(run_dir, trust)
     if verbose not in (0, 1):
@@ -143,34 +174,44 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     lock = store.lock()
     try:
         info = store.read_run_info()
-        events, good, damaged = store.read_journal()
-        if any(event["event"] == "run_finished" for event in events):
-            warnings.warn(f"run {store.path!r} has finished; there is nothing to resume, so its Result is "
-                          f"returned as it is", stacklevel=2)
+        events, damaged = store.read_journal()
+        retry = failed_trials(events) if retry_failed else {}
+        if has_finished(events) and not retry:
+            warnings.warn(f"run {store.path!r} has finished{' and no trial failed' if retry_failed else ''}; "
+                          f"there is nothing to resume, so its Result is returned as it is", stacklevel=2)
             return Result(store, build)
         if store.pickled_states and not trust:
             raise UntrustedStateError(store.path)
         if not store.has("build.pkl"):
             raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
         policy = cloudpickle.loads(store.read_searcher())
+        kept, cut = replayable(events, damaged)
         if build is not None:
-            check_fits_checkpoints(build, store, events, info)
+            check_fits_checkpoints(build, store, kept, info)
+        for trial_id, config in retry.items():
+            check_build(build or cloudpickle.loads(store.read_build()), trial_id, config, info)
         build_blob = pickle_build(build) if build is not None else store.read_build()
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])
-        reproducibility_caveat(backend)
-        if damaged:
-            store.truncate_journal(good)
-            store.emit(JournalRepaired(damaged, 0.0))
         policy.start(info["seed"])
-        recovered = replay(policy, events)
+        try:
+            recovered = replay(policy, kept + [{"event": TrialRetried.name, "trial_id": t} for t in retry])
+        except ResumeError as error:
+            if not retry:
+                raise
+            raise ResumeError(f"cannot retry {sorted(retry)}: the searcher's later decisions depended on their "
+                              f"failure ({error}); nothing was resumed") from error
+        reproducibility_caveat(backend)
+        if cut is not None:
+            store.emit(JournalRepaired(store.truncate_journal(cut.offset), 0.0))
         progress, mlflow_log = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
                                          info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
         settings = RunSettings(info["seed"], info["data"]["partitions"], sum(info["data"]["val_rows"]) > 0,
                                Limits(**info.get("limits", {})),
                                VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)))
         driver = Driver(policy, store, backend, settings, build_blob=build_blob, progress=progress,
-                        take_up=lambda book: take_up(book, store, recovered), time_offset=recovered.last_time)
+                        take_up=lambda book: take_up(book, store, recovered, retry),
+                        time_offset=recovered.last_time)
         with sigterm_interrupts():
             driver.run()
     finally:
@@ -178,10 +219,65 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     return finished(store, build, mlflow_log)
 
 
-def take_up(book: TrialBook, store: RunStore, recovered: Recovered) -> None:
+# The events replay needs: without one, the searcher cannot be called as the driver did. A
+# lost line of any other kind loses a row of the schedule or of the workers' story, never a
+# decision (a lost ``decision`` line is report's answer, which replay recomputes).
+NEEDED = frozenset(cls.name for cls in (TrialCreated, EpochEnd, DecidedPaused, Exploited, TrialEnded, TrialRetried))
+
+
+def replayable(events: list[dict[str, Any]], damaged: list[DamagedLine]) -> tuple[list[dict[str, Any]],
+                                                                                   DamagedLine | None]:
+    """The events resume replays, and the damaged line from which the journal is cut, if any.
+
+    A damaged line in the middle that replay can do without is skipped, with a warning; the
+    first one it needs (or whose kind cannot be read) cuts the journal there, since the
+    events after it cannot be replayed without it: they are redone. A damaged tail (a crash
+    mid-write) is cut silently.
+    """
+    needed = next((line for line in damaged if line.events_before < len(events)
+                   and (line.seems not in EVENTS or line.seems in NEEDED)), None)
+    tail = next((line for line in damaged if line.events_before == len(events)), None)
+    cut = needed or tail
+    for line in damaged:
+        if line is not cut and (cut is None or line.number < cut.number):
+            warnings.warn(f"{line}: it held {line.seems!r}, an event resume does without", stacklevel=3)
+    if needed is not None:
+        held = repr(needed.seems) if needed.seems in EVENTS else "an event of unknown kind"
+        warnings.warn(f"{needed.path} line {needed.number} is damaged (it fails its CRC-32) and held {held}, "
+                      f"an event resume needs: the run goes on from line {needed.number - 1}, and the work of "
+                      f"the {len(events) - needed.events_before} events after it is redone", stacklevel=3)
+    return events[:cut.events_before] if cut is not None else events, cut
+
+
+def has_finished(events: list[dict[str, Any]]) -> bool:
+    """Whether the run's last driver finished it."""
+    ends = [e["event"] for e in events if e["event"] in (RunStarted.name, RunResumed.name, RunFinished.name)]
+    return bool(ends) and ends[-1] == RunFinished.name
+
+
+def failed_trials(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The trials whose last end is ``failed`` (not retried since), with their configs."""
+    configs: dict[str, dict[str, Any]] = {}
+    failed: dict[str, bool] = {}
+    for event in map(parse_event, events):
+        match event:
+            case TrialCreated() | Exploited():
+                configs[event.trial_id] = event.config
+            case TrialEnded():
+                failed[event.trial_id] = event.status is TrialStatus.FAILED
+            case TrialRetried():
+                failed[event.trial_id] = False
+    return {trial_id: configs[trial_id] for trial_id, is_failed in failed.items() if is_failed}
+
+
+def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[str, dict[str, Any]]) -> None:
     """Put the live trials of the crashed run into ``book``: each continues from the
     checkpoint of its last journaled epoch, or, where that checkpoint is damaged, from an
-    earlier one, redoing the epochs in between silently (``Trial.catch_up``)."""
+    earlier one, redoing the epochs in between silently (``Trial.catch_up``). The failed
+    trials in ``retry`` are live again: the journal says so, and their error is gone."""
+    for trial_id in retry:
+        store.remove_error(trial_id)
+        book.recorder.emit(TrialRetried(trial_id, recovered.trials[trial_id].epoch, book.recorder.now()))
     book.created = len(recovered.trials)
     book.decide_due = True
     actions: list[tuple[Trial, RecoveredTrial | None]] = []     # None: start its next epoch
@@ -236,13 +332,7 @@ def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events
         saved = next((c["state"]["model"] for c in store.checkpoints(event.trial_id) if "state" in c), None)
         if saved is None:
             continue
-        try:
-            with torch.device("meta"):
-                trainable = build(event.config)
-            check_metric(trainable, info["searcher"]["metric"], sum(info["data"]["val_rows"]) > 0)
-        except Exception as error:
-            raise ResumeError(f"build does not fit this run: for {event.trial_id}'s config {event.config}, "
-                              f"{type(error).__name__}: {error}; nothing was resumed") from error
+        trainable = check_build(build, event.trial_id, event.config, info)
         made = {name: tuple(tensor.shape) for name, tensor in trainable.model.state_dict().items()}
         kept = {name: tuple(tensor.shape) for name, tensor in saved.items()}
         if made != kept:
@@ -252,3 +342,16 @@ def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events
                               f"{made.get(name, 'none')}; resume with the run's own build (or none: the stored "
                               f"one); nothing was resumed")
         return
+
+
+def check_build(build: Callable[[dict], Any], trial_id: str, config: dict[str, Any], info: dict[str, Any]) -> Any:
+    """``build(config)``'s trainable, made without memory (on torch's meta device), once it
+    is known to log the run's metric; else a :class:`ResumeError`."""
+    try:
+        with torch.device("meta"):
+            trainable = build(config)
+        check_metric(trainable, info["searcher"]["metric"], sum(info["data"]["val_rows"]) > 0)
+    except Exception as error:
+        raise ResumeError(f"build does not fit this run: for {trial_id}'s config {config}, "
+                          f"{type(error).__name__}: {error}; nothing was resumed") from error
+    return trainable

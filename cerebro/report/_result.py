@@ -23,6 +23,7 @@ from ..store import (
     SubEpoch,
     TrialCreated,
     TrialEnded,
+    TrialRetried,
     TrialStatus,
     WorkerReplaced,
     WorkersRestarted,
@@ -139,7 +140,11 @@ class Result:
                 trial = self._trials[event.trial_id]
                 trial.status, trial.reason = event.status, event.reason
                 trial.error = trial.reason if event.status.is_failure else None
+            case TrialRetried() as event:
+                trial = self._trials[event.trial_id]
+                trial.status, trial.reason, trial.error = TrialStatus.RUNNING, None, None
             case RunStarted() | WorkersRestarted() | WorkerReplaced() as event:
+                self.finished = self.finished and not isinstance(event, RunResumed)
                 self.workers = {int(index): info for index, info in event.workers.items()}
                 if isinstance(event, RunResumed):   # sub-epochs of epochs the crash cut short ran again after it
                     self._redone = {(row["trial_id"], row["epoch"]) for row in self._history}

@@ -18,6 +18,7 @@ from ._events import (
     TaskKind,
     TrialCreated,
     TrialEnded,
+    TrialRetried,
     TrialRolledBack,
     TrialStatus,
     TrialTakenUp,
@@ -29,7 +30,7 @@ from ._events import (
 )
 from ._legacy_pickle import UntrustedStateError
 from ._lock import StoreInUseError
-from ._run_store import STATE_FORMAT, RunStore
+from ._run_store import STATE_FORMAT, DamagedLine, RunStore
 from ._state_codec import (
     StateFormatError,
     TensorBytes,
@@ -42,9 +43,10 @@ from ._state_codec import (
     write_message,
 )
 
-__all__ = ["EVENTS", "STATE_FORMAT", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited", "JournalRepaired",
-           "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState",
-           "StateFormatError", "StoreInUseError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind",
-           "TensorBytes", "TrialCreated", "TrialEnded", "TrialRolledBack", "TrialStatus", "TrialTakenUp",
-           "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames",
-           "pack_tensors", "parse", "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]
+__all__ = ["EVENTS", "STATE_FORMAT", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited",
+           "JournalRepaired", "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted",
+           "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch", "SubEpochAborted",
+           "SubEpochStarted", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded", "TrialRetried",
+           "TrialRolledBack", "TrialStatus", "TrialTakenUp", "UntrustedStateError", "WorkerLost",
+           "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors", "parse",
+           "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]

@@ -258,10 +258,21 @@ class TrialRolledBack(Event):
     time: float
 
 
+@dataclass(frozen=True)
+class TrialRetried(Event):
+    """``resume(..., retry_failed=True)`` runs a failed trial again, from its last good epoch:
+    its ``trial_ended`` before this line no longer counts."""
+
+    name = "trial_retried"
+    trial_id: str
+    epoch: int                 # the epoch it goes on from
+    time: float
+
+
 EVENTS: dict[str, type[Event]] = {cls.name: cls for cls in (
     RunStarted, RunResumed, RunFinished, RunInterrupted, JournalRepaired, WorkerLost, PartitionsMoved,
     WorkerReplaced, WorkerNotReplaced, WorkersRestarted, TrialCreated, SubEpoch, EpochEnd, Decided,
-    DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack)}
+    DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack, TrialRetried)}
 
 
 def parse_event(record: dict[str, Any]) -> Event | None:

@@ -26,8 +26,10 @@ import functools
 import io
 import json
 import os
+import re
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import IO, Any
 
 import pandas as pd
@@ -153,49 +155,41 @@ class RunStore:
         self.append(event.name, **event.record())
 
     def events(self) -> Iterator[dict[str, Any]]:
-        """The journal's events up to the first torn or corrupted line (a crash mid-write)."""
+        """The journal's events whose lines pass their check (see :meth:`read_journal`)."""
         yield from self.read_journal()[0]
 
     def readable_events(self) -> tuple[list[dict[str, Any]], list[str]]:
-        """Every event whose line passes its check, and what was wrong with the others (file
-        and line): a damaged line in the middle is skipped, not taken for the journal's end.
-        A last line without its newline is not reported: a live run is writing it, or a
-        crash cut it (resume drops it)."""
+        """The journal's good events, and a message (file and line) for each damaged line
+        but a torn last one, which a live run is writing or a crash cut (resume drops it)."""
+        events, damaged = self.read_journal()
+        return events, [str(line) for line in damaged if not line.torn]
+
+    def read_journal(self) -> tuple[list[dict[str, Any]], list[DamagedLine]]:
+        """Every event whose line passes its CRC-32 check, and the lines that do not: a
+        damaged line in the middle is skipped, not taken for the journal's end."""
         path = self.file("journal.jsonl")
         if not files.exists(path):
             return [], []
         with files.open_file(path) as f:
             lines = f.read().splitlines(keepends=True)
-        events, damaged = [], []
+        events, damaged, offset = [], [], 0
         for number, line in enumerate(lines, start=1):
             event = _parse_record(line)
             if event is not None:
                 events.append(event)
-            elif number < len(lines) or line.endswith(b"\n"):
-                damaged.append(f"{path} line {number} is damaged (it fails its CRC-32) and was skipped")
+            else:
+                seems = _SEEMS.match(line)
+                damaged.append(DamagedLine(path, number, offset, len(events), seems and seems[1].decode(),
+                                           torn=number == len(lines) and not line.endswith(b"\n")))
+            offset += len(line)
         return events, damaged
 
-    def read_journal(self) -> tuple[list[dict[str, Any]], int, int]:
-        """(the good events, the bytes they take, the bytes after them that fail their check)."""
-        path = self.file("journal.jsonl")
-        if not files.exists(path):
-            return [], 0, 0
-        with files.open_file(path) as f:
-            content = f.read()
-        events, good = [], 0
-        for line in content.splitlines(keepends=True):
-            event = _parse_record(line)
-            if event is None:
-                break
-            events.append(event)
-            good += len(line)
-        return events, good, len(content) - good
-
-    def truncate_journal(self, size: int) -> None:
-        """Drop a torn or corrupted tail, keeping the first ``size`` bytes."""
+    def truncate_journal(self, size: int) -> int:
+        """Drop the journal from byte ``size`` on (a torn or damaged tail); the bytes dropped."""
         with files.open_file(self.file("journal.jsonl")) as f:
-            content = f.read(size)
-        files.write_atomic(self.file("journal.jsonl"), content)
+            content = f.read()
+        files.write_atomic(self.file("journal.jsonl"), content[:size])
+        return len(content) - size
 
     # --- trials -------------------------------------------------------------------------
     def write_config(self, trial_id: str, config: dict[str, Any]) -> None:
@@ -269,12 +263,36 @@ class RunStore:
     def write_error(self, trial_id: str, error: str) -> None:
         files.write_atomic(self.file("trials", trial_id, "error.txt"), error.encode())
 
+    def remove_error(self, trial_id: str) -> None:
+        """Remove a failed trial's traceback: it is retried (the journal keeps the reason)."""
+        path = self.file("trials", trial_id, "error.txt")
+        if files.exists(path):
+            files.remove(path)
+
     def write_table(self, name: str, table: pd.DataFrame) -> None:
         files.write_atomic(self.file(f"{name}.csv"), table.to_csv(index=False).encode())
 
 
 # Resume rebuilds the run from these; losing one to a crash of the machine would lose work.
 _DURABLE = frozenset({"epoch_end", "decision", "decide", "exploit", "trial_ended", "run_finished"})
+
+
+@dataclass(frozen=True)
+class DamagedLine:
+    """A journal line that fails its check."""
+
+    path: str
+    number: int              # from 1
+    offset: int              # bytes before it
+    events_before: int       # good events before it
+    seems: str | None        # the event name it seems to hold: a guess, since the line is damaged
+    torn: bool               # the last line, cut short by a crash while it was written
+
+    def __str__(self) -> str:
+        return f"{self.path} line {self.number} is damaged (it fails its CRC-32) and was skipped"
+
+
+_SEEMS = re.compile(rb'^\{"event": "([a-z_]+)", ')
 
 
 def _parse_record(line: bytes) -> dict[str, Any] | None:
