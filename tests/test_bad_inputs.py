@@ -78,11 +78,11 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
     "NaN labels": (lambda t: cb.Dataset.from_numpy(X, np.where(Y == 1, np.nan, Y)), ValueError,
                    r"label: 20 rows hold NaN or infinite values \(first at row 1\)"),
     "object features": (lambda t: cb.Dataset.from_numpy(X.astype(object), Y), TypeError,
-                        r"features must be numeric; got dtype object"),
+                        r"features must be numeric, or bytes values \(encoded images\); got dtype object"),
     "a text column among the features": (
         lambda t: cb.Dataset.from_pandas(pd.DataFrame({"a": ["x"] * 60, "b": X[:, 0], "y": Y}), features=["a", "b"],
                                          label="y"), TypeError,
-        r"column 'a' must be numeric or hold numeric arrays; got dtype object"),
+        r"column 'a' must be numeric, hold numeric arrays or hold bytes; got dtype object"),
     "validation features of another shape": (
         lambda t: cb.Dataset.from_numpy(X, Y, validation=(X[:, :4], Y)), ValueError,
         r"validation features have shape \(4,\) per row; training features have \(8,\)"),

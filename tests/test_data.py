@@ -84,9 +84,9 @@ def test_one_dimensional_features():
 
 
 def test_non_numeric_features():
-    with raises(TypeError, "features must be numeric; got dtype <U1"):
+    with raises(TypeError, "features must be numeric, or bytes values (encoded images); got dtype <U1"):
         cb.Dataset.from_numpy(np.array([["a", "b"]] * 4), np.arange(4))
-    with raises(TypeError, "features must be numeric; got dtype object"):
+    with raises(TypeError, "features must be numeric, or bytes values (encoded images); got dtype object"):
         cb.Dataset.from_numpy(np.array([[object()]] * 4), np.arange(4))
 
 
@@ -182,7 +182,7 @@ def test_pandas_column_of_arrays_with_different_shapes():
 def test_pandas_non_numeric_column(column):
     frame = pd.DataFrame({"x": [1.0, 2.0, 3.0], "y": [0, 1, 0]})
     frame[column] = ["p", "q", "r"]
-    with raises(TypeError, f"column {column!r} must be numeric or hold numeric arrays; got dtype object"):
+    with raises(TypeError, f"column {column!r} must be numeric, hold numeric arrays or hold bytes; got dtype object"):
         cb.Dataset.from_pandas(frame, features=["x"], label="y")
 
 
@@ -266,7 +266,7 @@ def test_separate_validation_is_used_as_given_shuffled_by_seed(as_dataset):
 def test_label_dtypes(label, dtype):
     data = cb.Dataset.from_numpy(np.ones((4, 2), dtype=np.int32), label, validation=None)
     assert data.label.dtype == dtype
-    assert data.features.dtype == np.float32
+    assert data.features.dtype == np.int32          # kept as given: workers hand the model float32
     assert np.array_equal(data.label, label.astype(dtype))
 
 
@@ -386,7 +386,7 @@ def test_partitions_with_empty_validation(tmp_path):
     assert_bitwise(train_y, data.train_arrays()[1])
     for partition in range(3):
         val_x, val_y = read_partition(str(tmp_path), "val", partition)
-        assert val_x.shape == (0, 1, 2, 2) and val_x.dtype == np.float32
+        assert val_x.shape == (0, 1, 2, 2) and val_x.dtype == np.float64      # as given
         assert val_y.shape == (0,) and val_y.dtype == np.float32
 
 

@@ -10,14 +10,18 @@ from _models import build, digits
 
 import cerebro as cb
 from cerebro.backends import Backend
+from cerebro.data import InMemoryPartition, PartitionLayout, SampleScheme
 from cerebro.store import TaskKind
 from cerebro.worker import _loop, run_worker
 from cerebro.worker._loop import _run, _Trainables
 from cerebro.worker._protocol import RunSubEpoch, StateMissing, SubEpochDone, SubEpochFailed
 
-FEATURES = torch.rand(40, 64)
-LABEL = torch.randint(0, 10, (40,))
-DATA = {0: {"train": (FEATURES, LABEL), "val": (FEATURES[:8], LABEL[:8])}}
+FEATURES = torch.rand(40, 64).numpy()
+LABEL = torch.randint(0, 10, (40,)).numpy()
+LAYOUT = PartitionLayout(1, (64,), (), "int64", {"train": [40], "val": [8]}, "float32", 40, 8, SampleScheme.WINDOWED)
+DATA = {0: {"train": InMemoryPartition(LAYOUT, FEATURES, LABEL),
+            "val": InMemoryPartition(LAYOUT, FEATURES[:8], LABEL[:8])}}
+CPU = torch.device("cpu")
 
 
 def task(trial_id: str, version: int, state=None, kind: TaskKind = TaskKind.TRAIN, config=None) -> RunSubEpoch:
@@ -28,15 +32,15 @@ def task(trial_id: str, version: int, state=None, kind: TaskKind = TaskKind.TRAI
 def test_a_trial_whose_state_was_evicted_asks_for_it_and_then_trains_identically():
     torch.set_num_threads(1)
     small = _Trainables(build, torch.device("cpu"), budget=0)   # keeps only the latest trial
-    first = _run(task("t0000", 0), small, DATA)
+    first = _run(task("t0000", 0), small, DATA, CPU)
     assert isinstance(first, SubEpochDone)
-    assert isinstance(_run(task("t0001", 0), small, DATA), SubEpochDone)   # evicts t0000
-    assert _run(task("t0000", 1), small, DATA) == StateMissing(1)
-    resent = _run(task("t0000", 1, first.state), small, DATA)
+    assert isinstance(_run(task("t0001", 0), small, DATA, CPU), SubEpochDone)   # evicts t0000
+    assert _run(task("t0000", 1), small, DATA, CPU) == StateMissing(1)
+    resent = _run(task("t0000", 1, first.state), small, DATA, CPU)
 
     roomy = _Trainables(build, torch.device("cpu"), budget=1 << 30)
-    _run(task("t0000", 0), roomy, DATA)
-    cached = _run(task("t0000", 1), roomy, DATA)                            # state left out: held here
+    _run(task("t0000", 0), roomy, DATA, CPU)
+    cached = _run(task("t0000", 1), roomy, DATA, CPU)                            # state left out: held here
     assert isinstance(cached, SubEpochDone) and isinstance(resent, SubEpochDone)
     assert cached.sums.loss == resent.sums.loss
     for name, tensor in cached.state["model"].items():
@@ -45,46 +49,46 @@ def test_a_trial_whose_state_was_evicted_asks_for_it_and_then_trains_identically
 
 def test_sub_epoch_done_names_exactly_the_trials_the_cache_evicted():
     small = _Trainables(build, torch.device("cpu"), budget=0)   # keeps only the latest trial
-    first = _run(task("t0000", 0), small, DATA)
+    first = _run(task("t0000", 0), small, DATA, CPU)
     assert first.evicted == ()
-    assert _run(task("t0001", 0), small, DATA).evicted == ("t0000",)
-    assert _run(task("t0001", 1), small, DATA).evicted == ()             # the one it holds again
-    assert _run(task("t0000", 1, first.state, kind=TaskKind.EVAL), small, DATA).evicted == ("t0001",)
+    assert _run(task("t0001", 0), small, DATA, CPU).evicted == ("t0000",)
+    assert _run(task("t0001", 1), small, DATA, CPU).evicted == ()             # the one it holds again
+    assert _run(task("t0000", 1, first.state, kind=TaskKind.EVAL), small, DATA, CPU).evicted == ("t0001",)
     # PBT's new config rebuilds the trial in its own place: nothing else goes.
-    assert _run(task("t0000", 1, first.state, config={"lr": 1e-3}), small, DATA).evicted == ()
+    assert _run(task("t0000", 1, first.state, config={"lr": 1e-3}), small, DATA, CPU).evicted == ()
 
     one = 3 * sum(t.numel() * t.element_size() for t in build({}).model.state_dict().values())
     pair = _Trainables(build, torch.device("cpu"), budget=2 * one)       # the cache's own estimate, twice
-    assert [_run(task(trial, 0), pair, DATA).evicted for trial in ("t0000", "t0001")] == [(), ()]
-    assert _run(task("t0000", 1), pair, DATA).evicted == ()             # t0001 is now the least recent
-    assert _run(task("t0002", 0), pair, DATA).evicted == ("t0001",)
-    assert _run(task("t0000", 2), pair, DATA).evicted == ()             # still held: no state needed
+    assert [_run(task(trial, 0), pair, DATA, CPU).evicted for trial in ("t0000", "t0001")] == [(), ()]
+    assert _run(task("t0000", 1), pair, DATA, CPU).evicted == ()             # t0001 is now the least recent
+    assert _run(task("t0002", 0), pair, DATA, CPU).evicted == ("t0001",)
+    assert _run(task("t0000", 2), pair, DATA, CPU).evicted == ()             # still held: no state needed
 
 
 def test_a_stale_version_is_never_used():
     trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30)
-    _run(task("t0000", 0), trainables, DATA)                    # holds version 1
-    assert _run(task("t0000", 2), trainables, DATA) == StateMissing(2)
+    _run(task("t0000", 0), trainables, DATA, CPU)                    # holds version 1
+    assert _run(task("t0000", 2), trainables, DATA, CPU) == StateMissing(2)
 
 
 def test_a_failing_build_is_reported_with_its_traceback():
-    result = _run(task("t0000", 0, config={"fail": True}), _Trainables(build, torch.device("cpu"), 0), DATA)
+    result = _run(task("t0000", 0, config={"fail": True}), _Trainables(build, torch.device("cpu"), 0), DATA, CPU)
     assert isinstance(result, SubEpochFailed)
     assert "ValueError: boom: this configuration cannot be built" in result.error
 
 
 def test_build_must_return_a_trainable():
-    result = _run(task("t0000", 0), _Trainables(lambda config: torch.nn.Linear(2, 2), torch.device("cpu"), 0), DATA)
+    result = _run(task("t0000", 0), _Trainables(lambda config: torch.nn.Linear(2, 2), CPU, 0), DATA, CPU)
     assert isinstance(result, SubEpochFailed)
     assert "TypeError: build(config) must return a cerebro.TorchTrainable; got Linear" in result.error
 
 
 def test_eval_leaves_the_state_version_alone():
     trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30)
-    _run(task("t0000", 0), trainables, DATA)
-    evaluated = _run(task("t0000", 1, kind=TaskKind.EVAL), trainables, DATA)
+    _run(task("t0000", 0), trainables, DATA, CPU)
+    evaluated = _run(task("t0000", 1, kind=TaskKind.EVAL), trainables, DATA, CPU)
     assert isinstance(evaluated, SubEpochDone) and evaluated.state is None and evaluated.sums.rows == 8
-    assert isinstance(_run(task("t0000", 1), trainables, DATA), SubEpochDone)   # version 1 still held
+    assert isinstance(_run(task("t0000", 1), trainables, DATA, CPU), SubEpochDone)   # version 1 still held
 
 
 def test_a_metric_may_not_be_called_loss():
@@ -148,8 +152,8 @@ class ThreadBackend(Backend):
 def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_misses_it(tmp_path, monkeypatch):
     answers: list[tuple[RunSubEpoch, object]] = []
 
-    def watched_run(task: RunSubEpoch, trainables: _Trainables, data: dict) -> object:
-        answer = _run(task, trainables, data)
+    def watched_run(task: RunSubEpoch, trainables: _Trainables, sources: dict, device: torch.device) -> object:
+        answer = _run(task, trainables, sources, device)
         answers.append((task, answer))
         return answer
 

@@ -13,23 +13,41 @@ import pandas as pd
 import pyarrow as pa
 
 from ._dataset import Dataset, Validation
-from ._partitions import SPLITS, PartitionLayout, column, write_layout, write_table
+from ._partitions import (
+    BYTES,
+    SPLITS,
+    WINDOW_ROW_GROUPS,
+    PartitionLayout,
+    bytes_per_row,
+    column,
+    row_group_rows,
+    write_layout,
+    write_table,
+)
+from ._sample_order import SampleScheme
 
 
 def _as_features(features: Any) -> np.ndarray:
+    """Features as they will be stored: numeric arrays keep their dtype (uint8 images stay
+    uint8), encoded values (PNG, JPEG, ...) are a 1-D object array of bytes."""
+    if isinstance(features, (list, tuple)) and features and isinstance(features[0], bytes):
+        features = np.array(features, dtype=object)
     array = np.asarray(features)
+    if array.dtype == object and array.ndim == 1 and all(isinstance(v, bytes) for v in array):
+        return array
     if array.dtype == object or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-        raise TypeError(f"features must be numeric; got dtype {array.dtype}")
+        raise TypeError(f"features must be numeric, or bytes values (encoded images); got dtype {array.dtype}")
     if np.issubdtype(array.dtype, np.complexfloating):
         raise TypeError(f"features must be real numbers; got dtype {array.dtype} (split a complex value into its "
                         f"real and imaginary parts)")
     if array.ndim < 2:
         raise ValueError(f"features must have shape (rows, ...) with at least 2 dimensions; "
                          f"got shape {array.shape}")
-    _check_finite("features", array)   # before float32, where huge values would become inf
+    _check_finite("features", array)
     if np.issubdtype(array.dtype, np.floating) and array.size and np.abs(array).max() > np.finfo(np.float32).max:
+        # the workers hand the model float32 unless a transform says otherwise
         raise ValueError(f"features hold values beyond float32's range (max |x| = {np.abs(array).max():.3g})")
-    return np.ascontiguousarray(array, dtype=np.float32)
+    return np.ascontiguousarray(array)
 
 
 def _as_label(label: Any) -> np.ndarray:
@@ -53,18 +71,19 @@ def _check_finite(name: str, array: np.ndarray) -> None:
 
 
 class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_parquet")):
-    """Features and a label held in memory as checked arrays (float32 features; int64 class
-    indices or float32 targets), split by ``seed`` into training and validation rows; made by
-    :meth:`cerebro.Dataset.from_numpy`, :meth:`~cerebro.Dataset.from_pandas` and
-    :meth:`~cerebro.Dataset.from_parquet`.
+    """Features and a label held in memory as checked arrays (features in their own dtype, or
+    bytes; int64 class indices or float32 targets), split by ``seed`` into training and
+    validation rows; made by :meth:`cerebro.Dataset.from_numpy`,
+    :meth:`~cerebro.Dataset.from_pandas` and :meth:`~cerebro.Dataset.from_parquet`.
 
     Attributes:
-        features: every row's features, float32, of shape (rows, ...).
+        features: every row's features, of shape (rows, ...), or a 1-D object array of bytes.
         label: every row's label, int64 class indices or float32 targets, of shape (rows, ...).
     """
 
     def __init__(self, features: Any, label: Any, *, validation: Validation = 0.2,
-                 partitions: int | None = None, seed: int = 0) -> None:
+                 partitions: int | None = None, seed: int = 0, in_memory: bool | str = "auto",
+                 cache_dir: str | os.PathLike | None = None) -> None:
         self.features = _as_features(features)
         self.label = _as_label(label)
         if len(self.features) != len(self.label):
@@ -73,7 +92,8 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         if len(self.features) == 0:
             raise ValueError("data is empty: features and label have 0 rows")
         _check_finite("label", self.label)
-        super().__init__(validation=validation, partitions=partitions, seed=seed)
+        super().__init__(validation=validation, partitions=partitions, seed=seed, in_memory=in_memory,
+                         cache_dir=cache_dir)
         self._train_rows, self._val_rows, self._val = self._split(validation)
         if self.partitions is not None:
             self.check_partitions(self.partitions)
@@ -81,14 +101,17 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
     # --- constructors (documented on Dataset) --------------------------------------------
     @classmethod
     def from_numpy(cls, features: Any, label: Any, *, validation: Validation = 0.2,
-                   partitions: int | None = None, seed: int = 0) -> ArrayDataset:
+                   partitions: int | None = None, seed: int = 0, in_memory: bool | str = "auto",
+                   cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
         """See :meth:`cerebro.Dataset.from_numpy`."""
-        return cls(features, label, validation=validation, partitions=partitions, seed=seed)
+        return cls(features, label, validation=validation, partitions=partitions, seed=seed,
+                   in_memory=in_memory, cache_dir=cache_dir)
 
     @classmethod
     def from_pandas(cls, df: pd.DataFrame, *, features: Sequence[str] | None = None,
                     label: str, validation: Validation = 0.2, partitions: int | None = None,
-                    seed: int = 0) -> ArrayDataset:
+                    seed: int = 0, in_memory: bool | str = "auto",
+                    cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
         """See :meth:`cerebro.Dataset.from_pandas`."""
         if not isinstance(df, pd.DataFrame):
             raise TypeError(f"from_pandas needs a pandas DataFrame; got {type(df).__name__}")
@@ -107,21 +130,26 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         if label in features:
             raise ValueError(f"label column {label!r} is also among features={list(features)}; a model must not "
                              f"see its label")
-        blocks = [_column_block(df[c], c) for c in features]
+        blocks = [_column_block(df[c], c, keep_shape=len(features) == 1) for c in features]
+        if len(blocks) > 1 and any(b.dtype == object for b in blocks):
+            raise TypeError(f"a bytes column must be the only feature column; features={list(features)}")
         return cls(np.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0],
                    _column_block(df[label], label, flatten_scalar=True),
-                   validation=validation, partitions=partitions, seed=seed)
+                   validation=validation, partitions=partitions, seed=seed,
+                   in_memory=in_memory, cache_dir=cache_dir)
 
     @classmethod
     def from_parquet(cls, path: str | os.PathLike, *, features: Sequence[str] | None = None,
                      label: str, validation: Validation = 0.2, partitions: int | None = None,
-                     seed: int = 0) -> ArrayDataset:
+                     seed: int = 0, in_memory: bool | str = "auto",
+                     cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
         """See :meth:`cerebro.Dataset.from_parquet`."""
         if not os.path.exists(path):
             raise FileNotFoundError(f"Parquet path {str(path)!r} does not exist")
         columns = None if features is None else [*([features] if isinstance(features, str) else features), label]
         return cls.from_pandas(pd.read_parquet(path, columns=columns), features=features,
-                               label=label, validation=validation, partitions=partitions, seed=seed)
+                               label=label, validation=validation, partitions=partitions, seed=seed,
+                               in_memory=in_memory, cache_dir=cache_dir)
 
     # --- the split ----------------------------------------------------------------------
     def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, ArrayDataset | None]:
@@ -161,6 +189,11 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         """Whether rows are held out or a separate validation set was given."""
         return len(self._val_rows) > 0 or self._val is not None
 
+    @property
+    def feature_dtype(self) -> str:
+        """The features' dtype as stored: a numpy dtype's name, or ``"bytes"``."""
+        return BYTES if self.features.dtype == object else str(self.features.dtype)
+
     def train_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Training rows in their seeded, shuffled order."""
         return self.features[self._train_rows], self.label[self._train_rows]
@@ -186,35 +219,51 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         digest = hashlib.sha256()
         for array in (*self.train_arrays(), *self.validation_arrays()):
             digest.update(f"{array.dtype}{array.shape}".encode())
-            digest.update(np.ascontiguousarray(array).tobytes())
+            if array.dtype == object:       # bytes values: their contents, not their addresses
+                for value in array:
+                    digest.update(len(value).to_bytes(8, "little") + value)
+            else:
+                digest.update(np.ascontiguousarray(array).tobytes())
         return digest.hexdigest()[:16]
 
 
-def _column_block(column: pd.Series, name: str, flatten_scalar: bool = False) -> np.ndarray:
-    """A column as an array of shape (rows, ...): scalars become one feature, arrays stack."""
+def _column_block(column: pd.Series, name: str, flatten_scalar: bool = False,
+                  keep_shape: bool = False) -> np.ndarray:
+    """A column as an array of shape (rows, ...): scalars become one feature, arrays stack
+    (flattened to one row of features unless ``keep_shape``), bytes stay bytes."""
+    if len(column) and isinstance(column.iloc[0], bytes):
+        if not all(isinstance(v, bytes) for v in column):
+            raise TypeError(f"column {name!r} mixes bytes with other values; every row must hold bytes")
+        return column.to_numpy(dtype=object)
     if len(column) and isinstance(column.iloc[0], (list, tuple, np.ndarray)):
         try:
             block = np.stack([np.asarray(v) for v in column])
         except ValueError as error:
             raise ValueError(f"column {name!r} holds arrays of different shapes: {error}") from None
-        return block.reshape(len(block), -1) if not flatten_scalar else block
+        return block.reshape(len(block), -1) if not (flatten_scalar or keep_shape) else block
     if column.dtype == object:
-        raise TypeError(f"column {name!r} must be numeric or hold numeric arrays; got dtype object")
+        raise TypeError(f"column {name!r} must be numeric, hold numeric arrays or hold bytes; got dtype object")
     values = column.to_numpy()
     return values if flatten_scalar else values.reshape(-1, 1)
 
 
 def write_partitions(dataset: ArrayDataset, data_dir: str, num_partitions: int) -> PartitionLayout:
-    """Split ``dataset``'s shuffled rows into ``num_partitions`` contiguous slices, per split."""
+    """Split ``dataset``'s shuffled rows into ``num_partitions`` contiguous slices, per split,
+    each written in row groups."""
     dataset.check_partitions(num_partitions)
+    per_row = bytes_per_row(*dataset.train_arrays())
+    group = row_group_rows(per_row)
     rows: dict[str, list[int]] = {}
     for split, (features, label) in zip(SPLITS, (dataset.train_arrays(), dataset.validation_arrays())):
         rows[split] = []
         for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
             table = pa.table({"features": column(features[chunk]), "label": column(label[chunk])})
-            write_table(table, data_dir, split, partition)
+            write_table(table, data_dir, split, partition, group)
             rows[split].append(len(chunk))
-    layout = PartitionLayout(num_partitions, tuple(dataset.features.shape[1:]),
-                             tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows)
+    is_bytes = dataset.features.dtype == object
+    layout = PartitionLayout(num_partitions, () if is_bytes else tuple(dataset.features.shape[1:]),
+                             tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows,
+                             BYTES if is_bytes else str(dataset.features.dtype), group, WINDOW_ROW_GROUPS,
+                             SampleScheme.WINDOWED, per_row)
     write_layout(data_dir, layout)
     return layout

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 from .._checks import Integer, Optional
 from ._partitions import PartitionLayout
+from ._storage import Storage
 
 if TYPE_CHECKING:
     import numpy as np
@@ -42,6 +43,14 @@ class Dataset(abc.ABC):
             ``(features, label)`` pair, or ``None`` / ``0`` for no validation.
         partitions: number of partitions, fixed for the run; ``None`` means one per worker.
         seed: seeds the validation split and the shuffle into partitions.
+        in_memory: ``True``: each worker holds its partitions in memory; ``False``: it streams
+            them from disk, row group by row group, holding one shuffle window (about 32 MiB)
+            and the next; ``"auto"``: in memory when they take less than half the memory
+            the worker's machine has free, said in the run's journal. Results are the same
+            bits either way (one sample order: see :mod:`cerebro.data._sample_order`).
+        cache_dir: where a worker copies its partitions when the store is not a local path
+            (``hdfs://``, ``s3://``, ``file://``, any fsspec URL), once per run, to read them
+            from there; default a temporary directory, removed when the worker ends.
 
     Example:
         >>> import numpy as np
@@ -60,51 +69,60 @@ class Dataset(abc.ABC):
         super().__init_subclass__(**kwargs)
         Dataset._builders.update(dict.fromkeys(constructors, cls))
 
-    def __init__(self, *, validation: Any, partitions: int | None, seed: int) -> None:
+    def __init__(self, *, validation: Any, partitions: int | None, seed: int, in_memory: bool | str = "auto",
+                 cache_dir: str | os.PathLike | None = None) -> None:
         check_partition_count(partitions)
         Integer(low=0, description="a non-negative integer").check("seed", seed)
         self.partitions = None if partitions is None else int(partitions)
         self.seed = int(seed)
         self.validation = validation
+        self.storage = Storage.checked(in_memory, cache_dir)
 
     # --- constructors -------------------------------------------------------------------
     @classmethod
-    def from_numpy(cls, features: Any, label: Any, *, validation: Validation = 0.2,
-                   partitions: int | None = None, seed: int = 0) -> Dataset:
-        """From a feature array of shape (rows, ...) and a label array of shape (rows, ...)."""
+    def from_numpy(cls, features: Any, label: Any, *, validation: Validation = 0.2, partitions: int | None = None,
+                   seed: int = 0, in_memory: bool | str = "auto",
+                   cache_dir: str | os.PathLike | None = None) -> Dataset:
+        """From a feature array of shape (rows, ...) (any numeric dtype, kept as it is: uint8
+        images stay uint8) or a sequence of ``bytes`` (encoded images, which the trainer's
+        ``transform`` decodes), and a label array of shape (rows, ...)."""
         return Dataset._builders["from_numpy"].from_numpy(features, label, validation=validation,
-                                                          partitions=partitions, seed=seed)
+                                                          partitions=partitions, seed=seed, in_memory=in_memory,
+                                                          cache_dir=cache_dir)
 
     @classmethod
-    def from_pandas(cls, df: pd.DataFrame, *, features: Sequence[str] | None = None,
-                    label: str, validation: Validation = 0.2, partitions: int | None = None,
-                    seed: int = 0) -> Dataset:
+    def from_pandas(cls, df: pd.DataFrame, *, features: Sequence[str] | None = None, label: str,
+                    validation: Validation = 0.2, partitions: int | None = None, seed: int = 0,
+                    in_memory: bool | str = "auto", cache_dir: str | os.PathLike | None = None) -> Dataset:
         """From a DataFrame: ``features`` names numeric columns or array/list columns
-        (concatenated in order; default: every column but the label), ``label`` one column."""
+        (concatenated in order; default: every column but the label), or one column of N-D
+        arrays (kept in their shape) or of ``bytes``; ``label`` one column."""
         return Dataset._builders["from_pandas"].from_pandas(df, features=features, label=label,
                                                             validation=validation, partitions=partitions,
-                                                            seed=seed)
+                                                            seed=seed, in_memory=in_memory, cache_dir=cache_dir)
 
     @classmethod
-    def from_parquet(cls, path: str | os.PathLike, *, features: Sequence[str] | None = None,
-                     label: str, validation: Validation = 0.2, partitions: int | None = None,
-                     seed: int = 0) -> Dataset:
+    def from_parquet(cls, path: str | os.PathLike, *, features: Sequence[str] | None = None, label: str,
+                     validation: Validation = 0.2, partitions: int | None = None, seed: int = 0,
+                     in_memory: bool | str = "auto", cache_dir: str | os.PathLike | None = None) -> Dataset:
         """From a Parquet file or directory, with the columns of :meth:`from_pandas`."""
         return Dataset._builders["from_parquet"].from_parquet(path, features=features, label=label,
                                                               validation=validation, partitions=partitions,
-                                                              seed=seed)
+                                                              seed=seed, in_memory=in_memory, cache_dir=cache_dir)
 
     @classmethod
     def from_spark(cls, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
-                   partitions: int | None = None, seed: int = 0) -> Dataset:
+                   partitions: int | None = None, seed: int = 0, in_memory: bool | str = "auto",
+                   cache_dir: str | os.PathLike | None = None) -> Dataset:
         """From a Spark DataFrame, without collecting it: ``features`` names an array column, a
-        pyspark.ml Vector column, or a list of numeric columns; ``label`` a numeric column;
+        pyspark.ml Vector column, a binary column (e.g. Spark's ``binaryFile`` source's
+        ``content``), or a list of numeric columns; ``label`` a numeric column;
         ``validation`` a seeded fraction (rows chosen by a hash of their content) or the name
         of a boolean/integer column marking validation rows. ``fit`` writes the partitions
         from the executors into the store, which they must be able to reach."""
         return Dataset._builders["from_spark"].from_spark(df, features=features, label=label,
                                                           validation=validation, partitions=partitions,
-                                                          seed=seed)
+                                                          seed=seed, in_memory=in_memory, cache_dir=cache_dir)
 
     # --- what a run uses ----------------------------------------------------------------
     @property
@@ -116,6 +134,11 @@ class Dataset(abc.ABC):
     @abc.abstractmethod
     def has_validation(self) -> bool:
         """Whether any rows are for validation."""
+
+    @property
+    @abc.abstractmethod
+    def feature_dtype(self) -> str:
+        """The features' dtype as stored: a numpy dtype's name, or ``"bytes"`` (encoded data)."""
 
     def sample(self, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The first ``rows`` training rows as a worker loads them (features, label), for

@@ -2,9 +2,14 @@
 
 Layout under a run's ``data/`` folder::
 
-    meta.json                      shapes and dtypes, row counts per partition
-    train/part-00003.parquet       columns: features (flat float32 list), label
+    meta.json                      shapes and dtypes, row counts, row groups, sample order scheme
+    train/part-00003.parquet       columns: features (flat list of the stored dtype, or binary), label
     val/part-00003.parquet
+
+Features keep their dtype (uint8 images stay uint8) or are bytes (encoded images): a worker
+turns a batch into what the model takes (the trainer's ``transform``, float32 by default).
+Each file is written in row groups of ``row_group_rows`` rows, the unit a streaming worker
+reads (see :mod:`._sample_order`).
 """
 from __future__ import annotations
 
@@ -16,36 +21,70 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..store import _files as files
+from ._sample_order import SampleScheme
 
 SPLITS = ("train", "val")
+BYTES = "bytes"                  # the feature dtype of encoded data (PNG, JPEG, ...)
+ROW_GROUP_BYTES = 4 << 20        # a row group's size on disk and in memory, about
+WINDOW_ROW_GROUPS = 8            # row groups shuffled together: 32 MiB windows
 
 
 @dataclass(frozen=True)
 class PartitionLayout:
-    """What ``meta.json`` says: enough to read any partition back with its shapes."""
+    """What ``meta.json`` says: enough to read any partition back with its shapes, in row groups."""
 
     num_partitions: int
     feature_shape: tuple[int, ...]
     label_shape: tuple[int, ...]
     label_dtype: str
     rows: dict[str, list[int]]
+    feature_dtype: str = "float32"        # a numpy dtype, or BYTES
+    row_group_rows: int | None = None     # None: written before row groups (one per file, in memory only)
+    window: int = 1                       # row groups per shuffle window
+    sample_order: SampleScheme = SampleScheme.PERMUTATION
+    bytes_per_row: int | None = None      # features and label in memory (bytes features: their mean size)
 
     @property
     def has_validation(self) -> bool:
         return sum(self.rows["val"]) > 0
+
+    @property
+    def streamable(self) -> bool:
+        """Whether its partitions can be streamed (runs written before row groups cannot)."""
+        return self.row_group_rows is not None
+
+    def partition_bytes(self, partition: int) -> int:
+        """A partition's size in memory, both splits, about."""
+        per_row = self.bytes_per_row or 4 * (int(np.prod(self.feature_shape)) + int(np.prod(self.label_shape)) + 1)
+        return sum(self.rows[split][partition] for split in SPLITS) * per_row
+
+
+def bytes_per_row(features: np.ndarray, label: np.ndarray) -> int:
+    """A row's size in memory: features (bytes values: their mean length) and label."""
+    if len(features) == 0:
+        return 1
+    size = (sum(map(len, features)) if features.dtype == object else features.nbytes) + label.nbytes
+    return max(1, -(-size // len(features)))
+
+
+def row_group_rows(row_bytes: float) -> int:
+    """Rows per row group for rows of ``row_bytes`` bytes."""
+    return max(1, int(ROW_GROUP_BYTES // max(row_bytes, 1)))
 
 
 def partition_file(data_dir: str, split: str, partition: int) -> str:
     return files.join(data_dir, split, f"part-{partition:05d}.parquet")
 
 
-def write_table(table: pa.Table, data_dir: str, split: str, partition: int) -> None:
+def write_table(table: pa.Table, data_dir: str, split: str, partition: int, rows_per_group: int) -> None:
     with files.open_file(partition_file(data_dir, split, partition), "wb") as f:
-        pq.write_table(table, f)
+        pq.write_table(table, f, row_group_size=rows_per_group)
 
 
 def column(array: np.ndarray) -> pa.Array:
-    """An array of shape (rows, ...) as a Parquet column: scalars, or flat fixed-size lists."""
+    """An array of shape (rows, ...) as a Parquet column: scalars, bytes, or flat fixed-size lists."""
+    if array.dtype == object:
+        return pa.array(list(array), type=pa.binary())
     if array.ndim == 1:
         return pa.array(array)
     flat = array.reshape(len(array), int(np.prod(array.shape[1:])))
@@ -53,15 +92,19 @@ def column(array: np.ndarray) -> pa.Array:
 
 
 def write_layout(data_dir: str, layout: PartitionLayout) -> None:
-    meta = {**layout.__dict__, "feature_shape": list(layout.feature_shape), "label_shape": list(layout.label_shape)}
+    meta = {**layout.__dict__, "feature_shape": list(layout.feature_shape), "label_shape": list(layout.label_shape),
+            "sample_order": layout.sample_order.value}
     files.write_atomic(files.join(data_dir, "meta.json"), json.dumps(meta, indent=1).encode())
 
 
 def read_layout(data_dir: str) -> PartitionLayout:
     with files.open_file(files.join(data_dir, "meta.json")) as f:
         meta = json.load(f)
-    return PartitionLayout(meta["num_partitions"], tuple(meta["feature_shape"]),
-                           tuple(meta["label_shape"]), meta["label_dtype"], meta["rows"])
+    return PartitionLayout(meta["num_partitions"], tuple(meta["feature_shape"]), tuple(meta["label_shape"]),
+                           meta["label_dtype"], meta["rows"], meta.get("feature_dtype", "float32"),
+                           meta.get("row_group_rows"), meta.get("window", 1),
+                           SampleScheme(meta.get("sample_order", SampleScheme.PERMUTATION.value)),
+                           meta.get("bytes_per_row"))
 
 
 def read_partition(data_dir: str, split: str, partition: int,
@@ -69,14 +112,22 @@ def read_partition(data_dir: str, split: str, partition: int,
     """One partition's ``(features, label)`` arrays, in the order they were written."""
     layout = layout or read_layout(data_dir)
     with files.open_file(partition_file(data_dir, split, partition)) as f:
-        table = pq.read_table(f)
+        return arrays(pq.read_table(f), layout)
+
+
+def arrays(table: pa.Table, layout: PartitionLayout) -> tuple[np.ndarray, np.ndarray]:
+    """A table of partition rows as ``(features, label)``: features in their stored dtype
+    (float32 for runs written before dtypes were kept), bytes as an object array."""
     n = table.num_rows
 
     def unpack(name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        column = table.column(name).combine_chunks()
-        values = column.flatten() if shape else column
-        # A writable copy: workers turn it into tensors they keep for the whole run.
+        values = table.column(name).combine_chunks()
+        if dtype == BYTES:
+            return values.to_numpy(zero_copy_only=False)
+        values = values.flatten() if shape else values
+        # A writable copy: workers turn batches of it into tensors.
         return np.array(values.to_numpy(zero_copy_only=False), dtype=dtype).reshape((n, *shape))
 
-    return unpack("features", layout.feature_shape, "float32"), unpack("label", layout.label_shape,
-                                                                       layout.label_dtype)
+    feature_shape = () if layout.feature_dtype == BYTES else layout.feature_shape
+    return (unpack("features", feature_shape, layout.feature_dtype),
+            unpack("label", layout.label_shape, layout.label_dtype))

@@ -8,6 +8,7 @@ written by the executor that holds it, as one Parquet file in the same format
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,17 @@ import pyarrow as pa
 
 from ..store import _files as files
 from ._dataset import Dataset
-from ._partitions import SPLITS, PartitionLayout, column, partition_file, write_layout, write_table
+from ._partitions import (
+    SPLITS,
+    WINDOW_ROW_GROUPS,
+    PartitionLayout,
+    column,
+    partition_file,
+    row_group_rows,
+    write_layout,
+    write_table,
+)
+from ._sample_order import SampleScheme
 
 _VALIDATION_BUCKETS = 1_000_000
 
@@ -27,14 +38,16 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
     :meth:`cerebro.Dataset.from_spark`."""
 
     def __init__(self, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
-                 partitions: int | None = None, seed: int = 0) -> None:
+                 partitions: int | None = None, seed: int = 0, in_memory: bool | str = "auto",
+                 cache_dir: str | os.PathLike | None = None) -> None:
         from pyspark.sql import DataFrame
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
         if not isinstance(df, DataFrame):
             raise TypeError(f"from_spark needs a pyspark.sql.DataFrame; got {type(df).__name__}")
-        super().__init__(validation=validation, partitions=partitions, seed=seed)
+        super().__init__(validation=validation, partitions=partitions, seed=seed, in_memory=in_memory,
+                         cache_dir=cache_dir)
         fields = {f.name: f.dataType for f in df.schema.fields}
 
         def need(name: str) -> Any:
@@ -137,9 +150,11 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
 
     @classmethod
     def from_spark(cls, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
-                   partitions: int | None = None, seed: int = 0) -> SparkDataset:
+                   partitions: int | None = None, seed: int = 0, in_memory: bool | str = "auto",
+                   cache_dir: str | os.PathLike | None = None) -> SparkDataset:
         """See :meth:`cerebro.Dataset.from_spark`."""
-        return cls(df, features=features, label=label, validation=validation, partitions=partitions, seed=seed)
+        return cls(df, features=features, label=label, validation=validation, partitions=partitions, seed=seed,
+                   in_memory=in_memory, cache_dir=cache_dir)
 
     @property
     def num_train_rows(self) -> int:
@@ -150,6 +165,11 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
     def has_validation(self) -> bool:
         """Whether any rows are for validation."""
         return self._val_rows > 0
+
+    @property
+    def feature_dtype(self) -> str:
+        """The features' dtype as stored (numbers become float32)."""
+        return "float32"
 
     def write(self, data_dir: str, num_partitions: int) -> PartitionLayout:
         """Write every (split, partition) from the executor that holds it; nothing is collected."""
@@ -162,9 +182,10 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
                    F.lit(num_partitions)).alias("partition"),
             F.xxhash64(F.lit(self.seed + 2), "features", "label", "copy").alias("order"))
         feature_length = self._feature_length
+        group_rows = row_group_rows(4 * (feature_length + 1))
 
         def write_group(group: pd.DataFrame) -> pd.DataFrame:
-            return _write_group(data_dir, feature_length, group)
+            return _write_group(data_dir, feature_length, group_rows, group)
 
         written = keyed.groupBy("split", "partition").applyInPandas(
             write_group,
@@ -178,7 +199,7 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
             for partition in range(num_partitions):
                 if (split, partition) not in digests:
                     write_table(_table(np.zeros((0, self._feature_length), np.float32),
-                                       np.zeros(0, self._label_dtype)), data_dir, split, partition)
+                                       np.zeros(0, self._label_dtype)), data_dir, split, partition, group_rows)
                     digests[(split, partition)] = ""
         empty = [p for p in range(num_partitions) if rows["train"][p] == 0]
         if empty:
@@ -189,7 +210,8 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         if missing:
             raise OSError(f"the executors wrote partitions the driver cannot see (first: {missing[0]}); the "
                           f"store must be one file system shared by the driver and every executor")
-        layout = PartitionLayout(num_partitions, (self._feature_length,), (), self._label_dtype, rows)
+        layout = PartitionLayout(num_partitions, (self._feature_length,), (), self._label_dtype, rows, "float32",
+                                 group_rows, WINDOW_ROW_GROUPS, SampleScheme.WINDOWED, 4 * (feature_length + 1))
         write_layout(data_dir, layout)
         self._fingerprint = hashlib.sha256("".join(digests[k] for k in sorted(digests)).encode()).hexdigest()[:16]
         return layout
@@ -205,12 +227,12 @@ def _table(features: np.ndarray, label: np.ndarray) -> pa.Table:
     return pa.table({"features": column(features), "label": column(label)})
 
 
-def _write_group(data_dir: str, feature_length: int, group: pd.DataFrame) -> pd.DataFrame:
+def _write_group(data_dir: str, feature_length: int, group_rows: int, group: pd.DataFrame) -> pd.DataFrame:
     """Runs on an executor: writes one (split, partition) group, rows in their seeded order."""
     group = group.sort_values(["order", "label"], kind="stable")
     features = np.stack(group["features"].to_numpy()).astype(np.float32, copy=False).reshape(len(group), feature_length)
     label = group["label"].to_numpy()
     split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
-    write_table(_table(features, label), data_dir, split, partition)
+    write_table(_table(features, label), data_dir, split, partition, group_rows)
     digest = hashlib.sha256(features.tobytes() + label.tobytes()).hexdigest()
     return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest]})

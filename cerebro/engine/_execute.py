@@ -118,14 +118,16 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "mlflow": mlflow,
         "data": {"fingerprint": data.fingerprint(), "partitions": num_partitions,
                  "train_rows": layout.rows["train"], "val_rows": layout.rows["val"],
-                 "feature_shape": list(layout.feature_shape), "label_dtype": layout.label_dtype,
-                 "split_seed": data.seed},
+                 "feature_shape": list(layout.feature_shape), "feature_dtype": layout.feature_dtype,
+                 "label_dtype": layout.label_dtype, "split_seed": data.seed,
+                 "sample_order": layout.sample_order.value, "row_group_rows": layout.row_group_rows,
+                 "in_memory": data.storage.in_memory, "cache_dir": data.storage.cache_dir},
         "versions": {"cerebro": __version__, "torch": torch.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
     })
     policy.start(seed)
     progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
-    settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN)
+    settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN, data.storage)
     Driver(policy, run_store, backend, settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)
 

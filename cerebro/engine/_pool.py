@@ -42,6 +42,7 @@ class Worker:
     last_seen: float
     launched_by: str = ""
     device: str = "?"
+    data: str = ""                 # how it holds its partitions (in memory or streamed, and why)
     running: tuple[int, Task, float] | None = None   # (task id, task, start)
 
     def describe(self) -> str:
@@ -177,7 +178,7 @@ class WorkerPool:
                     if sorted(message.rows) != worker.partitions:
                         raise WorkerLostError(f"{worker.describe()} announced partitions {sorted(message.rows)}; "
                                               f"it was given {worker.partitions}")
-                    worker.device, worker.last_seen = message.device, time.monotonic()
+                    worker.device, worker.data, worker.last_seen = message.device, message.data, time.monotonic()
                     self.workers[worker.index] = pending.pop(worker.index)
 
     def _new_worker(self, hello: Hello, channel: Channel) -> Worker:
@@ -185,8 +186,10 @@ class WorkerPool:
                       time.monotonic(), hello.launched_by)
 
     def _send_setup(self, worker: Worker) -> None:
+        storage = self.settings.storage
         worker.channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
-                                  self.backend.threads_per_worker, self.settings.heartbeat_interval))
+                                  self.backend.threads_per_worker, self.settings.heartbeat_interval,
+                                  storage.in_memory, storage.cache_dir))
 
     def _check_startup(self, deadline: float) -> None:
         for index, what in self.backend.exited().items():
@@ -277,8 +280,9 @@ class WorkerPool:
                 self.bytes_received + sum(w.channel.bytes_received for w in self.workers.values()))
 
     def info(self) -> dict[int, dict]:
-        """Each worker's pid, host, device and partitions, for the journal."""
+        """Each worker's pid, host, device, partitions and how it holds them, for the journal."""
         return {w.index: {"pid": w.pid, "host": w.host, "launched_by": w.launched_by, "device": w.device,
+                          "data": w.data,
                           "partitions": w.partitions}
                 for w in sorted(self.workers.values(), key=lambda w: w.index)}
 
@@ -359,7 +363,7 @@ class WorkerPool:
             self._give_up(worker, "did not load its partitions")
             return
         del self._arriving[worker.index]
-        worker.device, worker.last_seen = message.device, time.monotonic()
+        worker.device, worker.data, worker.last_seen = message.device, message.data, time.monotonic()
         self.workers[worker.index] = worker
         released: dict[int, list[int]] = {}
         for other in [w for w in self.workers.values() if w is not worker]:

@@ -38,6 +38,11 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     if clashes:
         raise ValueError(f"space key {clashes[0]!r} is also a column of result.history() "
                          f"({', '.join((*HISTORY_COLUMNS, *logged))}); rename it")
+    if data.feature_dtype == "bytes" and (trainable.transform is None or
+                                          data.has_validation and trainable.eval_transform is None):
+        missing = "transform" if trainable.transform is None else "eval_transform"
+        raise ValueError(f"the features are bytes (encoded data) and build(config) gives no {missing} to decode "
+                         f"them; pass TorchTrainable({missing}=fn), fn(features, rng) -> array")
     sample = data.sample(1)
     if sample is not None:
         _check_loss(trainable.loss, sample[1])

@@ -19,6 +19,7 @@ import cloudpickle
 import torch
 
 from ..backends import Backend
+from ..data import Storage
 from ..report import Result
 from ..store import (
     EVENTS,
@@ -208,7 +209,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
                                          info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
         settings = RunSettings(info["seed"], info["data"]["partitions"], sum(info["data"]["val_rows"]) > 0,
                                Limits(**info.get("limits", {})),
-                               VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)))
+                               VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
+                               Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")))
         driver = Driver(policy, store, backend, settings, build_blob=build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, recovered, retry),
                         time_offset=recovered.last_time)

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 from .._checks import Integer, Optional, Real
+from ..data import Storage
 from ._visit_order import VisitScheme
 
 
@@ -44,6 +45,7 @@ class RunSettings:
         evaluate: whether the data has a validation split, visited after each epoch.
         limits: ``trial_timeout``, ``max_failures`` and ``max_trial_losses``.
         visit_scheme: the visit order's scheme, as recorded in run.json.
+        storage: how workers hold their partitions (in memory or streamed; a local cache).
         heartbeat_interval: seconds between a worker's heartbeats.
         startup_timeout: seconds a worker may take to connect and load its partitions.
     """
@@ -53,5 +55,6 @@ class RunSettings:
     evaluate: bool
     limits: Limits = Limits()
     visit_scheme: VisitScheme = VisitScheme.LATIN
+    storage: Storage = Storage()
     heartbeat_interval: float = 1.0
     startup_timeout: float = 300.0

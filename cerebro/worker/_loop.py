@@ -1,6 +1,7 @@
 """The worker loop: load my partitions once, then run sub-epochs until told to stop."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import socket
@@ -14,8 +15,10 @@ from typing import Any
 import cloudpickle
 import torch
 
-from ..data import read_layout, read_partition
+from ..data import PartitionSource, StreamedPartition, transform_rng
 from ..store import TaskKind, pack_tensors, unpack_tensors
+from ._data import WorkerData
+from ._prefetch import Prefetched
 from ._protocol import (
     Heartbeat,
     Hello,
@@ -94,11 +97,15 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         setup: Setup = channel.recv()
     except (EOFError, OSError):
         return      # the driver gave up on this worker before it set up
+    data = None
     try:
-        trainables, data, device = _set_up(setup, worker)
+        data = WorkerData(setup.data_dir, setup.in_memory, setup.cache_dir, worker)
+        trainables, device = _set_up(setup, worker, data)
     except Exception:
         channel.send(SetupFailed(worker, traceback.format_exc()))
         channel.close()
+        if data is not None:
+            data.close()
         return
     channel.send(_ready(worker, device, data))
     stop = threading.Event()
@@ -113,47 +120,38 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
             if isinstance(message, Shutdown):
                 return
             if isinstance(message, Release):
-                for partition in message.partitions:
-                    data.pop(partition, None)
+                data.release(message.partitions)
                 continue
             if isinstance(message, TakeOver):
                 try:
-                    data.update(_load(setup.data_dir, message.partitions, device))
+                    data.load(message.partitions)
                     channel.send(_ready(worker, device, data))
                 except Exception:
                     channel.send(SetupFailed(worker, traceback.format_exc()))
                 continue
             try:
-                channel.send(_run(message, trainables, data))
+                channel.send(_run(message, trainables, data.sources, device))
             except OSError:
                 return      # the driver is gone
     finally:
         stop.set()
         channel.close()
+        data.close()
 
 
-def _set_up(setup: Setup, worker: int) -> tuple[_Trainables, dict, torch.device]:
-    """Load this worker's partitions into memory, once, and unpickle the user's build."""
+def _set_up(setup: Setup, worker: int, data: WorkerData) -> tuple[_Trainables, torch.device]:
+    """Open this worker's partitions, once, and unpickle the user's build."""
     torch.set_num_threads(setup.threads)
     # torch.optim imports torch._dynamo when the first optimizer is built (seconds): pay
     # that at start-up rather than inside some trial's first sub-epoch.
     importlib.import_module("torch._dynamo")
     device = _device(worker)
-    data = _load(setup.data_dir, setup.partitions, device)
-    return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES), data, device
+    data.load(setup.partitions)
+    return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES), device
 
 
-def _load(data_dir: str, partitions: list[int], device: torch.device) -> dict:
-    """Partitions from the store into memory: partition -> split -> (features, label)."""
-    layout = read_layout(data_dir)
-    return {partition: {split: tuple(torch.from_numpy(a).to(device)
-                                     for a in read_partition(data_dir, split, partition, layout))
-                        for split in ("train", "val")}
-            for partition in partitions}
-
-
-def _ready(worker: int, device: torch.device, data: dict) -> Ready:
-    return Ready(worker, str(device), {p: (len(d["train"][0]), len(d["val"][0])) for p, d in data.items()})
+def _ready(worker: int, device: torch.device, data: WorkerData) -> Ready:
+    return Ready(worker, str(device), data.rows(), data.note)
 
 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
@@ -167,19 +165,27 @@ def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event)
             os._exit(0)
 
 
-def _run(task: RunSubEpoch, trainables: _Trainables,
-         data: dict) -> SubEpochDone | SubEpochFailed | StateMissing:
+def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str, PartitionSource]],
+         device: torch.device) -> SubEpochDone | SubEpochFailed | StateMissing:
     try:
         trainable = trainables.take(task)
         if trainable is None:
             return StateMissing(task.task_id)
-        features, label = data[task.partition]["train" if task.kind is TaskKind.TRAIN else "val"]
+        train = task.kind is TaskKind.TRAIN
+        source = sources[task.partition]["train" if train else "val"]
+        rng = transform_rng(task.seed, train)
+        stored = source.train_batches(task.seed, trainable.batch_size) if train else \
+            source.eval_batches(trainable.batch_size)
+        batches = (trainable.tensors(features, label, rng, train=train, device=device) for features, label in stored)
         started = time.perf_counter()
         deadline = None if task.timeout is None else time.monotonic() + task.timeout
-        if task.kind is TaskKind.TRAIN:
-            sums = trainable.train_partition(features, label, task.seed, deadline)
-        else:
-            sums = trainable.evaluate_partition(features, label, deadline)
+        # A thread makes batches ahead where that costs more than a few microseconds.
+        ahead = isinstance(source, StreamedPartition) or (trainable.transform if train else trainable.eval_transform)
+        with Prefetched(batches) if ahead else contextlib.nullcontext(batches) as batches:
+            if train:
+                sums = trainable.train_batches(batches, task.seed, deadline)
+            else:
+                sums = trainable.evaluate_batches(batches, deadline)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if task.kind is TaskKind.TRAIN else None
         evicted = trainables.keep(task, trainable, task.version + (task.kind is TaskKind.TRAIN))

@@ -48,6 +48,8 @@ class Setup:
     build: bytes                 # cloudpickle of the user's build(config)
     threads: int                 # torch intra-op threads
     heartbeat_interval: float
+    in_memory: bool | str = "auto"     # hold partitions in memory, stream them, or decide (see cerebro.data.Storage)
+    cache_dir: str | None = None       # where to copy the partitions of a remote store
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Ready:
     worker: int
     device: str
     rows: dict[int, tuple[int, int]]     # partition -> (train rows, validation rows)
+    data: str = ""                       # how it holds them: in memory or streamed, and why
 
 
 @dataclass

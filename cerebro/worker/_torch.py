@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from ._protocol import Sums
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Transform = Callable[[np.ndarray, np.random.Generator], Any]
+Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -24,6 +28,15 @@ class TorchTrainable:
         batch_size: rows per mini-batch.
         metrics: name -> ``metric(outputs, targets)``, each logged per epoch for training
             (``train_<name>``) and validation (``val_<name>``).
+        transform: ``transform(features, rng)`` -> an array or tensor with one row per row of
+            ``features``, run on the worker on every training batch (decode, normalise,
+            augment) in its prefetch thread. ``features`` is the batch as stored (e.g. uint8
+            images, or an object array of ``bytes``); ``rng`` is a ``numpy.random.Generator``
+            seeded by the sub-epoch, so augmentation is reproducible: draw from it, never
+            from a global generator. Default: the features as float32.
+        eval_transform: the same for evaluation batches. Default: none (float32 features),
+            so augmentation never touches evaluation; decoding that evaluation needs too
+            goes in both.
 
     Example:
         >>> def build(config):
@@ -31,6 +44,12 @@ class TorchTrainable:
         ...     return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config["lr"]),
         ...                              torch.nn.functional.cross_entropy, batch_size=32,
         ...                              metrics={"accuracy": cb.metrics.accuracy})
+
+        Images stored as uint8, flipped at random for training:
+
+        >>> def flip(images, rng):
+        ...     images = images.astype(np.float32) / 255
+        ...     return np.where(rng.random(len(images))[:, None, None, None] < 0.5, images[..., ::-1], images)
     """
 
     model: torch.nn.Module
@@ -38,6 +57,8 @@ class TorchTrainable:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     batch_size: int
     metrics: Mapping[str, Metric] = field(default_factory=dict)
+    transform: Transform | None = None
+    eval_transform: Transform | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -55,6 +76,9 @@ class TorchTrainable:
                                  f"which is always logged")
             if not callable(metric):
                 raise TypeError(f"metric {name!r}={metric!r} must be callable as metric(outputs, targets)")
+        for name in ("transform", "eval_transform"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise TypeError(f"{name}={getattr(self, name)!r} must be callable as {name}(features, rng), or None")
 
     # --- the state that hops ------------------------------------------------------------
     def state(self) -> dict:
@@ -71,21 +95,38 @@ class TorchTrainable:
                 group.update(hyperparameters)
 
     # --- sub-epochs ---------------------------------------------------------------------
-    def train_partition(self, features: torch.Tensor, label: torch.Tensor, seed: int,
-                        deadline: float | None = None) -> Sums:
-        """Plain mini-batch SGD over one partition, batches in an order fixed by ``seed``.
+    def tensors(self, features: np.ndarray, label: np.ndarray, rng: np.random.Generator, *, train: bool,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch as stored, made into the model's inputs and targets on ``device``: through
+        ``transform`` (``train``) or ``eval_transform``, else as float32."""
+        transform = self.transform if train else self.eval_transform
+        if transform is None:
+            if features.dtype == object:
+                raise TypeError(f"the features are bytes (encoded data): give TorchTrainable a "
+                                f"{'transform' if train else 'eval_transform'} that decodes them")
+            inputs = torch.from_numpy(features).float()
+        else:
+            inputs = _as_tensor(transform(features, rng), "transform" if train else "eval_transform")
+            if inputs.dim() == 0 or len(inputs) != len(features):
+                raise ValueError(f"{'transform' if train else 'eval_transform'} returned {_shape(inputs)} for a "
+                                 f"batch of {len(features)} rows; it must return one row per row")
+        targets = torch.from_numpy(label)
+        if device.type == "cuda":      # pinned, so the copy overlaps the previous batch's compute
+            return (inputs.pin_memory().to(device, non_blocking=True),
+                    targets.pin_memory().to(device, non_blocking=True))
+        return inputs.to(device), targets.to(device)
+
+    def train_batches(self, batches: Batches, seed: int, deadline: float | None = None) -> Sums:
+        """Plain mini-batch SGD over ``batches`` (a partition's, in its sample order), with the
+        model's own randomness (dropout) seeded by ``seed``.
 
         Stops early, with non-finite sums, as soon as the loss stops being finite; raises
         :class:`SubEpochTimeout` after a batch that ends past ``deadline`` (``time.monotonic``).
         """
-        generator = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)  # dropout and any other randomness inside the model
-        order = torch.randperm(len(features), generator=generator).to(features.device)
+        torch.manual_seed(seed)
         sums = Sums.empty(self.metrics)
         self.model.train()
-        for start in range(0, len(features), self.batch_size):
-            rows = order[start:start + self.batch_size]
-            inputs, targets = features[rows], label[rows]
+        for inputs, targets in batches:
             self.optimizer.zero_grad(set_to_none=True)
             outputs, loss = self._forward(inputs, targets)
             loss.backward()
@@ -97,17 +138,15 @@ class TorchTrainable:
         return sums
 
     @torch.no_grad()
-    def evaluate_partition(self, features: torch.Tensor, label: torch.Tensor, deadline: float | None = None) -> Sums:
-        """Loss and metrics over one partition, in batches of ``batch_size``."""
+    def evaluate_batches(self, batches: Batches, deadline: float | None = None) -> Sums:
+        """Loss and metrics over ``batches``."""
         sums = Sums.empty(self.metrics)
         self.model.eval()
-        for start in range(0, len(features), self.batch_size):
-            inputs, targets = features[start:start + self.batch_size], label[start:start + self.batch_size]
+        for inputs, targets in batches:
             outputs, loss = self._forward(inputs, targets)
             sums += _batch_sums(loss, outputs, targets, self.metrics)
             _check(deadline)
         return sums
-
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's outputs and the batch's loss; a failure says what the shapes were."""
@@ -129,6 +168,16 @@ def _shape(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
     return type(value).__name__
+
+
+def _as_tensor(value: Any, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        return torch.from_numpy(np.ascontiguousarray(value))
+    except TypeError:
+        raise TypeError(f"{name} must return a numeric array or tensor; it returned {_shape(value)}"
+                        f"{f' of dtype {value.dtype}' if hasattr(value, 'dtype') else ''}") from None
 
 
 class SubEpochTimeout(Exception):

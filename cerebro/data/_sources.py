@@ -1,0 +1,121 @@
+"""A worker's partitions: held in memory or streamed from Parquet row groups, batched in
+one sample order (see :mod:`._sample_order`), so both give the model the same bits."""
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from ..store import _files as files
+from ._partitions import PartitionLayout, arrays, partition_file
+from ._sample_order import SampleScheme, sample_order, windows
+
+Part = tuple[np.ndarray, np.ndarray, np.ndarray]      # features, label, positions to yield in order
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+class PartitionSource(abc.ABC):
+    """One split of one partition, as a worker reads it."""
+
+    def __init__(self, layout: PartitionLayout, rows: int) -> None:
+        self.layout, self.rows = layout, rows
+
+    def train_batches(self, seed: int, batch_size: int) -> Iterator[Batch]:
+        """Batches of a training sub-epoch with ``seed``, in the sample order."""
+        return batched(self._train_parts(seed), batch_size)
+
+    def eval_batches(self, batch_size: int) -> Iterator[Batch]:
+        """Batches of an evaluation, in the stored order."""
+        return batched(self._eval_parts(), batch_size)
+
+    @abc.abstractmethod
+    def _train_parts(self, seed: int) -> Iterator[Part]:
+        """The rows of a training sub-epoch, part after part."""
+
+    @abc.abstractmethod
+    def _eval_parts(self) -> Iterator[Part]:
+        """Every row, in the stored order, part after part."""
+
+
+class InMemoryPartition(PartitionSource):
+    """A partition held in memory, in its stored dtype (uint8 images stay uint8)."""
+
+    def __init__(self, layout: PartitionLayout, features: np.ndarray, label: np.ndarray) -> None:
+        super().__init__(layout, len(label))
+        self.features, self.label = features, label
+
+    def _train_parts(self, seed: int) -> Iterator[Part]:
+        layout = self.layout
+        yield self.features, self.label, sample_order(layout.sample_order, seed, self.rows,
+                                                      layout.row_group_rows or max(self.rows, 1), layout.window)
+
+    def _eval_parts(self) -> Iterator[Part]:
+        yield self.features, self.label, np.arange(self.rows)
+
+
+class StreamedPartition(PartitionSource):
+    """A partition read from its Parquet file a window of row groups at a time, so a worker
+    holds about two windows of it (the one it yields and the next, read ahead by its
+    prefetch thread), whatever the partition's size."""
+
+    def __init__(self, layout: PartitionLayout, path: str, rows: int) -> None:
+        if layout.sample_order is SampleScheme.PERMUTATION or layout.row_group_rows is None:
+            raise ValueError("this run's partitions were written before row groups and cannot be streamed; "
+                             "hold them in memory (in_memory=True)")
+        super().__init__(layout, rows)
+        self.path = path
+        self.bytes_read = 0
+
+    def _read(self, groups: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        with files.open_file(self.path) as f:
+            parquet = pq.ParquetFile(f)
+            self.bytes_read += sum(parquet.metadata.row_group(g).total_byte_size for g in groups)
+            return arrays(parquet.read_row_groups(groups), self.layout)
+
+    def _train_parts(self, seed: int) -> Iterator[Part]:
+        for window in windows(seed, self.rows, self.layout.row_group_rows, self.layout.window):
+            features, label = self._read(window.groups)
+            yield features, label, window.shuffle
+
+    def _eval_parts(self) -> Iterator[Part]:
+        groups = -(-self.rows // self.layout.row_group_rows)
+        for start in range(0, groups, self.layout.window):
+            features, label = self._read(list(range(start, min(start + self.layout.window, groups))))
+            yield features, label, np.arange(len(label))
+
+
+def batched(parts: Iterator[Part], batch_size: int) -> Iterator[Batch]:
+    """Rows of ``parts`` in order, in batches of ``batch_size`` (the last may be smaller); a
+    batch may span two parts."""
+    pieces: list[Batch] = []
+    held = 0
+    for features, label, positions in parts:
+        start = 0
+        while start < len(positions):
+            take = positions[start:start + batch_size - held]
+            start += len(take)
+            pieces.append((features[take], label[take]))
+            held += len(take)
+            if held == batch_size:
+                yield _join(pieces)
+                pieces, held = [], 0
+    if held:
+        yield _join(pieces)
+
+
+def _join(pieces: list[Batch]) -> Batch:
+    if len(pieces) == 1:
+        return pieces[0]
+    return np.concatenate([p[0] for p in pieces]), np.concatenate([p[1] for p in pieces])
+
+
+def open_partition(layout: PartitionLayout, data_dir: str, split: str, partition: int,
+                   in_memory: bool) -> PartitionSource:
+    """One split of one partition from ``data_dir``, held in memory or streamed."""
+    path = partition_file(data_dir, split, partition)
+    if not in_memory:
+        return StreamedPartition(layout, path, layout.rows[split][partition])
+    with files.open_file(path) as f:
+        return InMemoryPartition(layout, *arrays(pq.read_table(f), layout))
