@@ -103,3 +103,67 @@ def failing_after(steps: int, lr: float):
         trainable.loss = buggy_loss
         return trainable
     return build_with_a_bug
+
+
+# --- images: uint8 arrays and PNG bytes, with a seeded augmentation -----------------------------
+
+def digit_images(rows: int = 600) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as uint8 images of shape (rows, 1, 8, 8)."""
+    features, label = load_digits(return_X_y=True)
+    return (features[:rows] * 15.9375).astype(np.uint8).reshape(-1, 1, 8, 8), label[:rows]
+
+
+def png_digits(rows: int = 600) -> tuple[list[bytes], np.ndarray]:
+    """The same images, each encoded as PNG."""
+    import io
+
+    from PIL import Image
+    images, label = digit_images(rows)
+    encoded = []
+    for image in images:
+        buffer = io.BytesIO()
+        Image.fromarray(image[0]).save(buffer, format="PNG")
+        encoded.append(buffer.getvalue())
+    return encoded, label
+
+
+def to_float(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return images.astype(np.float32) / 255
+
+
+def augment(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Flip half the images left-right and add a little noise, drawing only from ``rng``."""
+    images = to_float(images, rng)
+    flip = rng.random(len(images)) < 0.5
+    images[flip] = images[flip][..., ::-1]
+    return images + rng.normal(0, 0.02, images.shape).astype(np.float32)
+
+
+def decode(encoded: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    import io
+
+    from PIL import Image
+    return np.stack([np.asarray(Image.open(io.BytesIO(value)))[None] for value in encoded])
+
+
+def broken(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    raise RuntimeError("this transform is broken")
+
+
+def half(images: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return to_float(images, rng)[: len(images) // 2]
+
+
+def image_build(config: dict) -> cb.TorchTrainable:
+    """A small CNN with dropout on uint8 images (or, with ``png``, on PNG bytes), augmented
+    by ``transform``: "augment" (the default), "broken" (raises) or "half" (returns half the rows)."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                torch.nn.Flatten(), torch.nn.Linear(256, 10))
+    train = {"augment": augment, "broken": broken, "half": half}[config.get("transform", "augment")]
+    evaluate = to_float
+    if config.get("png"):
+        train, evaluate = (lambda x, rng, train=train: train(decode(x, rng), rng)), \
+            (lambda x, rng: to_float(decode(x, rng), rng))
+    return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=config.get("lr", 1e-2)),
+                             loss=torch.nn.functional.cross_entropy, batch_size=32,
+                             metrics={"accuracy": cb.metrics.accuracy}, transform=train, eval_transform=evaluate)

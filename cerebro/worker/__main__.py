@@ -5,6 +5,7 @@ shows it, nor in the environment, which ``/proc/PID/environ`` keeps.
 A worker that cannot complete its handshake with the driver says why and exits with
 :data:`HANDSHAKE_FAILED` (see ``cerebro.backends.LocalBackend.exited``).
 """
+import signal
 import sys
 
 from ._loop import run_worker
@@ -12,6 +13,9 @@ from ._protocol import HANDSHAKE_FAILED
 from ._wire import HandshakeError
 
 if __name__ == "__main__":
+    # The backend stops workers with SIGTERM: exit through the finally blocks, which remove
+    # the worker's local copy of its partitions.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     host, port, worker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     try:
         run_worker((host, port), bytes.fromhex(sys.stdin.readline().strip()), worker)
