@@ -6,7 +6,7 @@ threads, which differ with the worker count. On a machine with as many workers a
 nothing changes; with fewer workers, each used to get several threads. Measured here, side
 by side in one run, alternating:
 
-1. The trainer alone: ``TorchTrainable.train_partition`` on one in-memory partition (the
+1. The trainer alone: a training sub-epoch on one in-memory partition (the
    demo's MLP and CNN on digits, and a wide MLP on 8,192 generated rows), with 1 thread and
    with cores threads, medians of repeats.
 2. A whole fit: the demo's search (8 trials, MLP and CNN) for 3 epochs on 1 worker, with
@@ -25,6 +25,7 @@ import tempfile
 import time
 
 import torch
+from _one_partition import partition, train
 
 import cerebro as cb
 from cerebro.demo import build, load_data
@@ -33,7 +34,7 @@ EPOCHS = 3
 
 
 def trainer_seconds(architecture: str, threads: int) -> float:
-    """One sub-epoch of ``train_partition`` with ``threads`` threads: the demo's MLP or CNN on
+    """One training sub-epoch with ``threads`` threads: the demo's MLP or CNN on
     a quarter of the digits, or a wide MLP (256-512-512-10) on 8,192 generated rows."""
     if architecture == "wide":
         generator = torch.Generator().manual_seed(0)
@@ -53,10 +54,11 @@ def trainer_seconds(architecture: str, threads: int) -> float:
                                           torch.nn.functional.cross_entropy, batch_size=64)
         else:
             trainable = build({"architecture": architecture, "lr": 1e-3, "batch_size": 32})
-        trainable.train_partition(features, label, seed=0)           # warm-up
+        source = partition(features, label)
+        train(trainable, source, seed=0)                              # warm-up
         started = time.perf_counter()
         for seed in range(1, 4):
-            trainable.train_partition(features, label, seed=seed)
+            train(trainable, source, seed=seed)
         return (time.perf_counter() - started) / 3
     finally:
         torch.set_num_threads(previous)

@@ -14,7 +14,8 @@ Three measures, each against a target from DESIGN.md or the engine's own goals:
    hop = (end - start) - compute: driver -> worker transfer, load, pack, worker -> driver
    transfer. With Adam (~12 MB of model + optimizer state) and plain SGD (~4 MB).
    Target: median < 20 ms for the Adam state.
-3. Trainer speed: ``cb.TorchTrainable.train_partition`` against a hand-written torch loop
+3. Trainer speed: a worker's training sub-epoch (batches in the sample order, made tensors, then
+   ``cb.TorchTrainable.train_batches``) against a hand-written torch loop
    doing the same work on the same in-memory partition, alternated, medians.
    ratio = bare time / trainable time; target >= 0.95.
 
@@ -43,6 +44,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _one_partition import order, partition, train
 
 import cerebro as cb
 from cerebro.engine import TrialRequest
@@ -287,7 +289,7 @@ def _warm_state(trainable: cb.TorchTrainable) -> dict:
     """The trainable's state after one step, so the optimizer's moments exist."""
     x = torch.randn(trainable.batch_size, 1000)
     y = torch.randint(0, 10, (trainable.batch_size,))
-    trainable.train_partition(x, y, seed=0)
+    train(trainable, partition(x, y), seed=0)
     return trainable.state()
 
 
@@ -462,12 +464,11 @@ def trainer_speed(quick: bool) -> dict[str, Any]:
         loss_fn, batch = torch.nn.functional.cross_entropy, settings["batch_size"]
 
         def bare(seed: int) -> float:
-            generator = torch.Generator().manual_seed(seed)
-            order = torch.randperm(len(features), generator=generator)
+            rows_in_order = order(len(features), seed)
             bare_model.train()
             total = 0.0
             for start in range(0, len(features), batch):
-                rows = order[start:start + batch]
+                rows = rows_in_order[start:start + batch]
                 inputs, targets = features[rows], label[rows]
                 bare_optimizer.zero_grad(set_to_none=True)
                 outputs = bare_model(inputs)
@@ -482,7 +483,8 @@ def trainer_speed(quick: bool) -> dict[str, Any]:
             fn(seed)
             return time.perf_counter() - t0
 
-        run_trainable = lambda seed: trainable.train_partition(features, label, seed)  # noqa: E731
+        source = partition(features, label)
+        run_trainable = lambda seed: train(trainable, source, seed)  # noqa: E731
         timed(bare, 0), timed(run_trainable, 0)                       # warm-up, not counted
         bare_s, trainable_s = [], []
         for rep in range(settings["repetitions"]):

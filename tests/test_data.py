@@ -386,7 +386,7 @@ def test_partitions_with_empty_validation(tmp_path):
     assert_bitwise(train_y, data.train_arrays()[1])
     for partition in range(3):
         val_x, val_y = read_partition(str(tmp_path), "val", partition)
-        assert val_x.shape == (0, 1, 2, 2) and val_x.dtype == np.float64      # as given
+        assert val_x.shape == (0, 1, 2, 2) and val_x.dtype == np.float32      # float64 is stored as float32
         assert val_y.shape == (0,) and val_y.dtype == np.float32
 
 
