@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 import cerebro as cb
-from cerebro.data import read_layout, read_partition, write_partitions
+from cerebro.data import open_partition, read_layout, read_partition, write_partitions
 
 
 def raises(error, message):
@@ -368,11 +368,15 @@ def test_partitions_read_back_exactly(tmp_path, features, label, partitions):
     assert min(layout.rows["train"]) >= 1
 
 
-def test_partitions_are_writable_arrays(tmp_path):
+def test_partitions_read_back_contiguous_and_their_batches_are_writable_copies(tmp_path):
+    """Batches become tensors with torch.from_numpy, which needs writable arrays."""
     write_partitions(cb.Dataset.from_numpy(X, Y), str(tmp_path), 2)
     features, label = read_partition(str(tmp_path), "train", 1)
-    assert features.flags.writeable and label.flags.writeable
     assert features.flags.c_contiguous
+    for in_memory in (True, False):
+        source = open_partition(read_layout(str(tmp_path)), str(tmp_path), "train", 1, in_memory)
+        batch, labels = next(source.train_batches(seed=0, batch_size=4))
+        assert batch.flags.writeable and labels.flags.writeable and len(batch) == 4
 
 
 def test_partitions_with_empty_validation(tmp_path):

@@ -84,8 +84,9 @@ class Dataset(abc.ABC):
                    seed: int = 0, in_memory: bool | str = "auto",
                    cache_dir: str | os.PathLike | None = None) -> Dataset:
         """From a feature array of shape (rows, ...) (any numeric dtype, kept as it is: uint8
-        images stay uint8; float64 is stored as float32, what the model gets) or a sequence of ``bytes`` (encoded images, which the trainer's
-        ``transform`` decodes), and a label array of shape (rows, ...)."""
+        images stay uint8; float64 is stored as float32, what the model gets) or a sequence
+        of ``bytes`` (encoded images, which the trainer's ``transform`` decodes), and a label
+        array of shape (rows, ...)."""
         return Dataset._builders["from_numpy"].from_numpy(features, label, validation=validation,
                                                           partitions=partitions, seed=seed, in_memory=in_memory,
                                                           cache_dir=cache_dir)

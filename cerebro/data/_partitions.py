@@ -82,13 +82,16 @@ def write_table(table: pa.Table, data_dir: str, split: str, partition: int, rows
 
 
 def column(array: np.ndarray) -> pa.Array:
-    """An array of shape (rows, ...) as a Parquet column: scalars, bytes, or flat fixed-size lists."""
+    """An array of shape (rows, ...) as a Parquet column: scalars, bytes, or each row's raw
+    bytes (fixed-size binary: read back without the repetition levels a list column costs,
+    four bytes per value)."""
     if array.dtype == object:
         return pa.array(list(array), type=pa.binary())
     if array.ndim == 1:
         return pa.array(array)
-    flat = array.reshape(len(array), int(np.prod(array.shape[1:])))
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat.reshape(-1)), flat.shape[1])
+    width = int(np.prod(array.shape[1:])) * array.dtype.itemsize
+    data = np.ascontiguousarray(array)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), len(array), [None, pa.py_buffer(data)])
 
 
 def write_layout(data_dir: str, layout: PartitionLayout) -> None:
@@ -117,17 +120,30 @@ def read_partition(data_dir: str, split: str, partition: int,
 
 def arrays(table: pa.Table, layout: PartitionLayout) -> tuple[np.ndarray, np.ndarray]:
     """A table of partition rows as ``(features, label)``: features in their stored dtype
-    (float32 for runs written before dtypes were kept), bytes as an object array."""
+    (float32 for runs written before dtypes were kept), bytes as an object array. Numbers
+    are copied once, from Arrow's buffers into one array (read-only where Arrow allows it
+    without a copy: batches are copies of their rows anyway)."""
     n = table.num_rows
 
     def unpack(name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
-        values = table.column(name).combine_chunks()
+        chunks = table.column(name).chunks
         if dtype == BYTES:
-            return values.to_numpy(zero_copy_only=False)
-        values = values.flatten() if shape else values
-        # A writable copy: workers turn batches of it into tensors.
-        return np.array(values.to_numpy(zero_copy_only=False), dtype=dtype).reshape((n, *shape))
+            return np.concatenate([c.to_numpy(zero_copy_only=False) for c in chunks]) if chunks else \
+                np.zeros(0, object)
+        values = [_values(c, dtype) if shape else c.to_numpy(zero_copy_only=False) for c in chunks]
+        array = values[0] if len(values) == 1 else np.concatenate(values) if values else np.zeros(0, dtype)
+        return array.astype(dtype, copy=False).reshape((n, *shape))
 
     feature_shape = () if layout.feature_dtype == BYTES else layout.feature_shape
     return (unpack("features", feature_shape, layout.feature_dtype),
             unpack("label", layout.label_shape, layout.label_dtype))
+
+
+def _values(chunk: pa.Array, dtype: str) -> np.ndarray:
+    """The numbers of a chunk of rows: a view of a fixed-size binary column's buffer, or the
+    flattened values of a list column (how partitions were written before)."""
+    if pa.types.is_fixed_size_binary(chunk.type):
+        width = chunk.type.byte_width
+        return np.frombuffer(chunk.buffers()[1], dtype=np.uint8, count=len(chunk) * width,
+                             offset=chunk.offset * width).view(dtype)
+    return chunk.flatten().to_numpy(zero_copy_only=False)
