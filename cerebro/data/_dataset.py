@@ -44,7 +44,7 @@ class Dataset(abc.ABC):
         partitions: number of partitions, fixed for the run; ``None`` means one per worker.
         seed: seeds the validation split and the shuffle into partitions.
         in_memory: ``True``: each worker holds its partitions in memory; ``False``: it streams
-            them from disk, row group by row group, holding one shuffle window (about 32 MiB)
+            them from disk, row group by row group, holding one shuffle window (about 16 MiB)
             and the next; ``"auto"``: in memory when they take less than half the memory
             the worker's machine has free, said in the run's journal. Results are the same
             bits either way (one sample order: see :mod:`cerebro.data._sample_order`).

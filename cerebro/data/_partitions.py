@@ -25,8 +25,8 @@ from ._sample_order import SampleScheme
 
 SPLITS = ("train", "val")
 BYTES = "bytes"                  # the feature dtype of encoded data (PNG, JPEG, ...)
-ROW_GROUP_BYTES = 4 << 20        # a row group's size on disk and in memory, about
-WINDOW_ROW_GROUPS = 8            # row groups shuffled together: 32 MiB windows
+ROW_GROUP_BYTES = 2 << 20        # a row group's size on disk and in memory, about
+WINDOW_ROW_GROUPS = 8            # row groups shuffled together: 16 MiB windows
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 from its local cache of a remote store."""
 from __future__ import annotations
 
+import ctypes
 import os
 
 from ..data import SPLITS, LocalCache, PartitionLayout, PartitionSource, open_partition, read_layout
@@ -24,6 +25,8 @@ class WorkerData:
         """Open ``partitions`` (copied to the local cache first where the store is remote)."""
         local = self.cache.local_dir(partitions)
         in_memory, self.note = self._decide(partitions)
+        if not in_memory:
+            _return_freed_memory()
         for partition in partitions:
             self.sources[partition] = {split: open_partition(self.layout, local, split, partition, in_memory)
                                        for split in SPLITS}
@@ -53,6 +56,16 @@ class WorkerData:
         fits = size < AUTO_MEMORY_SHARE * free
         return fits, (f"{'in memory' if fits else 'streamed'} (in_memory='auto'): partitions of {_gb(size)}, "
                       f"{'less' if fits else 'more'} than half of the {_gb(free)} free{cached}")
+
+
+def _return_freed_memory() -> None:
+    """glibc keeps freed blocks of up to 32 MB in its heaps once it has freed one that size
+    (its mmap threshold adapts), and a streaming worker frees a window's arrays every few
+    batches: fix the threshold at 1 MiB, so larger blocks are unmapped when freed."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)      # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass       # not glibc: its allocator has its own policy
 
 
 def available_memory() -> int:
