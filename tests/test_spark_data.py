@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _models import build
+from _models import build, digit_images, image_build, png_digits
 from _spark import session
 
 import cerebro as cb
@@ -108,8 +108,8 @@ def test_errors_name_the_column(spark, frame):
     nan_label = spark.createDataFrame([([1.0], float("nan")), ([2.0], 0.5)], "f array<double>, y double")
     with pytest.raises(ValueError, match=re.escape("label column 'y': 1 rows hold NaN or infinite values")):
         cb.Dataset.from_spark(nan_label, features="f", label="y")
-    with pytest.raises(TypeError, match=re.escape("feature column 'y' must be an array of numbers or a "
-                                                  "pyspark.ml Vector; it is int")):
+    with pytest.raises(TypeError, match=re.escape("feature column 'y' must be an array of numbers (of any depth), "
+                                                  "a pyspark.ml Vector or binary; it is int")):
         cb.Dataset.from_spark(ragged, features="y", label="y")
 
 
@@ -134,3 +134,27 @@ def test_duplicate_rows_are_spread_over_partitions_and_splits(spark, tmp_path):
     assert sum(layout.rows["train"]) + sum(layout.rows["val"]) == 500
     assert 60 <= sum(layout.rows["val"]) <= 140          # about 20%, duplicates included
     assert min(layout.rows["train"]) >= 60               # no partition takes all the copies
+
+
+def test_a_binary_column_of_png_images_is_stored_as_bytes_and_trains_with_its_transform(spark, tmp_path):
+    encoded, label = png_digits(300)
+    df = spark.createDataFrame(pd.DataFrame({"content": encoded, "label": label}))
+    data = cb.Dataset.from_spark(df, features="content", label="label", partitions=2, seed=0)
+    assert data.feature_dtype == "bytes"
+    result = cb.GridSearch(image_build, {"png": True, "lr": cb.choice([1e-2])}, epochs=2).fit(
+        data, workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    assert [t.status for t in result.trials] == ["completed"]
+    stored = [read_partition(result.store.data_dir, s, p)[0] for s in ("train", "val") for p in range(2)]
+    assert sorted(v for part in stored for v in part) == sorted(encoded)       # every image once, as it was
+
+
+def test_an_n_d_array_column_keeps_its_shape(spark, tmp_path):
+    images, label = digit_images(100)
+    df = spark.createDataFrame(pd.DataFrame({"image": [i.tolist() for i in images], "label": label}))
+    layout = cb.Dataset.from_spark(df, features="image", label="label", validation=None, seed=0).write(
+        str(tmp_path), 2)
+    assert layout.feature_shape == (1, 8, 8)
+    features = np.concatenate([read_partition(str(tmp_path), "train", p)[0] for p in range(2)])
+    assert features.shape == (100, 1, 8, 8)
+    key = lambda array: sorted(map(bytes, array.astype(np.float32).reshape(len(array), -1)))  # noqa: E731
+    assert key(features) == key(images)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import cerebro as cb
 from cerebro.cli import main
-from cerebro.data import read_partition
+from cerebro.data import read_layout, read_partition, sample_order
 from cerebro.engine import init_seed, subepoch_seed
 
 pytestmark = pytest.mark.slow
@@ -90,13 +90,15 @@ def test_with_one_partition_a_trial_equals_a_plain_torch_loop(tmp_path):
     result = search.fit(digits(partitions=1), backend=cb.LocalBackend(1, threads_per_worker=1),
                         seed=seed, store=tmp_path / "run", verbose=0)
     features, label = (torch.from_numpy(a) for a in read_partition(str(tmp_path / "run" / "data"), "train", 0))
+    layout = read_layout(str(tmp_path / "run" / "data"))
 
     torch.manual_seed(init_seed(seed, "t0000"))
     plain = build(config)
     for epoch in range(1, epochs + 1):
         batch_seed = subepoch_seed(seed, "t0000", epoch, 0)
         torch.manual_seed(batch_seed)
-        order = torch.randperm(len(features), generator=torch.Generator().manual_seed(batch_seed))
+        order = torch.from_numpy(sample_order(layout.sample_order, batch_seed, len(features), layout.row_group_rows,
+                                              layout.window))          # the documented sample order
         plain.model.train()
         for start in range(0, len(features), config["batch_size"]):
             rows = order[start:start + config["batch_size"]]

@@ -112,10 +112,11 @@ def read_layout(data_dir: str) -> PartitionLayout:
 
 def read_partition(data_dir: str, split: str, partition: int,
                    layout: PartitionLayout | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One partition's ``(features, label)`` arrays, in the order they were written."""
+    """One partition's ``(features, label)`` arrays, in the order they were written (writable
+    copies)."""
     layout = layout or read_layout(data_dir)
     with files.open_file(partition_file(data_dir, split, partition)) as f:
-        return arrays(pq.read_table(f), layout)
+        return tuple(np.array(a) for a in arrays(pq.read_table(f), layout))
 
 
 def arrays(table: pa.Table, layout: PartitionLayout) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,7 @@ import pyarrow as pa
 from ..store import _files as files
 from ._dataset import Dataset
 from ._partitions import (
+    BYTES,
     SPLITS,
     WINDOW_ROW_GROUPS,
     PartitionLayout,
@@ -64,16 +65,28 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         self._label_dtype = "int64" if integral else "float32"
         label_column = F.col(label).cast("long" if integral else "float")
 
+        self._binary, self._feature_shape = False, None
         if isinstance(features, str):
             kind = need(features)
-            if isinstance(kind, T.ArrayType) and isinstance(kind.elementType, numeric):
-                feature_column = F.col(features).cast("array<float>")
+            depth, element = 0, kind
+            while isinstance(element, T.ArrayType):
+                depth, element = depth + 1, element.elementType
+            if isinstance(kind, T.BinaryType):       # encoded images: the trainer's transform decodes them
+                feature_column, self._binary = F.col(features), True
+            elif depth and isinstance(element, numeric):
+                feature_column = F.col(features)
+                for _ in range(depth - 1):           # N-D arrays: stored flat, read back in their shape
+                    feature_column = F.flatten(feature_column)
+                feature_column = feature_column.cast("array<float>")
+                if depth > 1:
+                    first = df.select(features).first()
+                    self._feature_shape = np.asarray(first[0]).shape if first is not None else None
             elif type(kind).__name__ == "VectorUDT":
                 from pyspark.ml.functions import vector_to_array
                 feature_column = vector_to_array(F.col(features), "float32")
             else:
-                raise TypeError(f"feature column {features!r} must be an array of numbers or a "
-                                f"pyspark.ml Vector; it is {kind.simpleString()}")
+                raise TypeError(f"feature column {features!r} must be an array of numbers (of any depth), a "
+                                f"pyspark.ml Vector or binary; it is {kind.simpleString()}")
             names = [features]
         else:
             names = list(features)
@@ -113,15 +126,20 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         else:
             is_validation = F.col("marked")
         prepared = base.select("features", "label", "copy", is_validation.alias("is_validation"))
+        if self._binary:     # bytes of any length, none of them NaN
+            null, nan = F.col("features").isNull(), F.lit(False)
+            min_size = max_size = F.avg(F.length("features"))
+        else:
+            null = F.col("features").isNull() | F.exists("features", lambda x: x.isNull())
+            nan = F.exists("features", lambda x: F.isnan(x) | (F.abs(x) == float("inf")))
+            min_size, max_size = F.min(F.size("features")), F.max(F.size("features"))
         stats = prepared.agg(
             F.count(F.lit(1)).alias("rows"),
-            F.sum(F.when(F.col("features").isNull() | F.exists("features", lambda x: x.isNull()), 1)
-                  .otherwise(0)).alias("null_features"),
-            F.sum(F.when(F.exists("features", lambda x: F.isnan(x) | (F.abs(x) == float("inf"))), 1)
-                  .otherwise(0)).alias("nan_features"),
+            F.sum(F.when(null, 1).otherwise(0)).alias("null_features"),
+            F.sum(F.when(nan, 1).otherwise(0)).alias("nan_features"),
             F.sum(F.when(F.col("label").isNull(), 1).otherwise(0)).alias("null_labels"),
             F.sum(F.when(F.isnan("label") | (F.abs("label") == float("inf")), 1).otherwise(0)).alias("nan_labels"),
-            F.min(F.size("features")).alias("min_size"), F.max(F.size("features")).alias("max_size"),
+            min_size.alias("min_size"), max_size.alias("max_size"),
             F.sum(F.col("is_validation").cast("long")).alias("validation_rows"),
         ).first()
         shown = names[0] if len(names) == 1 else names
@@ -139,7 +157,10 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
             raise ValueError(f"feature column {shown!r} holds arrays of different lengths "
                              f"({stats['min_size']} to {stats['max_size']}); every row needs the same length")
         self._prepared = prepared
-        self._feature_length = int(stats["max_size"])
+        self._feature_length = int(stats["max_size"] or 0)    # bytes: their mean length
+        if self._feature_shape is not None and int(np.prod(self._feature_shape)) != self._feature_length:
+            raise ValueError(f"feature column {shown!r} holds arrays of shape {self._feature_shape} in its first row "
+                             f"and of {self._feature_length} values in others; every row needs the same shape")
         self._val_rows = int(stats["validation_rows"] or 0)
         self._train_rows = int(stats["rows"]) - self._val_rows
         if self._train_rows == 0:
@@ -168,8 +189,8 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
 
     @property
     def feature_dtype(self) -> str:
-        """The features' dtype as stored (numbers become float32)."""
-        return "float32"
+        """The features' dtype as stored: bytes, or float32 (Spark's numbers become float32)."""
+        return BYTES if self._binary else "float32"
 
     def write(self, data_dir: str, num_partitions: int) -> PartitionLayout:
         """Write every (split, partition) from the executor that holds it; nothing is collected."""
@@ -181,8 +202,9 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
             F.pmod(F.xxhash64(F.lit(self.seed + 1), "features", "label", "copy"),
                    F.lit(num_partitions)).alias("partition"),
             F.xxhash64(F.lit(self.seed + 2), "features", "label", "copy").alias("order"))
-        feature_length = self._feature_length
-        group_rows = row_group_rows(4 * (feature_length + 1))
+        feature_length = None if self._binary else self._feature_length
+        row_bytes = self._feature_length + 8 if self._binary else 4 * (self._feature_length + 1)
+        group_rows = row_group_rows(row_bytes)
 
         def write_group(group: pd.DataFrame) -> pd.DataFrame:
             return _write_group(data_dir, feature_length, group_rows, group)
@@ -198,8 +220,8 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         for split in SPLITS:   # partitions no row hashed to still get their (empty) file
             for partition in range(num_partitions):
                 if (split, partition) not in digests:
-                    write_table(_table(np.zeros((0, self._feature_length), np.float32),
-                                       np.zeros(0, self._label_dtype)), data_dir, split, partition, group_rows)
+                    empty = np.zeros(0, object) if self._binary else np.zeros((0, self._feature_length), np.float32)
+                    write_table(_table(empty, np.zeros(0, self._label_dtype)), data_dir, split, partition, group_rows)
                     digests[(split, partition)] = ""
         empty = [p for p in range(num_partitions) if rows["train"][p] == 0]
         if empty:
@@ -210,8 +232,9 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         if missing:
             raise OSError(f"the executors wrote partitions the driver cannot see (first: {missing[0]}); the "
                           f"store must be one file system shared by the driver and every executor")
-        layout = PartitionLayout(num_partitions, (self._feature_length,), (), self._label_dtype, rows, "float32",
-                                 group_rows, WINDOW_ROW_GROUPS, SampleScheme.WINDOWED, 4 * (feature_length + 1))
+        shape = () if self._binary else self._feature_shape or (self._feature_length,)
+        layout = PartitionLayout(num_partitions, shape, (), self._label_dtype, rows, self.feature_dtype,
+                                 group_rows, WINDOW_ROW_GROUPS, SampleScheme.WINDOWED, row_bytes)
         write_layout(data_dir, layout)
         self._fingerprint = hashlib.sha256("".join(digests[k] for k in sorted(digests)).encode()).hexdigest()[:16]
         return layout
@@ -227,12 +250,19 @@ def _table(features: np.ndarray, label: np.ndarray) -> pa.Table:
     return pa.table({"features": column(features), "label": column(label)})
 
 
-def _write_group(data_dir: str, feature_length: int, group_rows: int, group: pd.DataFrame) -> pd.DataFrame:
-    """Runs on an executor: writes one (split, partition) group, rows in their seeded order."""
+def _write_group(data_dir: str, feature_length: int | None, group_rows: int, group: pd.DataFrame) -> pd.DataFrame:
+    """Runs on an executor: writes one (split, partition) group, rows in their seeded order
+    (``feature_length`` None: the features are bytes)."""
     group = group.sort_values(["order", "label"], kind="stable")
-    features = np.stack(group["features"].to_numpy()).astype(np.float32, copy=False).reshape(len(group), feature_length)
+    if feature_length is None:
+        features = np.array([bytes(v) for v in group["features"]], dtype=object)
+        content = b"".join(len(v).to_bytes(8, "little") + v for v in features)
+    else:
+        features = np.stack(group["features"].to_numpy()).astype(np.float32, copy=False).reshape(len(group),
+                                                                                                feature_length)
+        content = features.tobytes()
     label = group["label"].to_numpy()
     split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
     write_table(_table(features, label), data_dir, split, partition, group_rows)
-    digest = hashlib.sha256(features.tobytes() + label.tobytes()).hexdigest()
+    digest = hashlib.sha256(content + label.tobytes()).hexdigest()
     return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest]})

@@ -8,14 +8,14 @@ A worker that cannot complete its handshake with the driver says why and exits w
 import signal
 import sys
 
-from ._loop import run_worker
+from ._loop import EXITING, run_worker
 from ._protocol import HANDSHAKE_FAILED
 from ._wire import HandshakeError
 
 if __name__ == "__main__":
     # The backend stops workers with SIGTERM: exit through the finally blocks, which remove
-    # the worker's local copy of its partitions.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    # the worker's local copy of its partitions (unless they run already).
+    signal.signal(signal.SIGTERM, lambda signum, frame: None if EXITING.is_set() else sys.exit(0))
     host, port, worker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     try:
         run_worker((host, port), bytes.fromhex(sys.stdin.readline().strip()), worker)

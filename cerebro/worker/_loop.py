@@ -36,6 +36,9 @@ from ._protocol import (
 from ._torch import SubEpochTimeout, TorchTrainable
 from ._wire import Channel, connect
 
+# Set once the worker loop is ending: a SIGTERM then must not cut its clean-up short.
+EXITING = threading.Event()
+
 # Built trainables kept per worker, so a trial that comes back is not built again: building
 # initialises every weight, which costs more than the hop itself for large models.
 TRAINABLE_CACHE_BYTES = 1 << 30
@@ -134,6 +137,7 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
             except OSError:
                 return      # the driver is gone
     finally:
+        EXITING.set()
         stop.set()
         channel.close()
         data.close()
