@@ -66,13 +66,13 @@ class StreamedPartition(PartitionSource):
                              "hold them in memory (in_memory=True)")
         super().__init__(layout, rows)
         self.path = path
-        self.bytes_read = 0
+        self._parquet: pq.ParquetFile | None = None      # opened once: its footer lists every row group
 
     def _read(self, groups: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        with files.open_file(self.path) as f:
-            parquet = pq.ParquetFile(f)
-            self.bytes_read += sum(parquet.metadata.row_group(g).total_byte_size for g in groups)
-            return arrays(parquet.read_row_groups(groups), self.layout)
+        if self._parquet is None:
+            self._parquet = pq.ParquetFile(files.open_file(self.path))
+        # One thread: the worker's cores are busy training; this runs on its prefetch thread.
+        return arrays(self._parquet.read_row_groups(groups, use_threads=False), self.layout)
 
     def _train_parts(self, seed: int) -> Iterator[Part]:
         for window in windows(seed, self.rows, self.layout.row_group_rows, self.layout.window):

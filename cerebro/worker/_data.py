@@ -5,7 +5,16 @@ from __future__ import annotations
 import ctypes
 import os
 
-from ..data import SPLITS, LocalCache, PartitionLayout, PartitionSource, open_partition, read_layout
+from ..data import (
+    ROW_GROUP_BYTES,
+    SPLITS,
+    WINDOW_ROW_GROUPS,
+    LocalCache,
+    PartitionLayout,
+    PartitionSource,
+    open_partition,
+    read_layout,
+)
 
 # "auto" holds partitions in memory when they take less than this share of the free memory.
 AUTO_MEMORY_SHARE = 0.5
@@ -61,9 +70,10 @@ class WorkerData:
 def _return_freed_memory() -> None:
     """glibc keeps freed blocks of up to 32 MB in its heaps once it has freed one that size
     (its mmap threshold adapts), and a streaming worker frees a window's arrays every few
-    batches: fix the threshold at 1 MiB, so larger blocks are unmapped when freed."""
+    batches: fix the threshold at half a window, so windows are unmapped when freed while
+    batches, smaller, reuse heap memory (mapping fresh pages for each batch costs page faults)."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)      # M_MMAP_THRESHOLD
+        ctypes.CDLL("libc.so.6").mallopt(-3, ROW_GROUP_BYTES * WINDOW_ROW_GROUPS // 2)   # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass       # not glibc: its allocator has its own policy
 
