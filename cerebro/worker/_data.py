@@ -73,9 +73,7 @@ def _return_freed_memory() -> None:
     batches: fix the threshold at half a window, so windows are unmapped when freed while
     batches, smaller, reuse heap memory (mapping fresh pages for each batch costs page faults)."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, ROW_GROUP_BYTES * WINDOW_ROW_GROUPS // 2)   # M_MMAP_THRESHOLD
-        libc.mallopt(-8, 1)        # M_ARENA_MAX: the prefetch thread's frees go back to the one heap
+        ctypes.CDLL("libc.so.6").mallopt(-3, ROW_GROUP_BYTES * WINDOW_ROW_GROUPS // 2)   # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass       # not glibc: its allocator has its own policy
 
