@@ -42,6 +42,11 @@ class LocalCache:
                 self.bytes_copied += _copy(files.join(self.data_dir, *name.split("/")), target)
         return self._root
 
+    @property
+    def root(self) -> str | None:
+        """The directory the copies are in, once one was made."""
+        return self._root
+
     def close(self) -> None:
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)

@@ -54,7 +54,7 @@ class WorkerData:
     def _decide(self, partitions: list[int]) -> tuple[bool, str]:
         """Whether to hold ``partitions`` in memory, and a line saying why, for the journal."""
         size = sum(self.layout.partition_bytes(p) for p in (*self.sources, *partitions))
-        cached = f"; copied {_gb(self.cache.bytes_copied)} from the store to {self.cache.local_dir([])}" \
+        cached = f"; copied {_gb(self.cache.bytes_copied)} from the store to {self.cache.root}" \
             if self.cache.active else ""
         if self.in_memory != "auto":
             return bool(self.in_memory), f"{'in memory' if self.in_memory else 'streamed'} (in_memory=" \
