@@ -73,7 +73,11 @@ def _return_freed_memory() -> None:
     batches: fix the threshold at half a window, so windows are unmapped when freed while
     batches, smaller, reuse heap memory (mapping fresh pages for each batch costs page faults)."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, ROW_GROUP_BYTES * WINDOW_ROW_GROUPS // 2)   # M_MMAP_THRESHOLD
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, ROW_GROUP_BYTES * WINDOW_ROW_GROUPS // 2)   # M_MMAP_THRESHOLD
+        # Fixing it also fixes the trim threshold at 128 KiB, so the heap would shrink and
+        # grow (page faults) around every batch: keep a window's worth at its top.
+        libc.mallopt(-1, ROW_GROUP_BYTES * WINDOW_ROW_GROUPS)        # M_TRIM_THRESHOLD
     except (OSError, AttributeError):
         pass       # not glibc: its allocator has its own policy
 
