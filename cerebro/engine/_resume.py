@@ -189,8 +189,9 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         kept, cut = replayable(events, damaged)
         if build is not None:
             check_fits_checkpoints(build, store, kept, info)
+        retry_build = (build or cloudpickle.loads(store.read_build())) if retry else None
         for trial_id, config in retry.items():
-            check_build(build or cloudpickle.loads(store.read_build()), trial_id, config, info)
+            check_build(retry_build, trial_id, config, info)
         build_blob = pickle_build(build) if build is not None else store.read_build()
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])

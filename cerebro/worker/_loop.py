@@ -191,8 +191,8 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
             else:
                 sums = trainable.evaluate_batches(batches, deadline)
         compute = time.perf_counter() - started
-        state = pack_tensors(trainable.state()) if task.kind is TaskKind.TRAIN else None
-        evicted = trainables.keep(task, trainable, task.version + (task.kind is TaskKind.TRAIN))
+        state = pack_tensors(trainable.state()) if train else None
+        evicted = trainables.keep(task, trainable, task.version + train)
         return SubEpochDone(task.task_id, sums, compute, state, evicted)
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
