@@ -1,28 +1,67 @@
-"""Cerebro: deep-learning model selection at scale with Model Hopper Parallelism."""
-from . import metrics
+"""Cerebro: deep-learning model selection at scale with Model Hopper Parallelism.
+
+The public names load on first use (PEP 562): a worker process imports ``cerebro.worker``,
+and loading the driver's side with it (pandas, reports, searchers) would cost each worker
+45 MB of resident memory.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__ as __version__
-from .backends import Backend, LocalBackend, SparkBackend
-from .data import Dataset
-from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError, resume
-from .report import Result, TrialResult, load
-from .search import (
-    ASHA,
-    PBT,
-    GridSearch,
-    Hyperband,
-    RandomSearch,
-    Searcher,
-    TPESearch,
-    choice,
-    loguniform,
-    quniform,
-    randint,
-    uniform,
-)
-from .store import StoreInUseError, UntrustedStateError
-from .worker import TorchTrainable
+
+# public name -> the package that defines it
+_EXPORTS = {
+    **dict.fromkeys(["Backend", "LocalBackend", "SparkBackend"], ".backends"),
+    "Dataset": ".data",
+    **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "resume"], ".engine"),
+    "metrics": ".metrics",
+    **dict.fromkeys(["Result", "TrialResult", "load"], ".report"),
+    **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
+                     "loguniform", "quniform", "randint", "uniform"], ".search"),
+    **dict.fromkeys(["StoreInUseError", "UntrustedStateError"], ".store"),
+    "TorchTrainable": ".worker",
+}
 
 __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "LocalBackend", "RandomSearch", "Result",
            "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError", "TPESearch",
            "TooManyFailuresError", "TorchTrainable", "TrialResult", "UntrustedStateError", "WorkerLostError",
            "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "uniform"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'cerebro' has no attribute {name!r}")
+    module = importlib.import_module(_EXPORTS[name], __name__)
+    value = module if name == "metrics" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from . import metrics
+    from .backends import Backend, LocalBackend, SparkBackend
+    from .data import Dataset
+    from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError, resume
+    from .report import Result, TrialResult, load
+    from .search import (
+        ASHA,
+        PBT,
+        GridSearch,
+        Hyperband,
+        RandomSearch,
+        Searcher,
+        TPESearch,
+        choice,
+        loguniform,
+        quniform,
+        randint,
+        uniform,
+    )
+    from .store import StoreInUseError, UntrustedStateError
+    from .worker import TorchTrainable

@@ -1,5 +1,5 @@
-"""The layers of DESIGN.md hold (the import-linter contracts in pyproject.toml), and no
-module imports itself through others: an upward import or an import cycle fails the tests."""
+"""The layers of DESIGN.md hold (the import-linter contracts in pyproject.toml), no module
+imports itself through others, and a worker process loads none of the driver's side."""
 from __future__ import annotations
 
 import os
@@ -55,3 +55,23 @@ def cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 
 def test_no_module_imports_itself_through_others():
     assert cycles(grimp.build_graph("cerebro", exclude_type_checking_imports=True)) == []
+
+
+def test_a_worker_loads_none_of_the_drivers_side():
+    # A worker imports cerebro.worker; pandas, the reports and the searchers would cost each
+    # worker tens of MB of resident memory it never uses.
+    code = ("import sys, cerebro.worker.__main__; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas' "
+            "or m.startswith(('cerebro.report', 'cerebro.search', 'cerebro.engine', 'cerebro.backends'))))")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "[]"
+
+
+def test_every_public_name_resolves():
+    import cerebro
+
+    assert sorted(cerebro.__all__) == sorted(cerebro._EXPORTS)
+    for name in cerebro.__all__:
+        assert getattr(cerebro, name) is not None, name
+    assert set(cerebro.__all__) <= set(dir(cerebro))

@@ -6,10 +6,9 @@ import hashlib
 import numbers
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from ._dataset import Dataset, Validation
@@ -25,6 +24,9 @@ from ._partitions import (
     write_table,
 )
 from ._sample_order import SampleScheme
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def _as_features(features: Any) -> np.ndarray:
@@ -115,6 +117,8 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
                     seed: int = 0, in_memory: bool | str = "auto",
                     cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
         """See :meth:`cerebro.Dataset.from_pandas`."""
+        import pandas as pd  # here, not at the top: workers import this package, and pandas costs them 44 MB
+
         if not isinstance(df, pd.DataFrame):
             raise TypeError(f"from_pandas needs a pandas DataFrame; got {type(df).__name__}")
         columns = [str(c) for c in df.columns]
@@ -148,6 +152,8 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         """See :meth:`cerebro.Dataset.from_parquet`."""
         if not os.path.exists(path):
             raise FileNotFoundError(f"Parquet path {str(path)!r} does not exist")
+        import pandas as pd
+
         columns = None if features is None else [*([features] if isinstance(features, str) else features), label]
         return cls.from_pandas(pd.read_parquet(path, columns=columns), features=features,
                                label=label, validation=validation, partitions=partitions, seed=seed,

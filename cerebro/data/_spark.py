@@ -10,10 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from ..store import _files as files
@@ -30,6 +29,9 @@ from ._partitions import (
     write_table,
 )
 from ._sample_order import SampleScheme
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _VALIDATION_BUCKETS = 1_000_000
 
@@ -265,4 +267,6 @@ def _write_group(data_dir: str, feature_length: int | None, group_rows: int, gro
     split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
     write_table(_table(features, label), data_dir, split, partition, group_rows)
     digest = hashlib.sha256(content + label.tobytes()).hexdigest()
+    import pandas as pd  # on Spark's executors only: workers import this module too
+
     return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest]})

@@ -30,15 +30,16 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, Any
-
-import pandas as pd
+from typing import IO, TYPE_CHECKING, Any
 
 from . import _files as files
 from ._events import Event
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
 from ._state_codec import frames, read_message
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
 STATE_FORMAT = "data/1"     # run.json and every checkpoint header name it; older runs pickled
