@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import grimp
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,6 +67,37 @@ def test_a_worker_loads_none_of_the_drivers_side():
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "[]"
+
+
+def _build_noting_the_workers_modules(config):
+    import torch
+
+    import cerebro as cb
+
+    with open(os.path.join(config["notes"], f"{os.getpid()}.txt"), "w") as note:
+        note.write(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in {"pandas", "sklearn", "optuna",
+                                                                                 "plotly", "mlflow", "rich"})))
+    model = torch.nn.Linear(4, 2)
+    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
+                             batch_size=8)
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_training_worker_loads_none_of_the_drivers_libraries(tmp_path, in_memory):
+    # Reading a partition must not pull pandas in through Arrow's to_numpy either.
+    import numpy as np
+
+    import cerebro as cb
+
+    features = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    data = cb.Dataset.from_numpy(features, (features[:, 0] > 0).astype(np.int64), partitions=2, in_memory=in_memory)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    result = cb.GridSearch(_build_noting_the_workers_modules, {"notes": cb.choice([str(notes)])}, epochs=1).fit(
+        data, workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    assert result.trials[0].status == "completed"
+    workers = {path.stem: path.read_text() for path in notes.iterdir() if path.stem != str(os.getpid())}
+    assert len(workers) >= 1 and set(workers.values()) == {""}, workers
 
 
 def test_every_public_name_resolves():

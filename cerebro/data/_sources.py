@@ -117,5 +117,5 @@ def open_partition(layout: PartitionLayout, data_dir: str, split: str, partition
     path = partition_file(data_dir, split, partition)
     if not in_memory:
         return StreamedPartition(layout, path, layout.rows[split][partition])
-    with files.open_file(path) as f:
-        return InMemoryPartition(layout, *arrays(pq.read_table(f), layout))
+    with files.open_file(path) as f:   # not pq.read_table: it goes through pyarrow.dataset, which loads pandas
+        return InMemoryPartition(layout, *arrays(pq.ParquetFile(f).read(), layout))
