@@ -20,12 +20,13 @@ def partition(features: torch.Tensor, label: torch.Tensor) -> InMemoryPartition:
     return InMemoryPartition(layout, features.numpy(), label.numpy())
 
 
-def train(trainable: cb.TorchTrainable, source: InMemoryPartition, seed: int) -> Sums:
-    """One training sub-epoch, as a worker runs it: batches in the sample order, made tensors."""
+def train(trainable: cb.Trainable, source: InMemoryPartition, seed: int, epoch: int = 1) -> Sums:
+    """One training sub-epoch, as a worker runs it: batches in the sample order, made into the
+    framework's."""
     rng = transform_rng(seed, True)
-    batches = (trainable.tensors(f, y, rng, train=True, device=torch.device("cpu"))
+    batches = (trainable.batch(f, y, rng, train=True, device=torch.device("cpu"))
                for f, y in source.train_batches(seed, trainable.batch_size))
-    return trainable.train_batches(batches, seed)
+    return trainable.train_batches(batches, seed, epoch)
 
 
 def order(rows: int, seed: int) -> torch.Tensor:

@@ -21,12 +21,13 @@ _EXPORTS = {
     **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
                      "loguniform", "quniform", "randint", "uniform"], ".search"),
     **dict.fromkeys(["StoreInUseError", "UntrustedStateError"], ".store"),
-    "TorchTrainable": ".worker",
+    **dict.fromkeys(["KerasTrainable", "TorchTrainable", "Trainable"], ".worker"),
 }
 
-__all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "LocalBackend", "RandomSearch", "Result",
-           "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError", "TPESearch",
-           "TooManyFailuresError", "TorchTrainable", "TrialResult", "UntrustedStateError", "WorkerLostError",
+__all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable", "LocalBackend",
+           "RandomSearch", "Result", "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError",
+           "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult", "UntrustedStateError",
+           "WorkerLostError",
            "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "uniform"]
 
 
@@ -64,4 +65,4 @@ if TYPE_CHECKING:
         uniform,
     )
     from .store import StoreInUseError, UntrustedStateError
-    from .worker import TorchTrainable
+    from .worker import KerasTrainable, TorchTrainable, Trainable

@@ -124,7 +124,7 @@ def test_bytes_features_need_a_transform_before_any_work(tmp_path):
 @pytest.mark.parametrize("transform, error, where", [
     ("broken", "RuntimeError: this transform is broken", "_models.py"),
     ("half", "ValueError: transform returned (16, 1, 8, 8) float32 for a batch of 32 rows; it must return one "
-             "row per row", "_torch.py"),
+             "row per row", "_trainable.py"),
 ])
 def test_a_broken_transform_fails_its_trial_with_its_traceback_and_the_others_go_on(tmp_path, transform, error,
                                                                                       where):

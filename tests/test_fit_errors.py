@@ -70,7 +70,8 @@ def test_build_that_cannot_be_pickled(tmp_path):
 
 def test_build_must_return_a_trainable(tmp_path):
     fails_before_work(tmp_path, cb.GridSearch(lambda config: "a model", SPACE),
-                      "build(config) must return a cerebro.TorchTrainable; got str", error=TypeError)
+                      "build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; got str",
+                      error=TypeError)
 
 
 def test_more_partitions_than_training_rows(tmp_path):

@@ -82,7 +82,8 @@ def test_arguments_are_stored_as_given_and_checked_at_fit(tmp_path):
     (cb.PBT(build, SPACE, mutations="lr"), TypeError, "mutations='lr' must be a list of keys of the space"),
     (cb.ASHA(build, SPACE, metric=None), TypeError, "metric=None must be a string such as 'val_loss'"),
     (cb.ASHA(build, SPACE, mode=True), ValueError, "mode=True must be 'min' or 'max'"),
-    (cb.ASHA(None, SPACE), TypeError, "build=None must be a function build(config) -> cb.TorchTrainable"),
+    (cb.ASHA(None, SPACE), TypeError,
+     "build=None must be a function build(config) -> cb.TorchTrainable or cb.KerasTrainable"),
     (cb.ASHA(build, {}), ValueError, "space={} must name at least one parameter"),
 ])
 def test_declared_constraints_name_the_argument_and_the_rule(search, error, message):

@@ -80,7 +80,8 @@ def test_a_failing_build_is_reported_with_its_traceback():
 def test_build_must_return_a_trainable():
     result = _run(task("t0000", 0), _Trainables(lambda config: torch.nn.Linear(2, 2), CPU, 0), DATA, CPU)
     assert isinstance(result, SubEpochFailed)
-    assert "TypeError: build(config) must return a cerebro.TorchTrainable; got Linear" in result.error
+    assert ("TypeError: build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; got Linear"
+            in result.error)
 
 
 def test_eval_leaves_the_state_version_alone():

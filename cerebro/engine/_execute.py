@@ -27,6 +27,7 @@ from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
+from ..worker import KerasTrainable, driver_keras_backend
 from ._driver import Driver
 from ._interface import SearchPolicy
 from ._preflight import check_build, first_trials
@@ -64,7 +65,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)
-    check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
+    trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
+    keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None
     if store is None:
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
@@ -74,7 +76,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     try:
         with sigterm_interrupts():
             return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions,
-                        backend, int(seed), verbose, limits, tensorboard, mlflow)
+                        backend, int(seed), verbose, limits, tensorboard, mlflow, keras_backend)
     finally:
         lock.close()
 
@@ -97,7 +99,8 @@ def sigterm_interrupts() -> Iterator[None]:
 
 def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,
          searcher_blob: bytes, settings: dict[str, Any], data: Dataset, num_partitions: int, backend: Backend,
-         seed: int, verbose: int, limits: Limits, tensorboard: bool, mlflow: bool | str) -> Result:
+         seed: int, verbose: int, limits: Limits, tensorboard: bool, mlflow: bool | str,
+         keras_backend: str | None) -> Result:
     """Write the run directory (partitions, build, searcher, run.json), drive the run, and
     return its :class:`Result`; the arguments are ``execute``'s, checked."""
     layout = data.write(run_store.data_dir, num_partitions)
@@ -114,6 +117,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "reproducible": {"across_worker_counts_and_backends": note is None, "why_not": note},
         "limits": dataclasses.asdict(limits),
         "visit_order": VisitScheme.LATIN.value,
+        "keras_backend": keras_backend,
         "tensorboard": tensorboard,
         "mlflow": mlflow,
         "data": {"fingerprint": data.fingerprint(), "partitions": num_partitions,
@@ -127,7 +131,8 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     })
     policy.start(seed)
     progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
-    settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN, data.storage)
+    settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN, data.storage,
+                           keras_backend=keras_backend)
     Driver(policy, run_store, backend, settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)
 

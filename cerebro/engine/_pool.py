@@ -189,7 +189,7 @@ class WorkerPool:
         storage = self.settings.storage
         worker.channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
                                   self.backend.threads_per_worker, self.settings.heartbeat_interval,
-                                  storage.in_memory, storage.cache_dir))
+                                  storage.in_memory, storage.cache_dir, self.settings.keras_backend))
 
     def _check_startup(self, deadline: float) -> None:
         for index, what in self.backend.exited().items():

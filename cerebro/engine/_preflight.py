@@ -14,24 +14,23 @@ shapes in its error.
 from __future__ import annotations
 
 import copy
-import functools
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..data import Dataset
-from ..worker import TorchTrainable
+from ..worker import Trainable
 from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from")
 
 
 def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]], metric: str,
-                data: Dataset) -> None:
-    """Raise, naming the problem, if the run could not do what it is asked (see the module)."""
+                data: Dataset) -> Trainable:
+    """The first of ``configs``' trainables; raises, naming the problem, if the run could not do
+    what it is asked (see the module)."""
     trainable, config = _first_that_builds(build, configs)
     logged = check_metric(trainable, metric, data.has_validation)
     clashes = [key for key in config if key in (*HISTORY_COLUMNS, *logged)]
@@ -42,10 +41,11 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
                                           data.has_validation and trainable.eval_transform is None):
         missing = "transform" if trainable.transform is None else "eval_transform"
         raise ValueError(f"the features are bytes (encoded data) and build(config) gives no {missing} to decode "
-                         f"them; pass TorchTrainable({missing}=fn), fn(features, rng) -> array")
+                         f"them; pass {type(trainable).__name__}({missing}=fn), fn(features, rng) -> array")
     sample = data.sample(1)
     if sample is not None:
-        _check_loss(trainable.loss, sample[1])
+        trainable.check_label(sample[1])
+    return trainable
 
 
 def first_trials(policy: SearchPolicy, seed: int) -> list[dict[str, Any]]:
@@ -58,10 +58,11 @@ def first_trials(policy: SearchPolicy, seed: int) -> list[dict[str, Any]]:
 
 def check_metric(trainable: Any, metric: str, has_validation: bool) -> list[str]:
     """The metrics ``trainable`` logs; raises unless it is a trainer that logs ``metric``."""
-    if not isinstance(trainable, TorchTrainable):
-        raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
+    if not isinstance(trainable, Trainable):
+        raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
+                        f"got {type(trainable).__name__}")
     prefixes = ("train", "val") if has_validation else ("train",)
-    logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metrics)]
+    logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metric_names())]
     if metric not in logged:
         hint = "" if has_validation else " (the data has no validation split)"
         raise ValueError(f"metric={metric!r} is not logged{hint}; logged metrics are {logged}")
@@ -72,31 +73,24 @@ def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str,
     """The first of ``configs`` that builds; a build that fails for every one is bad input."""
     failures = []
     for config in {repr(c): c for c in configs}.values():   # each distinct one once
-        for device in ("meta", "cpu"):
-            try:
-                with torch.device(device):
-                    return build(config), config
-            except Exception as error:
-                if device == "cpu":
-                    failures.append((config, error))
+        try:
+            return build_cheaply(build, config), config
+        except Exception as error:
+            failures.append((config, error))
     config, error = failures[0]
     raise ValueError(f"build(config) fails for each of the {len(failures)} configurations tried on the driver, "
                      f"e.g. {config}: {type(error).__name__}: {error}\n"
                      + "".join(traceback.format_exception(error))) from error
 
 
-def _check_loss(loss: Callable, label: np.ndarray) -> None:
-    """What can be told from the loss object itself, without running user code: torch's
-    classification losses need integer class indices, and every loss must average the batch."""
-    function = loss.func if isinstance(loss, functools.partial) else loss
-    reduction = getattr(loss, "reduction", None) or (loss.keywords.get("reduction")
-                                                     if isinstance(loss, functools.partial) else None)
-    name = getattr(function, "__name__", type(function).__name__)
-    if reduction == "none":
-        raise ValueError(f"loss={name} with reduction='none' returns one value per row; the loss must return "
-                         f"the batch's mean (reduction='mean')")
-    classification = function in (torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss) or \
-        isinstance(function, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
-    if classification and np.issubdtype(label.dtype, np.floating) and label.ndim == 1:
-        raise ValueError(f"the label is {label.dtype} but loss={name} takes class indices; encode the classes as "
-                         f"integers 0..K-1 (e.g. y.astype(int))")
+def build_cheaply(build: Callable[[dict], Any], config: dict[str, Any]) -> Any:
+    """``build(config)`` on torch's meta device (no memory, no init) where its framework
+    allows that, else as it is."""
+    try:
+        with torch.device("meta"):
+            trainable = build(config)
+        if getattr(trainable, "builds_on_meta_device", False):
+            return trainable
+    except Exception:
+        pass
+    return build(config)

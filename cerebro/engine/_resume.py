@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
-import torch
 
 from ..backends import Backend
 from ..data import Storage
@@ -51,7 +50,7 @@ from ._execute import (
     sigterm_interrupts,
 )
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
-from ._preflight import check_metric
+from ._preflight import build_cheaply, check_metric
 from ._settings import Limits, RunSettings
 from ._trials import Trial, TrialBook, describe, diverged
 from ._visit_order import LEGACY_SCHEME, VisitScheme
@@ -211,7 +210,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         settings = RunSettings(info["seed"], info["data"]["partitions"], sum(info["data"]["val_rows"]) > 0,
                                Limits(**info.get("limits", {})),
                                VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
-                               Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")))
+                               Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")),
+                               keras_backend=info.get("keras_backend"))
         driver = Driver(policy, store, backend, settings, build_blob=build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, recovered, retry),
                         time_offset=recovered.last_time)
@@ -336,7 +336,7 @@ def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events
         if saved is None:
             continue
         trainable = check_build(build, event.trial_id, event.config, info)
-        made = {name: tuple(tensor.shape) for name, tensor in trainable.model.state_dict().items()}
+        made = trainable.weight_shapes()
         kept = {name: tuple(tensor.shape) for name, tensor in saved.items()}
         if made != kept:
             name = next(n for n in sorted({*made, *kept}) if made.get(n) != kept.get(n))
@@ -348,11 +348,10 @@ def check_fits_checkpoints(build: Callable[[dict], Any], store: RunStore, events
 
 
 def check_build(build: Callable[[dict], Any], trial_id: str, config: dict[str, Any], info: dict[str, Any]) -> Any:
-    """``build(config)``'s trainable, made without memory (on torch's meta device), once it
+    """``build(config)``'s trainable, made without memory where it can be (torch's meta device), once it
     is known to log the run's metric; else a :class:`ResumeError`."""
     try:
-        with torch.device("meta"):
-            trainable = build(config)
+        trainable = build_cheaply(build, config)
         check_metric(trainable, info["searcher"]["metric"], sum(info["data"]["val_rows"]) > 0)
     except Exception as error:
         raise ResumeError(f"build does not fit this run: for {trial_id}'s config {config}, "

@@ -48,6 +48,7 @@ class RunSettings:
         storage: how workers hold their partitions (in memory or streamed; a local cache).
         heartbeat_interval: seconds between a worker's heartbeats.
         startup_timeout: seconds a worker may take to connect and load its partitions.
+        keras_backend: the Keras backend the workers use, where the build makes Keras models.
     """
 
     seed: int
@@ -58,3 +59,4 @@ class RunSettings:
     storage: Storage = Storage()
     heartbeat_interval: float = 1.0
     startup_timeout: float = 300.0
+    keras_backend: str | None = None

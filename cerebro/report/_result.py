@@ -30,7 +30,7 @@ from ..store import (
     parse_event,
     unpack_tensors,
 )
-from ..worker import TorchTrainable
+from ..worker import Trainable
 
 
 @dataclass
@@ -70,13 +70,15 @@ class TrialResult:
         save_file(self.state_dict(), os.fspath(path),
                   metadata={"trial_id": self.trial_id, "epoch": str(self.epochs), "config": json.dumps(self.config)})
 
-    def model(self) -> torch.nn.Module:
-        """The model that ``build(config)`` makes, with the trained weights loaded."""
+    def model(self) -> Any:
+        """The model that ``build(config)`` makes (a ``torch.nn.Module`` in eval mode, or a
+        ``keras.Model``), with the trained weights loaded."""
         trainable = self._require_result().build(self.config)
-        if not isinstance(trainable, TorchTrainable):
-            raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
-        trainable.model.load_state_dict(self.state_dict())
-        return trainable.model.eval()
+        if not isinstance(trainable, Trainable):
+            raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
+                            f"got {type(trainable).__name__}")
+        trainable.load_weights(self.state_dict())
+        return trainable.trained_model()
 
     def _require_result(self) -> Result:
         if self._result is None:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..backends import Backend
     from ..data import Dataset
     from ..report import Result
-    from ..worker import TorchTrainable
+    from ..worker import Trainable
 
 
 class Searcher(ABC):
@@ -33,7 +33,8 @@ class Searcher(ABC):
     :meth:`state`.
 
     Args:
-        build: ``build(config)`` -> :class:`cerebro.TorchTrainable`; runs on the workers.
+        build: ``build(config)`` -> a :class:`cerebro.TorchTrainable` or :class:`cerebro.KerasTrainable`;
+            runs on the workers.
         space: parameter name -> a primitive (``cb.choice``, ``cb.uniform``, ...) or a constant.
         metric: what ``result.best`` ranks by: ``val_loss`` (default), ``train_loss``, or
             ``train_<name>`` / ``val_<name>`` for a metric the trainable logs.
@@ -47,13 +48,13 @@ class Searcher(ABC):
     """
 
     _parameters: ClassVar[dict[str, Constraint]] = {
-        "build": _checks.Callable(description="a function build(config) -> cb.TorchTrainable"),
+        "build": _checks.Callable(description="a function build(config) -> cb.TorchTrainable or cb.KerasTrainable"),
         "space": SearchSpace(),
         "metric": String(description="a string such as 'val_loss'"),
         "mode": OneOf("min", "max"),
     }
 
-    def __init__(self, build: Callable[[dict], TorchTrainable], space: Mapping[str, Any], *,
+    def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min") -> None:
         """Store the arguments as given; ``fit`` checks them."""
         self.build = build

@@ -18,6 +18,7 @@ import torch
 from ..data import PartitionSource, StreamedPartition, transform_rng
 from ..store import TaskKind, pack_tensors, unpack_tensors
 from ._data import WorkerData
+from ._keras import prepare_keras
 from ._prefetch import Prefetched
 from ._protocol import (
     Heartbeat,
@@ -33,7 +34,7 @@ from ._protocol import (
     SubEpochFailed,
     TakeOver,
 )
-from ._torch import SubEpochTimeout, TorchTrainable
+from ._trainable import SubEpochTimeout, Trainable, seed_build
 from ._wire import Channel, connect
 
 # Set once the worker loop is ending: a SIGTERM then must not cut its clean-up short.
@@ -56,16 +57,16 @@ class _Trainables:
 
     def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int) -> None:
         self.build, self.device, self.budget = build, device, budget
-        self._cache: OrderedDict[str, tuple[TorchTrainable, int, int, dict]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[Trainable, int, int, dict]] = OrderedDict()
 
-    def take(self, task: RunSubEpoch) -> TorchTrainable | None:
+    def take(self, task: RunSubEpoch) -> Trainable | None:
         """``task``'s trainable at the task's state version; None if that state is not here."""
         # Out of the cache until keep puts it back: a sub-epoch that fails ends its trial.
         cached = self._cache.pop(task.trial_id, None)
         if cached is not None and cached[3] != task.config:    # PBT changed the config
             cached = None
         if task.version == 0:
-            torch.manual_seed(task.init_seed)
+            seed_build(task.init_seed)
             return self._build(task.config)
         if task.state is None:
             return cached[0] if cached is not None and cached[1] == task.version else None
@@ -73,19 +74,18 @@ class _Trainables:
         trainable.load_state(unpack_tensors(task.state), keep_hyperparameters=task.retune)
         return trainable
 
-    def _build(self, config: dict) -> TorchTrainable:
+    def _build(self, config: dict) -> Trainable:
         trainable = self.build(config)
-        if not isinstance(trainable, TorchTrainable):
-            raise TypeError(f"build(config) must return a cerebro.TorchTrainable; got {type(trainable).__name__}")
-        trainable.model.to(self.device)
+        if not isinstance(trainable, Trainable):
+            raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
+                            f"got {type(trainable).__name__}")
+        trainable.place(self.device)
         return trainable
 
-    def keep(self, task: RunSubEpoch, trainable: TorchTrainable, version: int) -> tuple[str, ...]:
+    def keep(self, task: RunSubEpoch, trainable: Trainable, version: int) -> tuple[str, ...]:
         """Hold ``task``'s trainable at ``version``; returns the other trials evicted to stay
         within the budget: their next task here must carry the state again."""
-        size = 3 * sum(t.numel() * t.element_size() for t in trainable.model.state_dict().values())
-        # size: weights + optimizer moments, roughly
-        self._cache[task.trial_id] = (trainable, version, size, task.config)
+        self._cache[task.trial_id] = (trainable, version, trainable.nbytes(), task.config)
         evicted = []
         while sum(entry[2] for entry in self._cache.values()) > self.budget and len(self._cache) > 1:
             evicted.append(self._cache.popitem(last=False)[0])
@@ -146,6 +146,8 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
 def _set_up(setup: Setup, worker: int, data: WorkerData) -> tuple[_Trainables, torch.device]:
     """Open this worker's partitions, once, and unpickle the user's build."""
     torch.set_num_threads(setup.threads)
+    if setup.keras_backend is not None:     # before the build's unpickling imports keras
+        prepare_keras(setup.keras_backend, setup.threads)
     # torch.optim imports torch._dynamo when the first optimizer is built (seconds): pay
     # that at start-up rather than inside some trial's first sub-epoch.
     importlib.import_module("torch._dynamo")
@@ -180,14 +182,14 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
         rng = transform_rng(task.seed, train)
         stored = source.train_batches(task.seed, trainable.batch_size) if train else \
             source.eval_batches(trainable.batch_size)
-        batches = (trainable.tensors(features, label, rng, train=train, device=device) for features, label in stored)
+        batches = (trainable.batch(features, label, rng, train=train, device=device) for features, label in stored)
         started = time.perf_counter()
         deadline = None if task.timeout is None else time.monotonic() + task.timeout
         # A thread makes batches ahead where that costs more than a few microseconds.
         ahead = isinstance(source, StreamedPartition) or (trainable.transform if train else trainable.eval_transform)
         with Prefetched(batches) if ahead else contextlib.nullcontext(batches) as batches:
             if train:
-                sums = trainable.train_batches(batches, task.seed, deadline)
+                sums = trainable.train_batches(batches, task.seed, task.epoch, deadline)
             else:
                 sums = trainable.evaluate_batches(batches, deadline)
         compute = time.perf_counter() - started

@@ -50,6 +50,7 @@ class Setup:
     heartbeat_interval: float
     in_memory: bool | str = "auto"     # hold partitions in memory, stream them, or decide (see cerebro.data.Storage)
     cache_dir: str | None = None       # where to copy the partitions of a remote store
+    keras_backend: str | None = None   # the driver's Keras backend, where the build uses Keras
 
 
 @dataclass

@@ -1,8 +1,11 @@
-"""The PyTorch trainer: what a trial is on a worker, and how it trains one sub-epoch."""
+"""The PyTorch trainer: a :class:`Trainable` over a ``torch.nn.Module`` and its optimizer."""
 from __future__ import annotations
 
+import contextlib
+import enum
+import functools
 import math
-import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,14 +14,21 @@ import numpy as np
 import torch
 
 from ._protocol import Sums
+from ._trainable import Trainable, Transform, callable_transforms, check_deadline, describe, positive_batch_size
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-Transform = Callable[[np.ndarray, np.random.Generator], Any]
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 
 
+class SchedulerStep(enum.Enum):
+    """When ``TorchTrainable``'s ``lr_scheduler`` steps."""
+
+    EPOCH = "epoch"     # once per epoch, over all partitions
+    BATCH = "batch"     # after every optimizer step
+
+
 @dataclass
-class TorchTrainable:
+class TorchTrainable(Trainable):
     """A model with how to train it; the user's ``build(config)`` returns one.
 
     Args:
@@ -37,6 +47,15 @@ class TorchTrainable:
         eval_transform: the same for evaluation batches. Default: none (float32 features),
             so augmentation never touches evaluation; decoding that evaluation needs too
             goes in both.
+        lr_scheduler: a ``torch.optim.lr_scheduler`` over ``optimizer``; its state hops with
+            the model, so a hop, a resume or a PBT exploit continues the schedule exactly.
+        lr_scheduler_step: ``"epoch"`` (default): it steps once per epoch of the trial (over
+            all partitions, as in a plain loop of ``scheduler.step()`` after each epoch);
+            ``"batch"``: after every optimizer step.
+        clip_grad_norm: clip the gradients' total 2-norm to this before each step
+            (``torch.nn.utils.clip_grad_norm_``); default none.
+        mixed_precision: on a GPU, run forward passes under ``torch.autocast`` (float16) with
+            a ``GradScaler`` whose state hops with the model; on a CPU it changes nothing.
 
     Example:
         >>> def build(config):
@@ -59,6 +78,12 @@ class TorchTrainable:
     metrics: Mapping[str, Metric] = field(default_factory=dict)
     transform: Transform | None = None
     eval_transform: Transform | None = None
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    lr_scheduler_step: SchedulerStep | str = SchedulerStep.EPOCH
+    clip_grad_norm: float | None = None
+    mixed_precision: bool = False
+
+    builds_on_meta_device = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):
@@ -67,8 +92,7 @@ class TorchTrainable:
             raise TypeError(f"optimizer must be a torch.optim.Optimizer; got {type(self.optimizer).__name__}")
         if not callable(self.loss):
             raise TypeError(f"loss={self.loss!r} must be callable as loss(outputs, targets)")
-        if not isinstance(self.batch_size, int) or isinstance(self.batch_size, bool) or self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size!r} must be a positive integer")
+        positive_batch_size(self.batch_size)
         self.metrics = dict(self.metrics or {})
         for name, metric in self.metrics.items():
             if not isinstance(name, str) or not name or name == "loss":
@@ -76,65 +100,105 @@ class TorchTrainable:
                                  f"which is always logged")
             if not callable(metric):
                 raise TypeError(f"metric {name!r}={metric!r} must be callable as metric(outputs, targets)")
-        for name in ("transform", "eval_transform"):
-            if getattr(self, name) is not None and not callable(getattr(self, name)):
-                raise TypeError(f"{name}={getattr(self, name)!r} must be callable as {name}(features, rng), or None")
+        callable_transforms(self)
+        if self.lr_scheduler is not None:
+            if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
+                raise TypeError(f"lr_scheduler must be a torch.optim.lr_scheduler scheduler; "
+                                f"got {type(self.lr_scheduler).__name__}")
+            if self.lr_scheduler.optimizer is not self.optimizer:
+                raise ValueError("lr_scheduler schedules another optimizer than this TorchTrainable's optimizer")
+        try:
+            self.lr_scheduler_step = SchedulerStep(self.lr_scheduler_step)
+        except ValueError:
+            raise ValueError(f"lr_scheduler_step={self.lr_scheduler_step!r} must be 'epoch' or 'batch'") from None
+        if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, (int, float))
+                                                    and not isinstance(self.clip_grad_norm, bool)
+                                                    and self.clip_grad_norm > 0):
+            raise ValueError(f"clip_grad_norm={self.clip_grad_norm!r} must be a positive number or None")
+        if not isinstance(self.mixed_precision, bool):
+            raise TypeError(f"mixed_precision={self.mixed_precision!r} must be True or False")
+        self._scaler = torch.amp.GradScaler("cuda", enabled=False)
+
+    # --- what the driver checks ---------------------------------------------------------
+    def metric_names(self) -> tuple[str, ...]:
+        return tuple(self.metrics)
+
+    def check_label(self, label: np.ndarray) -> None:
+        _check_loss(self.loss, label)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(tensor.shape) for name, tensor in self.model.state_dict().items()}
+
+    def place(self, device: torch.device) -> None:
+        self.model.to(device)
+        self._scaler = torch.amp.GradScaler("cuda", enabled=self.mixed_precision and device.type == "cuda")
+
+    def nbytes(self) -> int:
+        # weights + optimizer moments, roughly
+        return 3 * sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
 
     # --- the state that hops ------------------------------------------------------------
     def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.lr_scheduler is not None:
+            state["lr_scheduler"] = self.lr_scheduler.state_dict()
+        if self._scaler.is_enabled():
+            state["grad_scaler"] = self._scaler.state_dict()
+        return state
 
     def load_state(self, state: Mapping, *, keep_hyperparameters: bool = False) -> None:
-        """Load weights and optimizer state; with ``keep_hyperparameters`` the optimizer keeps
-        the learning rate, weight decay, ... it was built with (PBT's explore step)."""
         built = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.lr_scheduler is not None and "lr_scheduler" in state:
+            base_lrs = list(self.lr_scheduler.base_lrs)
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            if keep_hyperparameters:    # the schedule goes on from where it was, from the built rates
+                self.lr_scheduler.base_lrs = base_lrs
+        if self._scaler.is_enabled() and state.get("grad_scaler"):
+            self._scaler.load_state_dict(state["grad_scaler"])
         if keep_hyperparameters:
             for group, hyperparameters in zip(self.optimizer.param_groups, built):
                 group.update(hyperparameters)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(weights)
+
+    def trained_model(self) -> torch.nn.Module:
+        return self.model.eval()
 
     # --- sub-epochs ---------------------------------------------------------------------
-    def tensors(self, features: np.ndarray, label: np.ndarray, rng: np.random.Generator, *, train: bool,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """A batch as stored, made into the model's inputs and targets on ``device``: through
-        ``transform`` (``train``) or ``eval_transform``, else as float32."""
-        transform = self.transform if train else self.eval_transform
-        if transform is None:
-            if features.dtype == object:
-                raise TypeError(f"the features are bytes (encoded data): give TorchTrainable a "
-                                f"{'transform' if train else 'eval_transform'} that decodes them")
-            inputs = torch.from_numpy(features).float()
-        else:
-            inputs = _as_tensor(transform(features, rng), "transform" if train else "eval_transform")
-            if inputs.dim() == 0 or len(inputs) != len(features):
-                raise ValueError(f"{'transform' if train else 'eval_transform'} returned {_shape(inputs)} for a "
-                                 f"batch of {len(features)} rows; it must return one row per row")
+    def _to_batch(self, inputs: Any, label: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = inputs if isinstance(inputs, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(inputs))
         targets = torch.from_numpy(label)
         if device.type == "cuda":      # pinned, so the copy overlaps the previous batch's compute
             return (inputs.pin_memory().to(device, non_blocking=True),
                     targets.pin_memory().to(device, non_blocking=True))
         return inputs.to(device), targets.to(device)
 
-    def train_batches(self, batches: Batches, seed: int, deadline: float | None = None) -> Sums:
-        """Plain mini-batch SGD over ``batches`` (a partition's, in its sample order), with the
-        model's own randomness (dropout) seeded by ``seed``.
-
-        Stops early, with non-finite sums, as soon as the loss stops being finite; raises
-        :class:`SubEpochTimeout` after a batch that ends past ``deadline`` (``time.monotonic``).
-        """
+    def train_batches(self, batches: Batches, seed: int, epoch: int, deadline: float | None = None) -> Sums:
+        """Plain mini-batch SGD over ``batches``; see :meth:`Trainable.train_batches`."""
         torch.manual_seed(seed)
+        self._schedule_epoch(epoch)
         sums = Sums.empty(self.metrics)
         self.model.train()
         for inputs, targets in batches:
             self.optimizer.zero_grad(set_to_none=True)
             outputs, loss = self._forward(inputs, targets)
-            loss.backward()
-            self.optimizer.step()
+            self._scaler.scale(loss).backward()
+            if self.clip_grad_norm is not None:
+                self._scaler.unscale_(self.optimizer)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+            self._scaler.step(self.optimizer)
+            self._scaler.update()
+            if self.lr_scheduler is not None and self.lr_scheduler_step is SchedulerStep.BATCH:
+                self.lr_scheduler.step()
             sums += _batch_sums(loss, outputs.detach(), targets, self.metrics)
             if not math.isfinite(sums.loss):
                 break
-            _check(deadline)
+            check_deadline(deadline)
         return sums
 
     @torch.no_grad()
@@ -145,49 +209,34 @@ class TorchTrainable:
         for inputs, targets in batches:
             outputs, loss = self._forward(inputs, targets)
             sums += _batch_sums(loss, outputs, targets, self.metrics)
-            _check(deadline)
+            check_deadline(deadline)
         return sums
+
+    def _schedule_epoch(self, epoch: int) -> None:
+        """Step an epoch-wise schedule to ``epoch``, wherever the trial's last epoch ended."""
+        if self.lr_scheduler is None or self.lr_scheduler_step is not SchedulerStep.EPOCH:
+            return
+        with warnings.catch_warnings():     # a freshly loaded optimizer has not stepped in this process
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)`", UserWarning)
+            while self.lr_scheduler.last_epoch < epoch - 1:
+                self.lr_scheduler.step()
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's outputs and the batch's loss; a failure says what the shapes were."""
         outputs = None
+        autocast = torch.autocast("cuda", torch.float16) if self._scaler.is_enabled() else contextlib.nullcontext()
         try:
-            outputs = self.model(inputs)
-            loss = self.loss(outputs, targets)
+            with autocast:
+                outputs = self.model(inputs)
+                loss = self.loss(outputs, targets)
         except Exception as error:
-            made = "" if outputs is None else f" -> outputs {_shape(outputs)}"
-            error.add_note(f"on a batch of features {_shape(inputs)}{made}, labels {_shape(targets)}")
+            made = "" if outputs is None else f" -> outputs {describe(outputs)}"
+            error.add_note(f"on a batch of features {describe(inputs)}{made}, labels {describe(targets)}")
             raise
         if loss.dim() != 0:
             raise ValueError(f"loss(outputs, targets) must return a scalar (the batch's mean loss); it returned "
                              f"a tensor of shape {tuple(loss.shape)} (a loss with reduction='none'?)")
         return outputs, loss
-
-
-def _shape(value: object) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
-    return type(value).__name__
-
-
-def _as_tensor(value: Any, name: str) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    try:
-        return torch.from_numpy(np.ascontiguousarray(value))
-    except TypeError:
-        raise TypeError(f"{name} must return a numeric array or tensor; it returned {_shape(value)}"
-                        f"{f' of dtype {value.dtype}' if hasattr(value, 'dtype') else ''}") from None
-
-
-class SubEpochTimeout(Exception):
-    """A sub-epoch ran past its trial_timeout."""
-
-
-def _check(deadline: float | None) -> None:
-    if deadline is not None and time.monotonic() > deadline:
-        raise SubEpochTimeout("the sub-epoch ran past its trial_timeout")
-
 
 
 @torch.no_grad()
@@ -196,3 +245,20 @@ def _batch_sums(loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor
     n = len(targets)
     return Sums(n, float(loss.detach()) * n, {name: float(metric(outputs, targets)) * n
                                               for name, metric in metrics.items()})
+
+
+def _check_loss(loss: Callable, label: np.ndarray) -> None:
+    """What can be told from the loss object itself, without running user code: torch's
+    classification losses need integer class indices, and every loss must average the batch."""
+    function = loss.func if isinstance(loss, functools.partial) else loss
+    reduction = getattr(loss, "reduction", None) or (loss.keywords.get("reduction")
+                                                     if isinstance(loss, functools.partial) else None)
+    name = getattr(function, "__name__", type(function).__name__)
+    if reduction == "none":
+        raise ValueError(f"loss={name} with reduction='none' returns one value per row; the loss must return "
+                         f"the batch's mean (reduction='mean')")
+    classification = function in (torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss) or \
+        isinstance(function, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
+    if classification and np.issubdtype(label.dtype, np.floating) and label.ndim == 1:
+        raise ValueError(f"the label is {label.dtype} but loss={name} takes class indices; encode the classes as "
+                         f"integers 0..K-1 (e.g. y.astype(int))")

@@ -1,0 +1,212 @@
+"""The Keras 3 trainer: a :class:`Trainable` over a compiled ``keras.Model``, on TensorFlow, JAX
+or PyTorch.
+
+Keras is imported only where a build uses it: the module imports it lazily, so torch users
+and the workers of torch runs never load it. The backend is the driver's (``KERAS_BACKEND``
+or ``~/.keras/keras.json``, as Keras itself chooses); the driver sends it to every worker,
+which sets it before unpickling the build.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._protocol import Sums
+from ._trainable import Trainable, Transform, callable_transforms, check_deadline, positive_batch_size
+
+# Keras backends that train; Keras also knows "numpy" and "openvino", which only infer.
+TRAINING_BACKENDS = ("tensorflow", "jax", "torch")
+
+
+def driver_keras_backend() -> str | None:
+    """The Keras backend this process uses, or None where nothing imported Keras."""
+    keras = sys.modules.get("keras")
+    return None if keras is None else keras.backend.backend()
+
+
+def prepare_keras(backend: str, threads: int) -> None:
+    """Make this worker's Keras use ``backend`` with ``threads`` threads per op, before
+    anything imports it (the build's unpickling would)."""
+    if backend not in TRAINING_BACKENDS:
+        raise ValueError(f"Keras backend {backend!r} cannot train; use one of {', '.join(TRAINING_BACKENDS)}")
+    os.environ["KERAS_BACKEND"] = backend
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
+    os.environ["TF_NUM_INTEROP_THREADS"] = "1"
+    if threads == 1:     # XLA's CPU client otherwise runs every op on all cores
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
+    importlib.import_module("keras")
+
+
+@dataclass
+class KerasTrainable(Trainable):
+    """A Keras 3 model with how to train it; the user's ``build(config)`` returns one.
+
+    Args:
+        model: a built ``keras.Model`` (it starts with ``keras.Input``, or ``model.build``
+            was called). Compiled, it brings its optimizer, loss and metrics; else give them.
+        batch_size: rows per mini-batch.
+        optimizer, loss, metrics: as for ``model.compile``; given, they compile the model
+            (overriding an earlier compile). Metrics are logged per epoch for training
+            (``train_<name>``) and validation (``val_<name>``) under Keras's names for them.
+        transform, eval_transform: as for :class:`cerebro.TorchTrainable`; they return numpy
+            arrays (or tensors of the backend).
+
+    The state that hops is the model's weights and the optimizer's variables. Every
+    sub-epoch reseeds the model's seed generators (dropout and the like) from the sub-epoch's
+    seed, so training is bitwise the same on any worker count for each backend; a plain
+    ``train_on_batch`` loop that reseeds the same way gives the same bits on one partition.
+
+    Example:
+        >>> def build(config):
+        ...     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+        ...     model.compile(keras.optimizers.Adam(config["lr"]),
+        ...                   keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+        ...     return cb.KerasTrainable(model, batch_size=32)
+    """
+
+    model: Any
+    batch_size: int
+    optimizer: Any = None
+    loss: Any = None
+    metrics: list | None = None
+    transform: Transform | None = None
+    eval_transform: Transform | None = None
+
+    def __post_init__(self) -> None:
+        keras = sys.modules.get("keras")
+        if keras is None or not isinstance(self.model, keras.Model):
+            kind = "a torch.nn.Module: use cb.TorchTrainable" if isinstance(self.model, torch.nn.Module) \
+                else type(self.model).__name__
+            raise TypeError(f"model must be a keras.Model; got {kind}")
+        backend = keras.backend.backend()
+        if backend not in TRAINING_BACKENDS:
+            raise ValueError(f"Keras backend {backend!r} cannot train; set KERAS_BACKEND to one of "
+                             f"{', '.join(TRAINING_BACKENDS)}")
+        positive_batch_size(self.batch_size)
+        callable_transforms(self)
+        if self.optimizer is not None or self.loss is not None or self.metrics is not None:
+            self.model.compile(optimizer=self.optimizer or getattr(self.model, "optimizer", None) or "rmsprop",
+                               loss=self.loss, metrics=self.metrics)
+        if not getattr(self.model, "compiled", False) or getattr(self.model, "loss", None) is None:
+            raise ValueError("the Keras model is not compiled with a loss: call model.compile(optimizer, loss, "
+                             "metrics) in build(config), or give KerasTrainable(optimizer=..., loss=...)")
+        if not self.model.built:
+            raise ValueError("the Keras model is not built, so it has no weights to hop yet: start it with "
+                             "keras.Input(shape), or call model.build(input_shape)")
+        if not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        self._metric_names = tuple(_metric_name(m) for m in _flat_metrics(self.model))
+
+    # --- what the driver checks ---------------------------------------------------------
+    def metric_names(self) -> tuple[str, ...]:
+        return self._metric_names
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(variable.shape) for name, variable in self._weights().items()}
+
+    def nbytes(self) -> int:
+        variables = [*self.model.weights, *self.model.optimizer.variables]
+        return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
+
+    # --- the state that hops ------------------------------------------------------------
+    def state(self) -> dict:
+        return {"model": {name: _tensor(v) for name, v in self._weights().items()},
+                "optimizer": {name: _tensor(v) for name, v in self._optimizer_variables().items()}}
+
+    def load_state(self, state: Mapping, *, keep_hyperparameters: bool = False) -> None:
+        self.load_weights(state["model"])
+        optimizer = self._optimizer_variables()
+        kept = {key for key, variable in optimizer.items() if keep_hyperparameters and variable.name == "learning_rate"}
+        _assign(optimizer, {key: value for key, value in state["optimizer"].items() if key not in kept},
+                "optimizer variable")
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        _assign(self._weights(), weights, "weight")
+
+    def trained_model(self) -> Any:
+        return self.model
+
+    def _weights(self) -> dict[str, Any]:
+        # By position: layer names (dense_3, ...) differ between two builds in one process.
+        return {f"{i:04d}:{v.name}": v for i, v in enumerate(self.model.weights)}
+
+    def _optimizer_variables(self) -> dict[str, Any]:
+        # By position alone: their names carry the layers' (sequential_dense_3_kernel_momentum).
+        return {f"{i:04d}": v for i, v in enumerate(self.model.optimizer.variables)}
+
+    # --- sub-epochs ---------------------------------------------------------------------
+    def _to_batch(self, inputs: Any, label: np.ndarray, device: torch.device) -> tuple[Any, np.ndarray]:
+        return inputs, label
+
+    def train_batches(self, batches: Iterable[Any], seed: int, epoch: int, deadline: float | None = None) -> Sums:
+        self._reseed(seed)
+        sums = Sums.empty(self._metric_names)
+        for inputs, targets in batches:
+            logs = self.model.train_on_batch(inputs, targets, return_dict=True)
+            sums += self._sums(logs, len(targets))
+            if not math.isfinite(sums.loss):
+                break
+            check_deadline(deadline)
+        return sums
+
+    def evaluate_batches(self, batches: Iterable[Any], deadline: float | None = None) -> Sums:
+        sums = Sums.empty(self._metric_names)
+        for inputs, targets in batches:
+            sums += self._sums(self.model.test_on_batch(inputs, targets, return_dict=True), len(targets))
+            check_deadline(deadline)
+        return sums
+
+    def _sums(self, logs: Mapping[str, Any], rows: int) -> Sums:
+        missing = [name for name in self._metric_names if name not in logs]
+        if missing:
+            raise ValueError(f"Keras logged {sorted(logs)}, not the metrics {missing} this trainer expected from "
+                             f"compile(metrics=...); give metrics as names, functions or keras.metrics objects")
+        return Sums(rows, float(logs["loss"]) * rows, {name: float(logs[name]) * rows for name in self._metric_names})
+
+    def _reseed(self, seed: int) -> None:
+        """Every seed generator of the model, and Keras's global one, starts from ``seed``,
+        whatever ran before."""
+        sys.modules["keras"].utils.set_random_seed(seed % 2**32)
+        generators = [g for layer in self.model._flatten_layers() for g in layer._seed_generators]
+        for index, generator in enumerate(generators):
+            state = np.random.default_rng([seed, index]).integers(0, 2**31, 2)
+            generator.state.assign(state.astype(generator.state.dtype))
+
+
+def _flat_metrics(model: Any) -> list:
+    """The metrics given to ``compile``, for a single-output model."""
+    metrics = model._compile_config.config.get("metrics") if getattr(model, "_compile_config", None) else None
+    if metrics is None:
+        return []
+    if isinstance(metrics, dict):
+        raise ValueError("compile(metrics=...) is a dict (per output); KerasTrainable trains single-output models: "
+                         "give a list")
+    return list(metrics)
+
+
+def _metric_name(metric: Any) -> str:
+    if isinstance(metric, str):
+        return "accuracy" if metric == "acc" else metric
+    return getattr(metric, "name", None) or metric.__name__
+
+
+def _tensor(variable: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(variable.numpy(), copy=True))
+
+
+def _assign(variables: dict[str, Any], values: Mapping[str, torch.Tensor], what: str) -> None:
+    for name, value in values.items():
+        variable = variables.get(name)
+        if variable is None or tuple(variable.shape) != tuple(value.shape):
+            made = "none" if variable is None else tuple(variable.shape)
+            raise ValueError(f"the state's {what} {name} has shape {tuple(value.shape)}; this model's is {made}")
+        variable.assign(value.numpy())

@@ -1,0 +1,150 @@
+"""The trainer waist: what every framework implements so that its models can hop.
+
+The engine never touches a framework: a worker builds a :class:`Trainable` from the user's
+``build(config)``, feeds it a partition's batches for one sub-epoch with the sub-epoch's seed,
+and sends back its :meth:`Trainable.state` (a tree of CPU torch tensors, data only). Another
+framework needs one new module that subclasses :class:`Trainable` (see ``_torch.py`` and
+``_keras.py``).
+"""
+from __future__ import annotations
+
+import abc
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ._protocol import Sums
+
+Transform = Callable[[np.ndarray, np.random.Generator], Any]
+
+
+class Trainable(abc.ABC):
+    """A trial's model with how to train it, as a worker holds it.
+
+    Subclasses are dataclasses with at least ``batch_size``, ``transform`` and
+    ``eval_transform`` (see :class:`cerebro.TorchTrainable` for what those mean).
+    """
+
+    batch_size: int
+    transform: Transform | None
+    eval_transform: Transform | None
+
+    # The driver checks build(config) on torch's meta device (no memory, no init) where the
+    # framework allows it.
+    builds_on_meta_device: ClassVar[bool] = False
+
+    # --- what the driver checks before any worker starts ---------------------------------
+    @abc.abstractmethod
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics logged besides the loss, as ``train_<name>`` and ``val_<name>``."""
+
+    def check_label(self, label: np.ndarray) -> None:
+        """Raise, naming the problem, if labels like ``label`` (a sample) cannot fit the loss."""
+
+    @abc.abstractmethod
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each weight's shape, by the name :meth:`state` gives it under ``"model"``."""
+
+    # --- placing and sizing --------------------------------------------------------------
+    def place(self, device: torch.device) -> None:
+        """Move the model to ``device`` (where the framework does not place it itself)."""
+
+    @abc.abstractmethod
+    def nbytes(self) -> int:
+        """Bytes the trial holds on this worker: weights and optimizer state, roughly."""
+
+    # --- sub-epochs ---------------------------------------------------------------------
+    def batch(self, features: np.ndarray, label: np.ndarray, rng: np.random.Generator, *, train: bool,
+              device: torch.device) -> Any:
+        """A batch as stored, made into what :meth:`train_batches` takes: through ``transform``
+        (``train``) or ``eval_transform``, else the features as float32."""
+        name = "transform" if train else "eval_transform"
+        transform = getattr(self, name)
+        if transform is None:
+            if features.dtype == object:
+                raise TypeError(f"the features are bytes (encoded data): give {type(self).__name__} a "
+                                f"{name} that decodes them")
+            return self._to_batch(features.astype(np.float32, copy=False), label, device)
+        inputs = transform(features, rng)
+        if not hasattr(inputs, "shape") or getattr(inputs, "dtype", None) == np.dtype(object):
+            raise TypeError(f"{name} must return a numeric array or tensor; it returned {describe(inputs)}")
+        if len(inputs.shape) == 0 or len(inputs) != len(features):
+            raise ValueError(f"{name} returned {describe(inputs)} for a batch of {len(features)} rows; it must "
+                             f"return one row per row")
+        return self._to_batch(inputs, label, device)
+
+    @abc.abstractmethod
+    def _to_batch(self, inputs: Any, label: np.ndarray, device: torch.device) -> Any:
+        """``(inputs, targets)`` as the framework takes them; ``inputs`` is an array or a tensor."""
+
+    @abc.abstractmethod
+    def train_batches(self, batches: Iterable[Any], seed: int, epoch: int, deadline: float | None = None) -> Sums:
+        """Train on ``batches`` (a partition's, in its sample order) in epoch ``epoch`` (from 1),
+        the model's own randomness (dropout) seeded by ``seed`` alone. Stops early once the
+        loss is not finite; raises :class:`SubEpochTimeout` after a batch that ends past
+        ``deadline`` (``time.monotonic``)."""
+
+    @abc.abstractmethod
+    def evaluate_batches(self, batches: Iterable[Any], deadline: float | None = None) -> Sums:
+        """Loss and metrics over ``batches``."""
+
+    # --- the state that hops ------------------------------------------------------------
+    @abc.abstractmethod
+    def state(self) -> dict[str, Any]:
+        """Everything the next sub-epoch continues from, as a tree of CPU torch tensors and
+        plain data: the weights under ``"model"``, the optimizer's state, schedules, ..."""
+
+    @abc.abstractmethod
+    def load_state(self, state: Mapping[str, Any], *, keep_hyperparameters: bool = False) -> None:
+        """Continue from ``state``; with ``keep_hyperparameters`` the optimizer keeps the
+        learning rate (and the like) it was built with: PBT's explore step."""
+
+    # --- the trained model, for the user -------------------------------------------------
+    @abc.abstractmethod
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load ``state()["model"]`` of a finished trial."""
+
+    @abc.abstractmethod
+    def trained_model(self) -> Any:
+        """The framework's model, ready for inference."""
+
+
+class SubEpochTimeout(Exception):
+    """A sub-epoch ran past its trial_timeout."""
+
+
+def check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise SubEpochTimeout("the sub-epoch ran past its trial_timeout")
+
+
+def seed_build(seed: int) -> None:
+    """Seed every framework that is loaded before ``build(config)`` makes a trial's model, so
+    its initial weights depend on ``seed`` alone."""
+    torch.manual_seed(seed)
+    if "keras" in sys.modules:
+        sys.modules["keras"].utils.set_random_seed(seed % 2**32)     # numpy's legacy seeds are 32-bit
+
+
+def describe(value: object) -> str:
+    """A value's shape and dtype, for error messages."""
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{tuple(value.shape)} {value.dtype}"
+    return type(value).__name__
+
+
+def positive_batch_size(batch_size: object) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
+
+
+def callable_transforms(trainable: Trainable) -> None:
+    for name in ("transform", "eval_transform"):
+        if getattr(trainable, name) is not None and not callable(getattr(trainable, name)):
+            raise TypeError(f"{name}={getattr(trainable, name)!r} must be callable as {name}(features, rng), or None")
