@@ -1,0 +1,138 @@
+"""Keras 3 trials through the trainer waist: invariants 1 and 2 on TensorFlow and JAX, the
+searchers, a plain Keras loop, and bad input refused before any worker starts.
+
+The Keras backend is fixed when a process first imports Keras, so runs on other backends
+have a driver process of their own (``_keras_run.py``); this process's is TensorFlow.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import cerebro as cb  # noqa: E402
+
+keras = pytest.importorskip("keras")
+if keras.backend.backend() != "tensorflow":     # another test module imported Keras first
+    pytest.skip("this module's driver needs the TensorFlow backend", allow_module_level=True)
+
+from _keras_models import build, make_model  # noqa: E402
+from _models import digits  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
+def test_keras_mlp_and_cnn_with_dropout_are_bitwise_equal_on_1_2_and_4_workers(tmp_path, backend):
+    run = subprocess.run([sys.executable, os.path.join(HERE, "_keras_run.py"), str(tmp_path), "1", "2", "4"],
+                         env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    runs = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert [r["workers"] for r in runs] == [1, 2, 4]
+    for r in runs:
+        assert r["backend"] == backend and r["statuses"] == ["completed", "completed"], r["errors"]
+    assert runs[0]["weights"] == runs[1]["weights"] == runs[2]["weights"]
+    assert runs[0]["history"] == runs[1]["history"] == runs[2]["history"]
+
+
+def fit(tmp_path, searcher: cb.Searcher, workers: int, name: str, data: cb.Dataset | None = None) -> cb.Result:
+    return searcher.fit(data or digits(partitions=2, rows=300), workers=workers, store=tmp_path / name, seed=3,
+                        verbose=0)
+
+
+def weights(result: cb.Result) -> list[np.ndarray]:
+    return [tensor.numpy() for trial in result.trials for tensor in trial.state_dict().values()]
+
+
+def assert_same_runs(one: cb.Result, two: cb.Result) -> None:
+    assert [t.status for t in one.trials] == [t.status for t in two.trials]
+    assert all(np.array_equal(a, b) for a, b in zip(weights(one), weights(two), strict=True))
+    assert one.history().equals(two.history())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("searcher", [
+    cb.ASHA(build, {"lr": cb.loguniform(1e-3, 3e-2)}, num_trials=4, max_epochs=3, reduction_factor=2),
+    cb.PBT(build, {"lr": cb.loguniform(1e-3, 3e-2)}, population=3, epochs=4, perturbation_interval=2),
+], ids=["asha", "pbt"])
+def test_asha_and_pbt_with_keras_trials_are_equal_on_1_and_2_workers(tmp_path, searcher):
+    one, two = fit(tmp_path, searcher, 1, "one"), fit(tmp_path, searcher, 2, "two")
+    assert {t.status for t in one.trials} <= {"completed", "stopped"}
+    assert_same_runs(one, two)
+    if isinstance(searcher, cb.PBT):
+        assert one.history()["exploited_from"].notna().any()   # an exploit carried Adam's state
+
+
+@pytest.mark.slow
+def test_one_partition_equals_a_plain_keras_loop(tmp_path):
+    # A model without dropout: Cerebro reseeds the seed generators every sub-epoch, which a
+    # plain loop does not; without them, the two must agree bit for bit.
+    from cerebro.data import read_layout, read_partition, sample_order
+    from cerebro.engine._seeds import init_seed, subepoch_seed
+
+    result = cb.GridSearch(build, {"architecture": cb.choice(["plain"])}, epochs=2, metric="train_loss").fit(
+        digits(partitions=1, rows=300, validation=0.0), workers=1, store=tmp_path / "run", seed=5, verbose=0)
+    trial = result.trials[0]
+
+    data_dir = os.path.join(result.run_dir, "data")
+    layout = read_layout(data_dir)
+    features, label = read_partition(data_dir, "train", 0, layout)
+    keras.utils.set_random_seed(init_seed(5, trial.trial_id) % 2**32)
+    plain = build({"architecture": "plain"}).model
+    for epoch in (1, 2):
+        order = sample_order(layout.sample_order, subepoch_seed(5, trial.trial_id, epoch, 0), len(label),
+                             layout.row_group_rows, layout.window)
+        for start in range(0, len(order), 32):
+            rows = order[start:start + 32]
+            plain.train_on_batch(features[rows], label[rows])
+    made = [v.numpy() for v in plain.weights]
+    assert all(np.array_equal(a, b) for a, b in zip(made, weights(result), strict=True))
+
+
+def test_a_keras_model_that_is_not_compiled_is_refused():
+    with pytest.raises(ValueError, match=r"^the Keras model is not compiled with a loss: call model.compile"):
+        cb.KerasTrainable(make_model("mlp"), batch_size=32)
+
+
+def test_a_torch_model_in_keras_trainable_is_refused():
+    with pytest.raises(TypeError, match=r"^model must be a keras.Model; got a torch.nn.Module: use cb.TorchTrainable$"):
+        cb.KerasTrainable(torch.nn.Linear(4, 2), batch_size=32)
+
+
+def test_a_keras_model_given_its_optimizer_and_loss_compiles():
+    trainable = cb.KerasTrainable(make_model("plain"), batch_size=8, optimizer=keras.optimizers.SGD(0.1),
+                                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                  metrics=["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(3, name="top3")])
+    assert trainable.metric_names() == ("accuracy", "top3")
+    assert set(trainable.state()) == {"model", "optimizer"}
+
+
+def test_a_keras_backend_that_cannot_train_is_refused_before_any_worker_starts(tmp_path):
+    code = ("import keras, cerebro as cb\n"
+            "model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])\n"
+            "model.compile('sgd', 'mse')\n"
+            "cb.KerasTrainable(model, batch_size=4)\n")
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KERAS_BACKEND": "numpy"},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == ("ValueError: Keras backend 'numpy' cannot train; set KERAS_BACKEND "
+                                                   "to one of tensorflow, jax, torch")
+
+
+def test_an_uncompiled_keras_build_fails_the_fit_before_any_worker_starts(tmp_path):
+    def uncompiled(config):
+        return cb.KerasTrainable(make_model("mlp"), batch_size=32)
+
+    with pytest.raises(ValueError, match="build\\(config\\) fails for each of the 1 configurations tried on the driver"
+                                         ".*the Keras model is not compiled with a loss"):
+        cb.GridSearch(uncompiled, {"lr": cb.choice([0.1])}).fit(digits(), workers=2, store=tmp_path / "run",
+                                                                 verbose=0)
+    assert not (tmp_path / "run").exists()
