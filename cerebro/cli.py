@@ -195,19 +195,23 @@ def report(run_dir: str, out: str | None) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--trial", default="best", show_default=True, help="a trial id such as t0003, or 'best'")
-@click.option("-o", "--out", required=True, help="the file to write: model.safetensors, or model.pt with --torchscript")
+@click.option("-o", "--out", required=True,
+              help="the file to write: model.safetensors, model.keras (Keras trials), or model.pt with --torchscript")
 @click.option("--torchscript", is_flag=True, help="a TorchScript module instead of the weights with their config")
 @click.option("--trust", is_flag=True, help="read the pickled weights of a run written by an older version")
 def export(run_dir: str, trial: str, out: str, torchscript: bool, trust: bool) -> None:
     """Save one trial's trained model: by default its weights as safetensors (tensors, with
     the trial id, epoch and config as JSON metadata: data only, loadable without Cerebro);
-    with --torchscript a scripted module that loads without Cerebro or the build code.
+    with --torchscript a scripted module that loads without Cerebro or the build code; for a
+    Keras trial, a name ending in .keras writes the model as a .keras file.
 
     Example: cerebro export cerebro_runs/demo-20261122-101500-ab12 --trial best -o model.safetensors
     """
-    if not torchscript and not out.endswith(".safetensors"):
+    keras_file = out.endswith(".keras")
+    if not torchscript and not keras_file and not out.endswith(".safetensors"):
         raise click.BadParameter(f"{out!r}: the weights are written as safetensors, so name the file "
-                                 f"*.safetensors (or add --torchscript for a scripted module)", param_hint="--out")
+                                 f"*.safetensors (or *.keras for a Keras trial, or add --torchscript for a "
+                                 f"scripted module)", param_hint="--out")
     import torch
     result = load(run_dir, trust=trust)
     ids = [t.trial_id for t in result.trials]
@@ -215,7 +219,13 @@ def export(run_dir: str, trial: str, out: str, torchscript: bool, trust: bool) -
         raise click.BadParameter(f"{trial!r} is not a trial of this run; trials: {', '.join(ids)}",
                                  param_hint="--trial")
     chosen = result.best if trial == "best" else result.trials[ids.index(trial)]
-    if torchscript:
+    if keras_file:
+        model = chosen.model()
+        if not hasattr(model, "save") or isinstance(model, torch.nn.Module):
+            raise click.BadParameter(f"{out!r}: {chosen.trial_id} is not a Keras trial; write *.safetensors",
+                                     param_hint="--out")
+        model.save(out)
+    elif torchscript:
         torch.jit.script(chosen.model()).save(out)
     else:
         chosen.save_weights(out)

@@ -96,6 +96,16 @@ def test_one_partition_equals_a_plain_keras_loop(tmp_path):
     made = [v.numpy() for v in plain.weights]
     assert all(np.array_equal(a, b) for a, b in zip(made, weights(result), strict=True))
 
+    # The user gets the Keras model back, and `cerebro export` writes it as a .keras file.
+    from click.testing import CliRunner
+
+    from cerebro.cli import main
+    assert isinstance(result.best.model(), keras.Model)
+    exported = CliRunner().invoke(main, ["export", str(result.run_dir), "-o", str(tmp_path / "best.keras")])
+    assert exported.exit_code == 0, exported.output
+    loaded = keras.saving.load_model(tmp_path / "best.keras")
+    assert all(np.array_equal(v.numpy(), w) for v, w in zip(loaded.weights, made, strict=True))
+
 
 def test_a_keras_model_that_is_not_compiled_is_refused():
     with pytest.raises(ValueError, match=r"^the Keras model is not compiled with a loss: call model.compile"):
