@@ -20,6 +20,7 @@ reads the run's journal to find the workers' pids and the run's progress.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import random
@@ -40,6 +41,7 @@ import cerebro as cb
 
 HEARTBEAT_TIMEOUT = 2.0
 SEED = 7
+DRIVER_TIMEOUT_S = {"quick": 300, "full": 1800}
 KINDS = {   # fault kind -> weight in the schedule
     "worker SIGKILL": 4,
     "worker SIGSTOP": 2,
@@ -87,7 +89,9 @@ def backend(kind: str) -> cb.Backend:
 
 
 def child(mode: str, store: str, kind: str, quick: bool) -> None:
-    """The driver: fit the search, or resume it after a kill."""
+    """The driver: fit the search, or resume it after a kill. A driver that hangs dumps every
+    thread's stack into its log and exits, so a deadlock fails the run instead of stalling it."""
+    faulthandler.dump_traceback_later(DRIVER_TIMEOUT_S["quick" if quick else "full"], exit=True)
     if mode == "fit":
         search(quick).fit(dataset(), backend=backend(kind), store=store, seed=SEED, verbose=0,
                           max_trial_losses=1000)
@@ -250,7 +254,7 @@ def disturbed_run(scratch: str, kind: str, quick: bool, faults: int, seed: int,
     code = run.driver.wait()
     log.close()
     if code != 0:
-        raise RuntimeError(f"the disturbed run's driver ended with code {code}; see {log.name}")
+        raise RuntimeError(f"the disturbed run's driver ended with code {code}:\n{tail(log.name)}")
     return run, time.monotonic() - started
 
 
@@ -261,8 +265,14 @@ def undisturbed_run(scratch: str, kind: str, quick: bool, name: str) -> tuple[st
         code = subprocess.call([sys.executable, os.path.abspath(__file__), "--child", "fit", store, "--backend", kind]
                                + (["--quick"] if quick else []), stdout=log, stderr=log)
     if code != 0:
-        raise RuntimeError(f"the undisturbed run ended with code {code}; see {store}.log")
+        raise RuntimeError(f"the undisturbed run ended with code {code}:\n{tail(store + '.log')}")
     return store, time.monotonic() - started
+
+
+def tail(path: str, lines: int = 200) -> str:
+    """The end of a driver's log: the scratch directory, and the log with it, go at the end."""
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:])
 
 
 def differences(disturbed: cb.Result, expected: cb.Result) -> list[str]:

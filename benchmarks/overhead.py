@@ -19,7 +19,12 @@ Three measures, each against a target from DESIGN.md or the engine's own goals:
    doing the same work on the same in-memory partition, alternated, medians.
    ratio = bare time / trainable time; target >= 0.95.
 
-A fourth, informational part ("hop_breakdown") times the pieces of a hop apart, so a slow
+5. Keras 3 (where it is installed; ``KERAS_BACKEND`` picks the backend): the trainer speed of
+   ``cb.KerasTrainable`` against a hand-written ``train_on_batch`` loop over the same batches
+   (target >= 0.95; Keras's own ``model.fit`` over the same rows is shown beside it), and the
+   hop latency of the same ~1M-parameter model with Adam (target: median < 25 ms).
+
+An informational part ("hop_breakdown") times the pieces of a hop apart, so a slow
 hop can be traced to its cause: pack, pickle, parse, load and checkpoint write of the Adam
 state in-process, and round trips of both states to a second process over loopback TCP, as
 raw bytes (the floor for moving a state both ways) and through Cerebro's own Channel.
@@ -30,6 +35,7 @@ raw bytes (the floor for moving a state both ways) and through Cerebro's own Cha
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -72,6 +78,15 @@ def build_hop(config: dict) -> cb.TorchTrainable:
         optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     return cb.TorchTrainable(model, optimizer, torch.nn.functional.cross_entropy,
                              batch_size=config["batch_size"])
+
+
+def build_keras_hop(config: dict) -> Any:
+    """build_hop in Keras 3: Dense(1000)+ReLU+Dense(10) on 1000 inputs, Adam."""
+    import keras
+    model = keras.Sequential([keras.Input((1000,)), keras.layers.Dense(1000, activation="relu"),
+                              keras.layers.Dense(10)])
+    model.compile(keras.optimizers.Adam(1e-4), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return cb.KerasTrainable(model, batch_size=config["batch_size"])
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -241,11 +256,15 @@ def hop_latency(quick: bool) -> dict[str, Any]:
                            "outside_schedule_s": wall - float(schedule["end"].max())}
     for index, config in enumerate(configs):
         rows_ = schedule[(schedule["trial_id"] == f"t{index:04d}")].reset_index(drop=True)
-        out[config["optimizer"]] = _hops(rows_, config)
+        out[config["optimizer"]] = _hops(rows_, _state_bytes(build_hop(config)))
     return out
 
 
-def _hops(schedule, config: dict) -> dict[str, Any]:
+def _state_bytes(trainable: cb.TorchTrainable) -> int:
+    return sum(t.numel() for t in _tensors(pack_tensors(_warm_state(trainable)), raw=True))
+
+
+def _hops(schedule, state_bytes: int) -> dict[str, Any]:
     """Hop statistics of one trial's train sub-epochs, in start order."""
     hop = 1e3 * ((schedule["end"] - schedule["start"]) - schedule["compute"])
     # Did the previous sub-epoch of this trial run on the same worker? The state is sent
@@ -258,8 +277,6 @@ def _hops(schedule, config: dict) -> dict[str, Any]:
     # sub-epoch of an epoch the driver writes its checkpoint first, in its own loop.
     gaps = 1e3 * (schedule["start"].to_numpy()[1:] - schedule["end"].to_numpy()[:-1])
     after_end = schedule["epoch"].to_numpy()[1:] != schedule["epoch"].to_numpy()[:-1]
-    probe = build_hop(config)
-    state_bytes = sum(t.numel() for t in _tensors(pack_tensors(_warm_state(probe)), raw=True))
     return {
         "state_mb": state_bytes / 1e6,
         "samples": len(hops),
@@ -508,6 +525,71 @@ def trainer_speed(quick: bool) -> dict[str, Any]:
             "identical_weights": same}
 
 
+# --- 5. Keras 3: trainer speed and hop latency ---------------------------------------------
+def keras_trainer_speed(quick: bool) -> dict[str, Any]:
+    """trainer_speed for ``cb.KerasTrainable``: its training sub-epoch against a hand-written
+    ``train_on_batch`` loop over the same batches (the same work), alternated, medians; and,
+    for reference, Keras's own ``model.fit`` over the rows in that order."""
+    import keras
+    settings = dict(rows=8192, features=256, hidden=512, batch_size=64, repetitions=3 if quick else 7,
+                    keras_backend=keras.backend.backend())
+    x, y = _classification(settings["rows"], settings["features"], seed=3)
+
+    def make() -> Any:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((settings["features"],)),
+                                  keras.layers.Dense(settings["hidden"], activation="relu"), keras.layers.Dense(10)])
+        model.compile(keras.optimizers.Adam(1e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return model
+
+    trainable = cb.KerasTrainable(make(), batch_size=settings["batch_size"])
+    bare_model, fit_model, batch = make(), make(), settings["batch_size"]
+
+    def bare(seed: int) -> None:
+        rows_in_order = order(len(y), seed).numpy()
+        for start in range(0, len(y), batch):
+            rows = rows_in_order[start:start + batch]
+            bare_model.train_on_batch(x[rows], y[rows])
+
+    def fit(seed: int) -> None:
+        rows = order(len(y), seed).numpy()
+        fit_model.fit(x[rows], y[rows], batch_size=batch, epochs=1, shuffle=False, verbose=0)
+
+    source = partition(torch.from_numpy(x), torch.from_numpy(y))
+    runs = {"bare": bare, "fit": fit, "trainable": lambda seed: train(trainable, source, seed)}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for run in runs.values():                                        # warm-up (tracing), not counted
+        run(0)
+    for rep in range(settings["repetitions"]):
+        names = list(runs) if rep % 2 == 0 else list(reversed(runs))  # alternate who goes first
+        for name in names:
+            t0 = time.perf_counter()
+            runs[name](rep + 1)
+            times[name].append(time.perf_counter() - t0)
+    # Same init, same batches: the trainer and the hand-written loop trained identically.
+    same = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(trainable.model.weights, bare_model.weights))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    return {"settings": settings, **{f"{name}_s": values for name, values in times.items()},
+            **{f"{name}_median_s": value for name, value in medians.items()},
+            "ratio": medians["bare"] / medians["trainable"],
+            "pairwise_median_ratio": statistics.median(b / t for b, t in zip(times["bare"], times["trainable"])),
+            "fit_ratio": medians["fit"] / medians["trainable"], "identical_weights": same}
+
+
+def keras_hop_latency(quick: bool) -> dict[str, Any]:
+    """hop_latency for a ~1M-parameter Keras model with Adam."""
+    settings = dict(partitions=2, batch_size=32, epochs=10 if quick else 60, features=1000)
+    rows = settings["partitions"] * settings["batch_size"]
+    x, y = _classification(rows, settings["features"], seed=2)
+    data = cb.Dataset.from_numpy(x, y, validation=None, partitions=settings["partitions"], seed=0)
+    search = cb.GridSearch(build_keras_hop, {"batch_size": settings["batch_size"]}, epochs=settings["epochs"],
+                           metric="train_loss")
+    schedule, wall = _fit(search, data)
+    schedule = schedule.sort_values("start").reset_index(drop=True)
+    out = _hops(schedule, build_keras_hop({"batch_size": settings["batch_size"]}).nbytes())
+    return {"settings": settings, "fit_wall_s": wall, "adam": out}
+
+
 # --- the report -----------------------------------------------------------------------------
 def machine() -> dict[str, Any]:
     return {"cpu_count": os.cpu_count(),
@@ -544,7 +626,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (< 40 s)")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "overhead.json"),
                         help="where to write the JSON results (default: %(default)s)")
+    parser.add_argument("--keras", action=argparse.BooleanOptionalAction, default=None,
+                        help="measure the Keras trainer too, on KERAS_BACKEND's backend (default: where Keras is "
+                             "installed)")
     args = parser.parse_args(argv)
+    if args.keras is None:
+        args.keras = importlib.util.find_spec("keras") is not None
 
     started = time.perf_counter()
     report: dict[str, Any] = {"command": shlex.join([sys.executable, *sys.argv]),
@@ -555,6 +642,12 @@ def main(argv: list[str] | None = None) -> int:
              ("utilization", lambda: utilization(args.quick)),
              ("heterogeneous", lambda: utilization(args.quick, heterogeneous=True)),
              ("hop", lambda: hop_latency(args.quick))]
+    if args.keras:     # last: Keras loads its backend into this process
+        # One thread per op in this process, as a worker with threads_per_worker=1 has.
+        os.environ.update(TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1",
+                          XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+        steps += [("keras_trainer_speed", lambda: keras_trainer_speed(args.quick)),
+                  ("keras_hop", lambda: keras_hop_latency(args.quick))]
     for name, step in steps:
         t0 = time.perf_counter()
         print(f"running {name} ...", file=sys.stderr, flush=True)
@@ -564,11 +657,16 @@ def main(argv: list[str] | None = None) -> int:
     u, ts, hb = report["utilization"], report["trainer_speed"], report["hop_breakdown"]
     ha, hs = report["hop"]["adam"], report["hop"]["sgd"]
     he = report["heterogeneous"]
-    targets = {"utilization": 0.97, "hop_adam_median_ms": 20.0, "trainer_ratio": 0.95}
+    targets = {"utilization": 0.97, "hop_adam_median_ms": 20.0, "trainer_ratio": 0.95,
+               "keras_trainer_ratio": 0.95, "keras_hop_adam_median_ms": 25.0}
     report["targets"] = targets
     report["met"] = {"utilization": u["utilization"] >= targets["utilization"],
                      "hop_adam_median_ms": ha["median_ms"] < targets["hop_adam_median_ms"],
                      "trainer_ratio": ts["ratio"] >= targets["trainer_ratio"]}
+    if args.keras:
+        report["met"].update(
+            keras_trainer_ratio=report["keras_trainer_speed"]["ratio"] >= targets["keras_trainer_ratio"],
+            keras_hop_adam_median_ms=report["keras_hop"]["adam"]["median_ms"] < targets["keras_hop_adam_median_ms"])
     report["seconds"] = time.perf_counter() - started
 
     k = u["by_kind_after_first"]
@@ -615,6 +713,20 @@ def main(argv: list[str] | None = None) -> int:
         ("  median s: bare / TorchTrainable",
          f"{ts['bare_median_s']:.3f} / {ts['trainable_median_s']:.3f}", "", None),
     ]
+    if args.keras:
+        ks, kh = report["keras_trainer_speed"], report["keras_hop"]["adam"]
+        backend = ks["settings"]["keras_backend"]
+        rows += [
+            (f"Keras ({backend}) trainer speed: train_on_batch loop / KerasTrainable time", f"{ks['ratio']:.3f}",
+             ">= 0.95", report["met"]["keras_trainer_ratio"]),
+            ("  median of back-to-back pair ratios", f"{ks['pairwise_median_ratio']:.3f}", "", None),
+            ("  model.fit / KerasTrainable time", f"{ks['fit_ratio']:.3f}", "", None),
+            ("  median s: loop / model.fit / KerasTrainable",
+             f"{ks['bare_median_s']:.3f} / {ks['fit_median_s']:.3f} / {ks['trainable_median_s']:.3f}", "", None),
+            (f"Keras ({backend}) hop latency, Adam {kh['state_mb']:.1f} MB, median ms", f"{kh['median_ms']:.1f}",
+             "< 25", report["met"]["keras_hop_adam_median_ms"]),
+            (f"Keras ({backend}) hop latency, Adam, p90 ms", f"{kh['p90_ms']:.1f}", "", None),
+        ]
     table(rows)
     print(f"{'quick' if args.quick else 'full'} run in {report['seconds']:.0f} s on "
           f"{report['machine']['cpu_count']} CPUs, torch {torch.__version__}")

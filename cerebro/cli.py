@@ -78,13 +78,19 @@ def entry() -> None:
 @click.option("--epochs", default=10, show_default=True, help="epochs per trial")
 @click.option("--store", default=None, help="run directory (default: ./cerebro_runs/demo-<time>)")
 @click.option("--seed", default=0, show_default=True)
-def demo(workers: int, epochs: int, store: str | None, seed: int) -> None:
+@click.option("--framework", type=click.Choice(["torch", "keras"]), default="torch", show_default=True,
+              help="keras: the same models in Keras 3, on the backend KERAS_BACKEND names")
+def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str) -> None:
     """Select among 8 MLP/CNN configurations on the bundled 8x8 digits (about 20 s).
 
     Example: cerebro demo --workers 2 --epochs 10
     """
     from . import demo as demo_module
-    result = demo_module.search(epochs).fit(demo_module.load_data(), workers=workers, store=store, seed=seed)
+    try:
+        search = demo_module.search(epochs, framework)
+    except ImportError as error:
+        raise click.ClickException(str(error)) from None
+    result = search.fit(demo_module.load_data(), workers=workers, store=store, seed=seed)
     console = Console()
     print_summary(result, console)
     best = result.best

@@ -1,10 +1,14 @@
 """The demo: a real model selection on scikit-learn's bundled 8x8 digits (no download).
 
 Two architectures (an MLP and a small CNN) x two learning rates x two batch sizes = 8
-trials, trained at once with MOP on local workers. ``cerebro demo`` runs it; the tests
-import ``build``, ``SPACE`` and ``load_data`` to check that MOP converges like plain SGD.
+trials, trained at once with MOP on local workers. ``cerebro demo`` runs it with PyTorch
+models, ``cerebro demo --framework keras`` with the same models in Keras 3 (on the backend
+``KERAS_BACKEND`` names). The tests import ``build``, ``SPACE`` and ``load_data`` to check
+that MOP converges like plain SGD.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from sklearn.datasets import load_digits
@@ -41,5 +45,35 @@ def build(config: dict) -> cb.TorchTrainable:
                              metrics={"accuracy": cb.metrics.accuracy})
 
 
-def search(epochs: int = EPOCHS) -> cb.GridSearch:
-    return cb.GridSearch(build, SPACE, epochs=epochs, metric="val_accuracy", mode="max")
+def make_keras_model(architecture: str) -> Any:
+    import keras  # the [keras] extra; torch users never import it
+    layers: list[Any] = [keras.Input((1, 8, 8))]
+    if architecture == "mlp":
+        layers += [keras.layers.Flatten(), keras.layers.Dense(128, activation="relu")]
+    else:   # channels last: TensorFlow's CPU convolutions take no other layout
+        layers += [keras.layers.Permute((2, 3, 1)), keras.layers.Conv2D(16, 3, padding="same", activation="relu"),
+                   keras.layers.MaxPooling2D(2), keras.layers.Flatten()]
+    return keras.Sequential([*layers, keras.layers.Dense(10)])
+
+
+def build_keras(config: dict) -> cb.KerasTrainable:
+    import keras
+    model = make_keras_model(config["architecture"])
+    model.compile(keras.optimizers.Adam(config["lr"]), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return cb.KerasTrainable(model, batch_size=config["batch_size"])
+
+
+FRAMEWORKS = {"torch": build, "keras": build_keras}
+
+
+def search(epochs: int = EPOCHS, framework: str = "torch") -> cb.GridSearch:
+    """The demo's grid; ``framework`` is "torch" or "keras"."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework={framework!r} is not one of {', '.join(map(repr, FRAMEWORKS))}")
+    if framework == "keras":
+        try:
+            import keras  # noqa: F401
+        except ImportError:
+            raise ImportError('the Keras demo needs Keras 3 and a backend: pip install -e ".[keras]"') from None
+    return cb.GridSearch(FRAMEWORKS[framework], SPACE, epochs=epochs, metric="val_accuracy", mode="max")

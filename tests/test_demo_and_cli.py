@@ -126,3 +126,8 @@ def test_help_explains_every_command_with_examples():
         assert f"cerebro {command}" in completed.stdout
     assert "Exit codes: 0 success, 1 the run failed or was interrupted, 2 bad usage or bad input." in \
         " ".join(completed.stdout.split())
+
+
+def test_the_demo_refuses_a_framework_it_does_not_know():
+    with pytest.raises(ValueError, match=r"^framework='mxnet' is not one of 'torch', 'keras'$"):
+        demo.search(framework="mxnet")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ from _keras_models import build, make_model  # noqa: E402
 from _models import digits  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 
 
 @pytest.mark.slow
@@ -146,3 +148,75 @@ def test_an_uncompiled_keras_build_fails_the_fit_before_any_worker_starts(tmp_pa
         cb.GridSearch(uncompiled, {"lr": cb.choice([0.1])}).fit(digits(), workers=2, store=tmp_path / "run",
                                                                  verbose=0)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_sigkilled_worker_then_a_killed_driver_and_resume_give_the_uninterrupted_keras_results(tmp_path):
+    from _crash import assert_same_results
+    from chaos import _running, count, journal, live_workers, wait_for
+
+    script = os.path.join(HERE, "_keras_run.py")
+    args = ["2", "--epochs", "4", "--rows", "1797"]
+    expected = subprocess.run([sys.executable, script, str(tmp_path / "expected"), *args], capture_output=True,
+                              text=True, timeout=600)
+    assert expected.returncode == 0, expected.stderr[-3000:]
+
+    run_dir = str(tmp_path / "faulted" / "2")
+    with open(tmp_path / "driver.log", "wb") as log:
+        driver = subprocess.Popen([sys.executable, script, str(tmp_path / "faulted"), *args], stdout=log, stderr=log)
+        try:
+            wait_for(lambda: count(journal(run_dir), "sub_epoch") >= 2 or driver.poll() is not None, 300,
+                     "two sub-epochs")
+            os.kill(live_workers(journal(run_dir))[0], signal.SIGKILL)
+            wait_for(lambda: count(journal(run_dir), "worker_lost") + count(journal(run_dir), "workers_restarted")
+                     or driver.poll() is not None, 120, "the driver to notice its lost worker")
+            wait_for(lambda: count(journal(run_dir), "epoch_end") >= 3 or driver.poll() is not None, 300,
+                     "three epochs")
+            assert driver.poll() is None, "the run ended before its driver could be killed"
+            orphans = live_workers(journal(run_dir))
+            driver.kill()
+        finally:
+            driver.kill()
+            driver.wait(60)
+    wait_for(lambda: not any(_running(pid) for pid in orphans), 60, "the dead driver's workers to exit")
+    assert not cb.load(run_dir).finished
+
+    resumed = subprocess.run([sys.executable, script, run_dir, "--resume"], capture_output=True, text=True,
+                             timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    result = cb.load(run_dir)
+    assert count(result.store.events(), "worker_lost") + count(result.store.events(), "workers_restarted") >= 1
+    assert_same_results(result, cb.load(tmp_path / "expected" / "2"))
+
+
+@pytest.mark.slow
+def test_a_keras_run_on_spark_local_mode_equals_the_local_one(tmp_path):
+    from _spark import session
+
+    search = cb.GridSearch(build, {"architecture": cb.choice(["mlp", "cnn"])}, epochs=2)
+    local = search.fit(digits(partitions=4, rows=400), backend=cb.LocalBackend(2, threads_per_worker=1),
+                       store=tmp_path / "local", seed=7, verbose=0)
+    spark = session("local[2]")
+    try:
+        on_spark = search.fit(digits(partitions=4, rows=400), store=tmp_path / "spark", seed=7, verbose=0,
+                              backend=cb.SparkBackend(spark, workers=2, threads_per_worker=1))
+    finally:
+        spark.stop()
+    assert {info["launched_by"].split(" of ")[0] for info in on_spark.workers.values()} == {"spark task 0",
+                                                                                            "spark task 1"}
+    assert [t.status for t in local.trials] == ["completed", "completed"]
+    assert_same_runs(local, on_spark)
+
+
+@pytest.mark.slow
+def test_cerebro_demo_with_keras_models_runs_the_demos_grid(tmp_path):
+    command = os.path.join(os.path.dirname(sys.executable), "cerebro")
+    completed = subprocess.run([command, "demo", "--framework", "keras", "--epochs", "1", "--store",
+                                str(tmp_path / "run")], capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "KERAS_BACKEND": "tensorflow"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    loaded = cb.load(tmp_path / "run")
+    assert loaded.finished and len(loaded.trials) == 8
+    assert all(t.status == "completed" for t in loaded.trials)
+    assert f"best: {loaded.best.trial_id}" in completed.stdout
+    assert isinstance(loaded.best.model(), keras.Model)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import types
 from typing import Any
 
 from ..store import Event
@@ -23,6 +25,7 @@ class TensorBoardLog(Progress):
 
     def _writer(self, trial_id: str) -> Any:
         if trial_id not in self._writers:
+            _without_tensorflow()
             from torch.utils.tensorboard import SummaryWriter
             self._writers[trial_id] = SummaryWriter(os.path.join(self.directory, trial_id))
         return self._writers[trial_id]
@@ -50,6 +53,15 @@ class TensorBoardLog(Progress):
         for writer in self._writers.values():
             writer.close()
         self._writers = {}
+
+
+def _without_tensorflow() -> None:
+    """Make tensorboard write with its own stub of TensorFlow's file API. Where TensorFlow is
+    installed (the [keras] extra) but not loaded, tensorboard would import all of it into the
+    driver (seconds and hundreds of MB) to write the same event files; its marker module
+    ``tensorboard.compat.notf`` says not to."""
+    if "tensorflow" not in sys.modules:
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
 
 
 class Fanout(Progress):

@@ -37,6 +37,10 @@ def prepare_keras(backend: str, threads: int) -> None:
     anything imports it (the build's unpickling would)."""
     if backend not in TRAINING_BACKENDS:
         raise ValueError(f"Keras backend {backend!r} cannot train; use one of {', '.join(TRAINING_BACKENDS)}")
+    loaded = driver_keras_backend()
+    if loaded not in (None, backend):    # e.g. a Spark Python worker reused from another run
+        raise RuntimeError(f"this worker process already runs Keras on {loaded!r} and cannot switch to the run's "
+                           f"{backend!r}; start fresh workers (on Spark: spark.python.worker.reuse=false)")
     os.environ["KERAS_BACKEND"] = backend
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(threads)
     os.environ["TF_NUM_INTEROP_THREADS"] = "1"
