@@ -6,6 +6,9 @@ import math
 import os
 import re
 import signal
+import sys
+import threading
+import time
 
 import pandas as pd
 import pytest
@@ -213,6 +216,82 @@ def test_workers_started_anew_when_none_is_left_give_the_same_results(tmp_path):
     pd.testing.assert_frame_equal(plain.history(), relaunched.history(), check_exact=True)
     for a, b in zip(plain.trials, relaunched.trials):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+class LosingEveryWorkerAtOnce(cb.LocalBackend):
+    """Local workers that all die together (a machine that goes down) once ``marker``
+    exists: the driver learns of every loss in one health check."""
+
+    def __init__(self, marker: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.marker, self.killed = marker, False
+
+    def exited(self) -> dict[int, str]:
+        if not self.killed and os.path.exists(self.marker):
+            self.killed = True
+            for worker in range(self.workers):
+                self.release(worker)
+        return super().exited()
+
+
+def hanging_once_on_worker_1(marker: str):
+    """``build``, except that the first loss computed on worker 1 creates ``marker`` and
+    never returns: worker 1 is in the middle of a sub-epoch when every worker dies."""
+    def build_hanging(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def hang_once(outputs, targets):
+            if sys.argv[-1] == "1" and not os.path.exists(marker):    # python -m cerebro.worker HOST PORT 1
+                open(marker, "w").close()
+                threading.Event().wait()
+            return loss(outputs, targets)
+        trainable.loss = hang_once
+        return trainable
+    return build_hanging
+
+
+def test_workers_lost_together_while_running_sub_epochs_are_restarted_and_the_results_stay_the_same(tmp_path):
+    space = {"lr": cb.choice([1e-2, 3e-3, 1e-3])}
+    plain = cb.GridSearch(build, space, epochs=2).fit(
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4, store=tmp_path / "a",
+        verbose=0)
+    marker = str(tmp_path / "hung")
+    together = cb.GridSearch(hanging_once_on_worker_1(marker), space, epochs=2).fit(
+        digits(partitions=4), backend=LosingEveryWorkerAtOnce(marker, workers=2, threads_per_worker=1), seed=4,
+        store=tmp_path / "b", verbose=0)
+    events = list(together.store.events())
+    lost = [e for e in events if e["event"] == "worker_lost"]
+    assert [e["worker"] for e in lost] == [0, 1] and lost[1]["running"] is not None
+    assert [e["event"] for e in events].count("workers_restarted") == 1
+    assert_same_results(together, plain)
+
+
+class StallingGrid(cb.GridSearch):
+    """Grid search whose driver stalls in its first report for longer than the workers'
+    heartbeat timeout (as a slow store or a long epoch end would make it)."""
+
+    stall = 0.0
+
+    def report(self, trial_id, epoch, metrics):
+        time.sleep(self.stall)          # the fault: a driver that reads nothing meanwhile
+        self.stall = 0.0
+        return super().report(trial_id, epoch, metrics)
+
+
+def test_a_driver_that_stalls_past_the_heartbeat_timeout_loses_no_worker(tmp_path):
+    space = {"lr": cb.choice([1e-2, 3e-3, 1e-3])}
+    plain = cb.GridSearch(build, space, epochs=2).fit(
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4, store=tmp_path / "a",
+        verbose=0)
+    stalling = StallingGrid(build, space, epochs=2)
+    stalling.stall = 4.0
+    stalled = stalling.fit(digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1,
+                                                                          heartbeat_timeout=1.5),
+                           seed=4, store=tmp_path / "b", verbose=0)
+    events = [e["event"] for e in stalled.store.events()]
+    assert "worker_lost" not in events and "workers_restarted" not in events
+    assert_same_results(stalled, plain)
 
 
 def test_a_trial_slower_than_trial_timeout_ends_as_timeout_and_the_others_finish(tmp_path):

@@ -57,7 +57,6 @@ class Driver:
                                       evaluate=settings.evaluate)
         self.book = TrialBook(policy, self.scheduler, settings, self.recorder)
         self._restarts = 0
-        self._cause_removed = False      # the last loss failed the trial that caused it
         self._next_task_id = 0
 
     def _now(self) -> float:
@@ -131,6 +130,12 @@ class Driver:
             worker = self.pool.workers.get(task.worker)
             if worker is not None:
                 self._send_task(worker, worker.running[0], task, self.book.live[task.trial_id])
+        if not tasks and idle and not self._busy() and (waiting := self.scheduler.unfinished()):
+            # Every partition's holder is idle, so any waiting sub-epoch could start: a
+            # lost step, which would leave the run waiting forever. Stop, resumable, instead.
+            raise RuntimeError(f"the sub-epochs of {waiting} can start on none of the idle workers "
+                               f"{sorted(idle)}: the scheduler lost track of them (a bug); the run stopped "
+                               f"and can be resumed from {self.store.path}")
         self._handle_pool_events()
 
     def _send_task(self, worker: Worker, task_id: int, task: Task, trial: Trial) -> None:
@@ -210,26 +215,37 @@ class Driver:
 
     def _handle_pool_events(self) -> None:
         while events := self.pool.events():
+            # Every lost worker's sub-epoch is to run again, also where a restart makes the
+            # events after it moot: workers lost together (a stalled driver, a dead machine)
+            # arrive in one batch.
+            lost = [event for event in events if isinstance(event, Lost)]
+            cause_removed = [self._abort_running(event) for event in lost]
             for event in events:
-                restarted = self._hand_over(event) if isinstance(event, Lost) else self._rejoined(event)
-                if restarted:
+                if isinstance(event, Joined):
+                    self._rejoined(event)
+                elif self._hand_over(event, any(cause_removed)):
                     break     # every worker is new: the other events are about the old ones
 
-    def _hand_over(self, lost: Lost) -> bool:
+    def _abort_running(self, lost: Lost) -> bool:
+        """The sub-epoch ``lost.worker`` was running is to run again; True where that loss
+        failed the trial (see :meth:`TrialBook.worker_lost`)."""
+        worker, cause_removed = lost.worker, False
+        if worker.running is not None:
+            task = worker.running[1]
+            self.recorder.emit(_told(SubEpochAborted, task))
+            cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
+            worker.running = None
+        self.book.forget_holders(worker.index)
+        return cause_removed
+
+    def _hand_over(self, lost: Lost, cause_removed: bool) -> bool:
         """The surviving workers load a lost worker's partitions from the store and its
         sub-epoch runs again, from the state the driver holds and with the same seeds, so
         the results do not change (invariant 2). Where no worker is left, every worker
         starts anew instead: returns True."""
         worker = lost.worker
-        self._cause_removed = False
-        if worker.running is not None:
-            task = worker.running[1]
-            self.recorder.emit(_told(SubEpochAborted, task))
-            self._cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
-            worker.running = None
-        self.book.forget_holders(worker.index)
         if not self.pool.workers:
-            self._no_worker_left(f"{worker.describe()} {lost.reason}")
+            self._no_worker_left(f"{worker.describe()} {lost.reason}", cause_removed)
             return True
         moved = self.pool.spread(self.scheduler.partitions_of(worker.index))
         for target, partitions in moved.items():
@@ -240,24 +256,22 @@ class Driver:
         self.pool.hand_over(worker, moved)
         return False
 
-    def _rejoined(self, joined: Joined) -> bool:
+    def _rejoined(self, joined: Joined) -> None:
         for partition in joined.worker.partitions:
             self.scheduler.move(partition, joined.worker.index)
         self.recorder.emit(WorkerReplaced(joined.worker.index, self.pool.info(), self._now()))
-        return False
 
-    def _no_worker_left(self, last: str) -> None:
+    def _no_worker_left(self, last: str, cause_removed: bool) -> None:
         """Start every worker anew if allowed. A restart after the trial that took the workers
-        down has failed does not count against ``max_restarts``: that budget is for losses
-        the run cannot blame on a trial."""
-        if not self._cause_removed and self._restarts >= self.backend.max_restarts:
+        down has failed (``cause_removed``) does not count against ``max_restarts``: that
+        budget is for losses the run cannot blame on a trial."""
+        if not cause_removed and self._restarts >= self.backend.max_restarts:
             raise WorkerLostError(f"{last}; no worker is left and the backend may not start more "
                                   f"(max_restarts={self.backend.max_restarts}). "
                                   f"Its journal and checkpoints are in {self.store.path}")
         # Running sub-epochs run again from the states the driver holds, with the same
         # seeds, so the results do not change (invariant 2).
-        self._restarts += not self._cause_removed
-        self._cause_removed = False
+        self._restarts += not cause_removed
         self.book.forget_holders()
         for task in self.pool.restart():
             self.recorder.emit(_told(SubEpochAborted, task))

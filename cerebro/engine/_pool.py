@@ -293,8 +293,12 @@ class WorkerPool:
             if index in self.workers:
                 self.lose(self.workers[index], what)
         now = time.monotonic()
-        for worker in list(self.workers.values()):
-            if now - worker.last_seen > self.heartbeat_timeout:
+        silent = [w for w in self.workers.values() if now - w.last_seen > self.heartbeat_timeout]
+        # A worker whose messages wait unread was not silent: the driver was late (a long
+        # epoch end, a slow store). Its next poll reads them.
+        unread = set(wait([w.channel for w in silent], timeout=0)) if silent else set()
+        for worker in silent:
+            if worker.channel not in unread:
                 self.lose(worker, f"sent no heartbeat for {now - worker.last_seen:.0f} s")
 
     # --- hand-over and replacements ---------------------------------------------------------

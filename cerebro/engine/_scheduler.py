@@ -120,6 +120,10 @@ class MOPScheduler:
         if state is not None and state.training:
             self._release(state)
 
+    def unfinished(self) -> list[str]:
+        """The trials whose epoch has sub-epochs left to run or running."""
+        return sorted(trial_id for trial_id, state in self._epochs.items() if not state.finished())
+
     def partitions_of(self, worker: int) -> list[int]:
         return sorted(self._partitions.get(worker, ()))
 
