@@ -4,8 +4,8 @@
 in the middle of a sub-epoch once 3 epochs are journaled), ``after-checkpoint`` (at the first
 loss after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside its first decision
 that stops or promotes a trial, in ``report`` or in ``decide``: which of the two makes it depends
-on timing, that one is made does not) or
-``long`` or ``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
+on timing, that one is made does not), ``scheduled`` (as mid-epoch, for trials with a
+learning-rate schedule and clipping, stepped per epoch or per batch) or ``long`` or ``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
 The kill happens once: a marker file next to the store remembers it, so the resumed run,
 which unpickles the same build and searcher, goes on undisturbed.
 """
@@ -19,12 +19,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from _models import build, digits  # noqa: E402
+from _models import build, digits, scheduled  # noqa: E402
 
 import cerebro as cb  # noqa: E402
 from cerebro.engine import Decision  # noqa: E402
 
 SPACE = {"lr": cb.choice([3e-2, 1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
+SCHEDULED_SPACE = {"lr": cb.choice([0.1, 0.05]), "step": cb.choice(["epoch", "batch"])}
 
 
 def epochs_journaled(store: str) -> int:
@@ -35,9 +36,9 @@ def epochs_journaled(store: str) -> int:
         return 0
 
 
-def killing_build(store: str, after: int, marker: str):
+def killing_build(store: str, after: int, marker: str, base=build):
     def build_that_kills(config: dict) -> cb.TorchTrainable:
-        trainable = build(config)
+        trainable = base(config)
         loss = trainable.loss
 
         def loss_that_kills(outputs, targets):
@@ -97,6 +98,8 @@ def searcher(point: str, store: str, marker: str) -> cb.Searcher:
         return cb.GridSearch(build, SPACE, epochs=50)
     if point == "plain":         # never killed by itself: the reference grid, for a test to stop
         return reference("mid-epoch")
+    if point == "scheduled":     # killed mid-schedule: 3 of its 12 epochs journaled
+        return cb.GridSearch(killing_build(store, 3, marker, scheduled), SCHEDULED_SPACE, epochs=3)
     after = {"mid-epoch": 3, "after-checkpoint": 4}[point]
     return cb.GridSearch(killing_build(store, after, marker), SPACE, epochs=3)
 
@@ -105,6 +108,8 @@ def reference(point: str) -> cb.Searcher:
     """The same search, never killed."""
     if point == "decision":
         return cb.ASHA(build, SPACE, num_trials=8, max_epochs=4, grace_period=1, reduction_factor=2, max_concurrent=4)
+    if point == "scheduled":
+        return cb.GridSearch(scheduled, SCHEDULED_SPACE, epochs=3)
     return cb.GridSearch(build, SPACE, epochs=3)
 
 

@@ -50,6 +50,20 @@ def build(config: dict) -> cb.TorchTrainable:
                              metrics={"accuracy": cb.metrics.accuracy})
 
 
+def scheduled(config: dict) -> cb.TorchTrainable:
+    """An MLP trained by SGD with momentum, a learning-rate schedule stepped per epoch
+    (``step``: "epoch", StepLR) or per batch ("batch", ExponentialLR), and gradient clipping."""
+    model = make_model("mlp")
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
+    if config.get("step", "epoch") == "epoch":
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    else:
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.99)
+    return cb.TorchTrainable(model, optimizer, torch.nn.functional.cross_entropy, batch_size=16,
+                             lr_scheduler=scheduler, lr_scheduler_step=config.get("step", "epoch"),
+                             clip_grad_norm=0.5)
+
+
 def crashing_once(marker: str, how: str = "exit"):
     """``build``, except that the first loss computed anywhere kills its Python worker
     (``os._exit``, a real SIGKILL, or SIGSTOP: a hang); the marker file records that it

@@ -109,6 +109,36 @@ def test_one_partition_equals_a_plain_keras_loop(tmp_path):
     assert all(np.array_equal(v.numpy(), w) for v, w in zip(loaded.weights, made, strict=True))
 
 
+@pytest.mark.slow
+def test_tensorboard_and_mlflow_log_keras_trials_as_they_log_torch_ones(tmp_path):
+    from mlflow.tracking import MlflowClient
+    from safetensors import safe_open
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    result = cb.GridSearch(build, {"lr": cb.choice([3e-3, 1e-2])}, epochs=2, metric="val_accuracy", mode="max").fit(
+        digits(partitions=2, rows=300), workers=2, store=tmp_path / "run", seed=1, verbose=0, mlflow=True)
+    history = result.history()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("cerebro").experiment_id])
+    children = {r.data.tags["cerebro.trial_id"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert sorted(children) == [t.trial_id for t in result.trials]
+    for trial in result.trials:
+        rows = history[history.trial_id == trial.trial_id]
+        scalars = EventAccumulator(os.path.join(result.run_dir, "tensorboard", trial.trial_id))
+        scalars.Reload()
+        assert sorted(scalars.Tags()["scalars"]) == ["train_accuracy", "train_loss", "val_accuracy", "val_loss"]
+        expected = [(e, pytest.approx(v, rel=1e-6)) for e, v in zip(rows.epoch, rows.val_accuracy)]
+        assert [(s.step, s.value) for s in scalars.Scalars("val_accuracy")] == expected
+        in_mlflow = client.get_metric_history(children[trial.trial_id].info.run_id, "val_accuracy")
+        assert [(m.step, m.value) for m in in_mlflow] == expected
+        assert children[trial.trial_id].data.params["lr"] == json.dumps(trial.config["lr"])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    artifact = client.download_artifacts(parent.info.run_id, "best_model/model.safetensors", str(tmp_path))
+    with safe_open(artifact, "pt") as saved:
+        assert saved.metadata()["trial_id"] == result.best.trial_id
+        assert all(torch.equal(saved.get_tensor(k), v) for k, v in result.best.state_dict().items())
+
+
 def test_a_keras_model_that_is_not_compiled_is_refused():
     with pytest.raises(ValueError, match=r"^the Keras model is not compiled with a loss: call model.compile"):
         cb.KerasTrainable(make_model("mlp"), batch_size=32)

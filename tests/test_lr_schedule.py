@@ -4,23 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _models import digits, make_model
+from _models import digits, make_model, scheduled
 
 import cerebro as cb
 from cerebro.data import read_layout, read_partition, sample_order
 from cerebro.engine import init_seed, subepoch_seed
-
-
-def scheduled(config: dict) -> cb.TorchTrainable:
-    model = make_model("mlp")
-    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
-    if config.get("step", "epoch") == "epoch":
-        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    else:
-        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.99)
-    return cb.TorchTrainable(model, optimizer, torch.nn.functional.cross_entropy, batch_size=16,
-                             lr_scheduler=scheduler, lr_scheduler_step=config.get("step", "epoch"),
-                             clip_grad_norm=0.5)
 
 
 @pytest.mark.parametrize("step", ["epoch", "batch"])

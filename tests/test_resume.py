@@ -61,7 +61,7 @@ def wait_until(condition, timeout: float) -> bool:
     return condition()
 
 
-@pytest.mark.parametrize("point", ["mid-epoch", "after-checkpoint", "decision"])
+@pytest.mark.parametrize("point", ["mid-epoch", "after-checkpoint", "decision", "scheduled"])
 def test_a_killed_driver_resumes_to_the_uninterrupted_results(tmp_path, point):
     store = crashed_run(tmp_path, point)
     orphans = workers_of(store)
