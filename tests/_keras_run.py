@@ -26,8 +26,6 @@ def search(epochs: int) -> cb.GridSearch:
     return cb.GridSearch(build, {"architecture": cb.choice(["mlp", "cnn"])}, epochs=epochs)
 
 
-
-
 def summary(result: cb.Result, workers: int) -> str:
     weights = hashlib.sha256(b"".join(tensor.numpy().tobytes() for trial in result.trials
                                       for tensor in trial.state_dict().values())).hexdigest()
