@@ -40,3 +40,16 @@ def no_worker_outlives_its_test():
     while (left := [p for p in _live_workers() if p.pid not in before]) and time.monotonic() < deadline:
         time.sleep(0.1)      # polling for the processes to end, with a deadline
     assert not left, f"worker processes left alive: {[(p.pid, p.info['cmdline']) for p in left]}"
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """The URI of a throwaway PostgreSQL server (see ``_postgres.py``); the tests that use it
+    are skipped, saying why, where PostgreSQL cannot be installed."""
+    from _postgres import postgres_server, server_binaries
+
+    binaries = server_binaries()
+    if binaries is None:
+        pytest.skip("PostgreSQL's server is not installed and could not be (apt-get install postgresql-15)")
+    with postgres_server(binaries) as uri:
+        yield uri

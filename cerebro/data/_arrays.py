@@ -74,11 +74,12 @@ def _check_finite(name: str, array: np.ndarray) -> None:
                              f"(first at row {int(np.argmax(bad))})")
 
 
-class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_parquet")):
+class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_parquet", "from_sql")):
     """Features and a label held in memory as checked arrays (features in their own dtype, or
     bytes; int64 class indices or float32 targets), split by ``seed`` into training and
     validation rows; made by :meth:`cerebro.Dataset.from_numpy`,
-    :meth:`~cerebro.Dataset.from_pandas` and :meth:`~cerebro.Dataset.from_parquet`.
+    :meth:`~cerebro.Dataset.from_pandas`, :meth:`~cerebro.Dataset.from_parquet` and
+    :meth:`~cerebro.Dataset.from_sql`.
 
     Attributes:
         features: every row's features, of shape (rows, ...), or a 1-D object array of bytes.
@@ -117,31 +118,7 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
                     seed: int = 0, in_memory: bool | str = "auto",
                     cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
         """See :meth:`cerebro.Dataset.from_pandas`."""
-        import pandas as pd  # here, not at the top: workers import this package, and pandas costs them 44 MB
-
-        if not isinstance(df, pd.DataFrame):
-            raise TypeError(f"from_pandas needs a pandas DataFrame; got {type(df).__name__}")
-        columns = [str(c) for c in df.columns]
-        if label not in df.columns:
-            raise ValueError(f"label column {label!r} is not in the DataFrame; columns are {columns}")
-        if features is None:
-            features = [c for c in df.columns if c != label]
-        if isinstance(features, str):
-            features = [features]
-        if len(features) == 0:
-            raise ValueError("features=[] must name at least one column")
-        missing = [c for c in features if c not in df.columns]
-        if missing:
-            raise ValueError(f"feature columns {missing} are not in the DataFrame; columns are {columns}")
-        if label in features:
-            raise ValueError(f"label column {label!r} is also among features={list(features)}; a model must not "
-                             f"see its label")
-        blocks = [_column_block(df[c], c, keep_shape=len(features) == 1) for c in features]
-        if len(blocks) > 1 and any(b.dtype == object for b in blocks):
-            raise TypeError(f"a bytes column must be the only feature column; features={list(features)}")
-        return cls(np.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0],
-                   _column_block(df[label], label, flatten_scalar=True),
-                   validation=validation, partitions=partitions, seed=seed,
+        return cls(*_frame_arrays(df, features, label), validation=validation, partitions=partitions, seed=seed,
                    in_memory=in_memory, cache_dir=cache_dir)
 
     @classmethod
@@ -158,6 +135,20 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         return cls.from_pandas(pd.read_parquet(path, columns=columns), features=features,
                                label=label, validation=validation, partitions=partitions, seed=seed,
                                in_memory=in_memory, cache_dir=cache_dir)
+
+    @classmethod
+    def from_sql(cls, dsn: str, table_or_query: str, *, features: Sequence[str] | None = None, label: str,
+                 validation: Validation = 0.2, partitions: int | None = None, seed: int = 0,
+                 in_memory: bool | str = "auto", cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
+        """See :meth:`cerebro.Dataset.from_sql`."""
+        from ._sql import canonical_order, read_sql
+
+        frame = read_sql(dsn, table_or_query, features, label).to_pandas()
+        feature_array, label_array = _frame_arrays(frame, features, label, source=f"the rows of {table_or_query!r}")
+        # A table's rows come in no particular order: put them in one fixed by their content.
+        order = canonical_order(feature_array, label_array)
+        return cls(feature_array[order], label_array[order], validation=validation, partitions=partitions,
+                   seed=seed, in_memory=in_memory, cache_dir=cache_dir)
 
     # --- the split ----------------------------------------------------------------------
     def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, ArrayDataset | None]:
@@ -233,6 +224,37 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
             else:
                 digest.update(np.ascontiguousarray(array).tobytes())
         return digest.hexdigest()[:16]
+
+
+def _frame_arrays(df: pd.DataFrame, features: Sequence[str] | str | None, label: str,
+                  source: str = "the DataFrame") -> tuple[np.ndarray, np.ndarray]:
+    """(features, label) of ``df``: ``features`` names numeric columns or array/list columns
+    (concatenated in order; default every column but the label), or one column of N-D
+    arrays (kept in their shape) or of ``bytes``."""
+    import pandas as pd  # here, not at the top: workers import this package, and pandas costs them 44 MB
+
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"from_pandas needs a pandas DataFrame; got {type(df).__name__}")
+    columns = [str(c) for c in df.columns]
+    if label not in df.columns:
+        raise ValueError(f"label column {label!r} is not in {source}; columns are {columns}")
+    if features is None:
+        features = [c for c in df.columns if c != label]
+    if isinstance(features, str):
+        features = [features]
+    if len(features) == 0:
+        raise ValueError("features=[] must name at least one column")
+    missing = [c for c in features if c not in df.columns]
+    if missing:
+        raise ValueError(f"feature columns {missing} are not in {source}; columns are {columns}")
+    if label in features:
+        raise ValueError(f"label column {label!r} is also among features={list(features)}; a model must not "
+                         f"see its label")
+    blocks = [_column_block(df[c], c, keep_shape=len(features) == 1) for c in features]
+    if len(blocks) > 1 and any(b.dtype == object for b in blocks):
+        raise TypeError(f"a bytes column must be the only feature column; features={list(features)}")
+    return (np.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0],
+            _column_block(df[label], label, flatten_scalar=True))
 
 
 def _column_block(column: pd.Series, name: str, flatten_scalar: bool = False,

@@ -33,10 +33,10 @@ def check_partition_count(partitions: Any) -> None:
 class Dataset(abc.ABC):
     """Training data for a run: features, a label and a validation split.
 
-    Build one with :meth:`from_numpy`, :meth:`from_pandas`, :meth:`from_parquet` or
-    :meth:`from_spark`. At ``fit`` its rows are shuffled by ``seed`` into ``partitions`` slices
-    and written once as Parquet into the run's store; each worker then loads only its own
-    partitions.
+    Build one with :meth:`from_numpy`, :meth:`from_pandas`, :meth:`from_parquet`,
+    :meth:`from_sql` or :meth:`from_spark`. At ``fit`` its rows are shuffled by ``seed`` into
+    ``partitions`` slices and written once as Parquet into the run's store; each worker then
+    loads only its own partitions.
 
     Args (of every constructor):
         validation: a fraction of the rows held out (seeded), a separate ``Dataset`` or
@@ -110,6 +110,21 @@ class Dataset(abc.ABC):
         return Dataset._builders["from_parquet"].from_parquet(path, features=features, label=label,
                                                               validation=validation, partitions=partitions,
                                                               seed=seed, in_memory=in_memory, cache_dir=cache_dir)
+
+    @classmethod
+    def from_sql(cls, dsn: str, table_or_query: str, *, features: Sequence[str] | None = None, label: str,
+                 validation: Validation = 0.2, partitions: int | None = None, seed: int = 0,
+                 in_memory: bool | str = "auto", cache_dir: str | os.PathLike | None = None) -> Dataset:
+        """From a PostgreSQL table (``"table"`` or ``"schema.table"``) or query, at ``dsn`` (a
+        ``postgresql://`` URI), with the columns of :meth:`from_pandas`: numeric columns,
+        numeric array columns (``real[]``, ``double precision[]``, ...) or one ``bytea``
+        column. Rows are read as Arrow through ADBC's driver (binary COPY, no Python object
+        per row; ``pip install 'cerebro[sql]'``), then ordered by their content, so the
+        split and the run do not depend on the order the table holds them in. Missing
+        columns, NULLs and non-numeric types are refused, naming the column."""
+        return Dataset._builders["from_sql"].from_sql(dsn, table_or_query, features=features, label=label,
+                                                      validation=validation, partitions=partitions, seed=seed,
+                                                      in_memory=in_memory, cache_dir=cache_dir)
 
     @classmethod
     def from_spark(cls, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,

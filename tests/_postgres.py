@@ -1,0 +1,49 @@
+"""A throwaway PostgreSQL server for the tests: ``initdb`` in a temporary directory, run by a
+non-root OS user (``postgres`` when the tests run as root), listening only on a Unix socket
+in that directory."""
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+
+
+def server_binaries() -> str | None:
+    """The directory of ``initdb`` and ``pg_ctl``, installing Debian's PostgreSQL 15 if it is
+    missing and this is root on Debian; None where that cannot be done."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "-q", "postgresql-15"], capture_output=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+@contextlib.contextmanager
+def postgres_server(binaries: str) -> Iterator[str]:
+    """A running server; yields its URI (database ``postgres``, user ``cerebro``, no password)."""
+    as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    directory = tempfile.mkdtemp(prefix="cerebro-pg-")
+    if as_user:
+        shutil.chown(directory, "postgres")
+    data = os.path.join(directory, "data")
+
+    def run(*command: str) -> None:
+        done = subprocess.run([*as_user, *command], capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+
+    try:
+        run(os.path.join(binaries, "initdb"), "-D", data, "-A", "trust", "-U", "cerebro", "--no-sync", "-E", "UTF8")
+        run(os.path.join(binaries, "pg_ctl"), "-D", data, "-l", os.path.join(directory, "log"), "-w", "start", "-o",
+            f"-k {directory} -c listen_addresses='' -c fsync=off -c full_page_writes=off")
+        try:
+            yield f"postgresql:///postgres?host={directory}&user=cerebro"
+        finally:
+            run(os.path.join(binaries, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

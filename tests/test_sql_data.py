@@ -1,0 +1,101 @@
+"""``Dataset.from_sql``: rows of a real PostgreSQL table or query, read through ADBC, in an
+order fixed by their content, equal to ``from_pandas`` on the same rows; bad input refused
+naming the problem."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+import torch
+from _models import build
+from sklearn.datasets import load_digits
+
+import cerebro as cb
+
+dbapi = pytest.importorskip("adbc_driver_postgresql.dbapi")
+
+
+def load(uri: str, name: str, columns: str, data: dict[str, pa.Array]) -> None:
+    """Create table ``name`` with ``columns`` (SQL) and append ``data``."""
+    with dbapi.connect(uri) as connection, connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE IF EXISTS {name}")
+        cursor.execute(f"CREATE TABLE {name} ({columns})")
+        cursor.adbc_ingest(name, pa.table(data), mode="append")
+        connection.commit()
+
+
+@pytest.fixture(scope="module")
+def digits_tables(postgres):
+    """The digits as ``digits`` (pixels real[], digit integer, in the original order),
+    ``shuffled`` (the same rows in another order) and ``wide`` (one real column a pixel)."""
+    features, label = load_digits(return_X_y=True)
+    features = (features / 16.0).astype(np.float32)[:600]
+    label = label[:600].astype(np.int32)
+    order = np.random.default_rng(1).permutation(len(label))
+    for name, rows in (("digits", np.arange(len(label))), ("shuffled", order)):
+        load(postgres, name, "id serial, pixels real[], digit integer",
+             {"pixels": pa.array(list(features[rows]), type=pa.list_(pa.float32())), "digit": pa.array(label[rows])})
+    wide = {f"p{i}": pa.array(features[order, i]) for i in range(64)}
+    load(postgres, "wide", ", ".join(f"p{i} real" for i in range(64)) + ", digit integer",
+         {**wide, "digit": pa.array(label[order])})
+    return features, label
+
+
+def test_rows_come_in_one_order_whatever_order_the_table_holds_them_in(postgres, digits_tables):
+    features, label = digits_tables
+    a = cb.Dataset.from_sql(postgres, "digits", features=["pixels"], label="digit", seed=3)
+    b = cb.Dataset.from_sql(postgres, "public.shuffled", features=["pixels"], label="digit", seed=3)
+    wide = cb.Dataset.from_sql(postgres, "wide", features=[f"p{i}" for i in range(64)], label="digit", seed=3)
+    for other in (b, wide):
+        assert np.array_equal(a.features, other.features) and np.array_equal(a.label, other.label)
+        assert a.fingerprint() == other.fingerprint()
+    assert a.features.dtype == np.float32 and a.label.dtype == np.int64
+    # The same rows as the source, as a multiset: sorted alike, they are equal.
+    as_read = np.column_stack([a.label, a.features])
+    given = np.column_stack([label, features])
+    assert np.array_equal(as_read[np.lexsort(as_read.T[::-1])], given[np.lexsort(given.T[::-1])])
+
+
+def test_a_query_is_read_like_a_table(postgres, digits_tables):
+    _, label = digits_tables
+    small = cb.Dataset.from_sql(postgres, "SELECT pixels, digit FROM shuffled WHERE digit < 5", label="digit",
+                                validation=None)
+    assert small.num_train_rows == int((label < 5).sum())
+    assert set(small.label.tolist()) == {0, 1, 2, 3, 4}
+
+
+@pytest.mark.slow
+def test_a_run_from_sql_equals_the_same_rows_from_pandas_bitwise(postgres, digits_tables, tmp_path):
+    search = cb.GridSearch(build, {"lr": cb.choice([1e-2, 3e-3])}, epochs=2)
+    from_sql = cb.Dataset.from_sql(postgres, "shuffled", features=["pixels"], label="digit", partitions=4, seed=0)
+    frame = pd.DataFrame({"pixels": list(from_sql.features), "digit": from_sql.label})
+    from_pandas = cb.Dataset.from_pandas(frame, features=["pixels"], label="digit", partitions=4, seed=0)
+    one = search.fit(from_sql, workers=2, store=tmp_path / "sql", seed=1, verbose=0)
+    two = search.fit(from_pandas, workers=2, store=tmp_path / "pandas", seed=1, verbose=0)
+    pd.testing.assert_frame_equal(one.history(), two.history(), check_exact=True)
+    for a, b in zip(one.trials, two.trials, strict=True):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+
+
+def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables):
+    with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE holes (x real[], y integer, price numeric)")
+        cursor.execute("INSERT INTO holes VALUES ('{1.0}', 0, 1.5), (NULL, 1, 2.5), ('{2.0}', 0, 3)")
+        connection.commit()
+    with pytest.raises(ValueError, match=r"^cannot read 'nope': relation \"nope\" does not exist$"):
+        cb.Dataset.from_sql(postgres, "nope", label="digit")
+    with pytest.raises(ValueError, match=r"^columns \['pixel', 'label'\] are not in 'digits'; its columns are "
+                                         r"\['id', 'pixels', 'digit'\]$"):
+        cb.Dataset.from_sql(postgres, "digits", features=["pixel"], label="label")
+    with pytest.raises(ValueError, match=r"^column 'x' of 'holes' holds 1 NULLs; every row needs a value"):
+        cb.Dataset.from_sql(postgres, "holes", features=["x"], label="y")
+    with pytest.raises(TypeError, match=r"^column 'price' of 'holes' is of PostgreSQL type numeric; features and label "
+                                        r"must be numbers \(cast NUMERIC to double precision\)"):
+        cb.Dataset.from_sql(postgres, "holes", features=["price"], label="y")
+    with pytest.raises(ValueError, match=r"^table_or_query='digits; DROP TABLE digits' must be a table name"):
+        cb.Dataset.from_sql(postgres, "digits; DROP TABLE digits", label="digit")
+    with pytest.raises(ValueError, match=r"^dsn='digits.db' must be a PostgreSQL URI"):
+        cb.Dataset.from_sql("digits.db", "digits", label="digit")
+    with pytest.raises(ConnectionError, match=r"^could not connect to postgresql://cerebro:\*\*\*@127.0.0.1:1/x: "):
+        cb.Dataset.from_sql("postgresql://cerebro:secret@127.0.0.1:1/x", "digits", label="digit")
