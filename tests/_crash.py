@@ -5,7 +5,8 @@ in the middle of a sub-epoch once 3 epochs are journaled), ``after-checkpoint`` 
 loss after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside its first decision
 that stops or promotes a trial, in ``report`` or in ``decide``: which of the two makes it depends
 on timing, that one is made does not), ``scheduled`` (as mid-epoch, for trials with a
-learning-rate schedule and clipping, stepped per epoch or per batch) or ``long`` or ``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
+learning-rate schedule and clipping, stepped per epoch or per batch) or ``long`` or
+``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
 The kill happens once: a marker file next to the store remembers it, so the resumed run,
 which unpickles the same build and searcher, goes on undisturbed.
 """

@@ -65,6 +65,21 @@ def test_a_query_is_read_like_a_table(postgres, digits_tables):
     assert set(small.label.tolist()) == {0, 1, 2, 3, 4}
 
 
+def test_n_d_integer_and_bytea_columns_keep_their_shape_and_dtype(postgres):
+    with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE images (pixels smallint[][], png bytea, weight double precision, y real)")
+        cursor.execute("INSERT INTO images VALUES ('{{1,2,3},{4,5,6}}', '\\x89504e47', 0.5, 1.5), "
+                       "('{{7,8,9},{10,11,12}}', '\\x0001', 2.0, -1)")
+        connection.commit()
+    images = cb.Dataset.from_sql(postgres, "images", features=["pixels"], label="y", validation=None)
+    assert images.features.dtype == np.int16 and images.label.dtype == np.float32
+    assert images.features[np.argsort(images.label)].tolist() == [[[7, 8, 9], [10, 11, 12]], [[1, 2, 3], [4, 5, 6]]]
+    flat = cb.Dataset.from_sql(postgres, "images", features=["weight", "pixels"], label="y", validation=None)
+    assert flat.features[np.argsort(flat.label)].tolist() == [[2, 7, 8, 9, 10, 11, 12], [0.5, 1, 2, 3, 4, 5, 6]]
+    encoded = cb.Dataset.from_sql(postgres, "images", features=["png"], label="y", validation=None)
+    assert sorted(encoded.features.tolist()) == [b"\x00\x01", b"\x89PNG"]
+
+
 @pytest.mark.slow
 def test_a_run_from_sql_equals_the_same_rows_from_pandas_bitwise(postgres, digits_tables, tmp_path):
     search = cb.GridSearch(build, {"lr": cb.choice([1e-2, 3e-3])}, epochs=2)
@@ -80,8 +95,9 @@ def test_a_run_from_sql_equals_the_same_rows_from_pandas_bitwise(postgres, digit
 
 def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables):
     with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE holes (x real[], y integer, price numeric)")
-        cursor.execute("INSERT INTO holes VALUES ('{1.0}', 0, 1.5), (NULL, 1, 2.5), ('{2.0}', 0, 3)")
+        cursor.execute("CREATE TABLE holes (x real[], y integer, price numeric, gap real[], ragged real[])")
+        cursor.execute("INSERT INTO holes VALUES ('{1.0}', 0, 1.5, '{1,2}', '{1}'), (NULL, 1, 2.5, '{1,NULL}', '{1}'), "
+                       "('{2.0}', 0, 3, '{3,4}', '{1,2}')")
         connection.commit()
     with pytest.raises(ValueError, match=r"^cannot read 'nope': relation \"nope\" does not exist$"):
         cb.Dataset.from_sql(postgres, "nope", label="digit")
@@ -90,6 +106,10 @@ def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables
         cb.Dataset.from_sql(postgres, "digits", features=["pixel"], label="label")
     with pytest.raises(ValueError, match=r"^column 'x' of 'holes' holds 1 NULLs; every row needs a value"):
         cb.Dataset.from_sql(postgres, "holes", features=["x"], label="y")
+    with pytest.raises(ValueError, match=r"^column 'gap' of 'holes' holds NULLs inside its arrays; every element "):
+        cb.Dataset.from_sql(postgres, "holes", features=["gap"], label="y")
+    with pytest.raises(ValueError, match=r"^column 'ragged' of 'holes' holds arrays of different shapes"):
+        cb.Dataset.from_sql(postgres, "holes", features=["ragged"], label="y")
     with pytest.raises(TypeError, match=r"^column 'price' of 'holes' is of PostgreSQL type numeric; features and label "
                                         r"must be numbers \(cast NUMERIC to double precision\)"):
         cb.Dataset.from_sql(postgres, "holes", features=["price"], label="y")

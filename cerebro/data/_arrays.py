@@ -143,8 +143,7 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         """See :meth:`cerebro.Dataset.from_sql`."""
         from ._sql import canonical_order, read_sql
 
-        frame = read_sql(dsn, table_or_query, features, label).to_pandas()
-        feature_array, label_array = _frame_arrays(frame, features, label, source=f"the rows of {table_or_query!r}")
+        feature_array, label_array = read_sql(dsn, table_or_query, features, label)
         # A table's rows come in no particular order: put them in one fixed by their content.
         order = canonical_order(feature_array, label_array)
         return cls(feature_array[order], label_array[order], validation=validation, partitions=partitions,
@@ -226,8 +225,8 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         return digest.hexdigest()[:16]
 
 
-def _frame_arrays(df: pd.DataFrame, features: Sequence[str] | str | None, label: str,
-                  source: str = "the DataFrame") -> tuple[np.ndarray, np.ndarray]:
+def _frame_arrays(df: pd.DataFrame, features: Sequence[str] | str | None,
+                  label: str) -> tuple[np.ndarray, np.ndarray]:
     """(features, label) of ``df``: ``features`` names numeric columns or array/list columns
     (concatenated in order; default every column but the label), or one column of N-D
     arrays (kept in their shape) or of ``bytes``."""
@@ -237,7 +236,7 @@ def _frame_arrays(df: pd.DataFrame, features: Sequence[str] | str | None, label:
         raise TypeError(f"from_pandas needs a pandas DataFrame; got {type(df).__name__}")
     columns = [str(c) for c in df.columns]
     if label not in df.columns:
-        raise ValueError(f"label column {label!r} is not in {source}; columns are {columns}")
+        raise ValueError(f"label column {label!r} is not in the DataFrame; columns are {columns}")
     if features is None:
         features = [c for c in df.columns if c != label]
     if isinstance(features, str):
@@ -246,7 +245,7 @@ def _frame_arrays(df: pd.DataFrame, features: Sequence[str] | str | None, label:
         raise ValueError("features=[] must name at least one column")
     missing = [c for c in features if c not in df.columns]
     if missing:
-        raise ValueError(f"feature columns {missing} are not in {source}; columns are {columns}")
+        raise ValueError(f"feature columns {missing} are not in the DataFrame; columns are {columns}")
     if label in features:
         raise ValueError(f"label column {label!r} is also among features={list(features)}; a model must not "
                          f"see its label")

@@ -21,42 +21,45 @@ _TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?")
 _QUERY = re.compile(r"\s*(select|with|values|table)\b", re.IGNORECASE)
 
 
-def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None, label: str) -> pa.Table:
-    """The label and feature columns (every column where ``features`` is None) of
-    ``table_or_query`` as an Arrow table; raises, naming the problem, before reading a row
-    if the source or a column is missing, and after if a column holds NULLs."""
-    if not isinstance(dsn, str) or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"dsn={dsn!r} must be a PostgreSQL URI such as "
-                         f"'postgresql://user:password@host:5432/dbname' or 'postgresql:///dbname?host=/socket/dir'")
-    if not isinstance(table_or_query, str):
-        raise TypeError(f"table_or_query must be a table name or a query; got {type(table_or_query).__name__}")
-    if _TABLE.fullmatch(table_or_query):
-        source = "SELECT * FROM " + ".".join(_quote(part) for part in table_or_query.split("."))
-    elif _QUERY.match(table_or_query):
-        source = table_or_query.strip().rstrip(";")
-    else:
-        raise ValueError(f"table_or_query={table_or_query!r} must be a table name (table or schema.table) or a "
-                         f"query starting with SELECT, WITH, VALUES or TABLE")
+def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None,
+             label: str) -> tuple[np.ndarray, np.ndarray]:
+    """(features, label) of ``table_or_query``, with the columns of ``from_pandas``: numeric
+    columns or numeric array columns (concatenated in order; default every column but the
+    label), or one column of N-D arrays (kept in their shape) or of ``bytea``. Missing
+    columns and bad sources are refused before a row is read; NULLs and other types after."""
+    source = _source(table_or_query)
     try:
         from adbc_driver_postgresql import dbapi
     except ImportError:
         raise ImportError("Dataset.from_sql needs ADBC's PostgreSQL driver: pip install 'cerebro[sql]'") from None
+    if not isinstance(dsn, str) or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
+        raise ValueError(f"dsn={dsn!r} must be a PostgreSQL URI such as "
+                         f"'postgresql://user:password@host:5432/dbname' or 'postgresql:///dbname?host=/socket/dir'")
     try:
         connection = dbapi.connect(dsn)
     except dbapi.Error as error:
         raise ConnectionError(f"could not connect to {_without_password(dsn)}: {_first_line(error)}") from None
     with connection, connection.cursor() as cursor:
-        columns = _columns(cursor, dbapi, source, table_or_query)
-        wanted = [c for c in columns if c != label] if features is None else \
-            [features] if isinstance(features, str) else list(features)
-        missing = [c for c in [*wanted, label] if c not in columns]
-        if missing:
-            raise ValueError(f"columns {missing} are not in {table_or_query!r}; its columns are {columns}")
-        selected = ", ".join(_quote(c) for c in dict.fromkeys([*wanted, label]))
+        try:
+            cursor.execute(f"SELECT * FROM ({source}) AS cerebro_rows LIMIT 0")
+            schema = cursor.fetch_arrow_table().schema
+        except dbapi.Error as error:
+            raise ValueError(f"cannot read {table_or_query!r}: {_first_line(error)}") from None
+        wanted = _feature_columns(schema.names, features, label, table_or_query)
+        arrays = {c for c in [*wanted, label] if _is_list(schema.field(c).type)}
+        # Arrays come in PostgreSQL's binary array format and numpy decodes them all at once:
+        # the driver's decoding of one element at a time would take most of the time.
+        selected = ", ".join(f"array_send({_quote(c)}) AS {_quote(c)}" if c in arrays else _quote(c)
+                             for c in [*wanted, label])
         cursor.execute(f"SELECT {selected} FROM ({source}) AS cerebro_rows")
         table = cursor.fetch_arrow_table()
-    _check_columns(table, table_or_query)
-    return table
+    blocks = [_column_array(table.column(c), c, c in arrays, table_or_query) for c in wanted]
+    if len(blocks) > 1 and any(b.dtype == object for b in blocks):
+        raise TypeError(f"a bytea column must be the only feature column; features={wanted}")
+    if len(blocks) > 1 or blocks[0].dtype != object and blocks[0].ndim == 1:
+        blocks = [b.reshape(len(b), -1) for b in blocks]    # one row of features each, side by side
+    feature_array = np.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0]
+    return feature_array, _column_array(table.column(label), label, label in arrays, table_or_query)
 
 
 def canonical_order(features: np.ndarray, label: np.ndarray) -> np.ndarray:
@@ -73,33 +76,93 @@ def canonical_order(features: np.ndarray, label: np.ndarray) -> np.ndarray:
     return np.argsort(content.view(np.dtype((np.void, content.shape[1]))).ravel(), kind="stable")
 
 
-def _columns(cursor, dbapi, source: str, table_or_query: str) -> list[str]:
-    """The column names of ``source``, read without reading a row."""
-    try:
-        cursor.execute(f"SELECT * FROM ({source}) AS cerebro_rows LIMIT 0")
-        return [str(c) for c in cursor.fetch_arrow_table().column_names]
-    except dbapi.Error as error:
-        raise ValueError(f"cannot read {table_or_query!r}: {_first_line(error)}") from None
+def _source(table_or_query: object) -> str:
+    """A query for ``table_or_query``: a table name is quoted, a query used as it is."""
+    if not isinstance(table_or_query, str):
+        raise TypeError(f"table_or_query must be a table name or a query; got {type(table_or_query).__name__}")
+    if _TABLE.fullmatch(table_or_query):
+        return "SELECT * FROM " + ".".join(_quote(part) for part in table_or_query.split("."))
+    if _QUERY.match(table_or_query):
+        return table_or_query.strip().rstrip(";")
+    raise ValueError(f"table_or_query={table_or_query!r} must be a table name (table or schema.table) or a "
+                     f"query starting with SELECT, WITH, VALUES or TABLE")
 
 
-def _check_columns(table: pa.Table, table_or_query: str) -> None:
-    """Refuse NULLs and types that are not numbers, numeric arrays or bytea."""
+def _feature_columns(columns: list[str], features: Sequence[str] | str | None, label: str,
+                     table_or_query: str) -> list[str]:
+    wanted = [c for c in columns if c != label] if features is None else \
+        [features] if isinstance(features, str) else list(features)
+    missing = [c for c in [*wanted, label] if c not in columns]
+    if missing:
+        raise ValueError(f"columns {missing} are not in {table_or_query!r}; its columns are {columns}")
+    if not wanted:
+        raise ValueError("features=[] must name at least one column")
+    if label in wanted:
+        raise ValueError(f"label column {label!r} is also among features={wanted}; a model must not see its label")
+    return wanted
+
+
+def _is_list(kind: pa.DataType) -> bool:
     import pyarrow as pa
-    import pyarrow.compute as pc
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind)
 
-    for name, column in zip(table.column_names, table.columns):
-        kind = column.type
-        values = pc.list_flatten(column) if pa.types.is_list(kind) or pa.types.is_large_list(kind) else column
-        if not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)
-                or pa.types.is_boolean(values.type) or pa.types.is_binary(values.type)):
-            # The driver hands over types Arrow lacks (numeric, money, ...) as opaque values.
-            described = f"PostgreSQL type {kind.type_name}" if hasattr(kind, "type_name") else f"type {kind}"
-            raise TypeError(f"column {name!r} of {table_or_query!r} is of {described}; features and label must be "
-                            f"numbers (cast NUMERIC to double precision), arrays of numbers, or bytea")
-        nulls = column.null_count + (values.null_count if values is not column else 0)
-        if nulls:
-            raise ValueError(f"column {name!r} of {table_or_query!r} holds {nulls} NULLs; every row needs a value "
-                             f"(filter them out in a query, or fill them)")
+
+def _column_array(column: pa.ChunkedArray, name: str, is_array: bool, table_or_query: str) -> np.ndarray:
+    """One column as numpy: numbers as they are, arrays (sent by ``array_send``) decoded into
+    shape (rows, ...), bytea as bytes."""
+    import pyarrow as pa
+
+    if column.null_count:
+        raise ValueError(f"column {name!r} of {table_or_query!r} holds {column.null_count} NULLs; every row needs "
+                         f"a value (filter them out in a query, or fill them)")
+    kind = column.type
+    if is_array:
+        return _decode_arrays(column.combine_chunks(), name, table_or_query)
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+        return column.to_numpy()
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        return column.to_numpy()
+    # The driver hands over types Arrow lacks (numeric, money, ...) as opaque values.
+    described = f"PostgreSQL type {kind.type_name}" if hasattr(kind, "type_name") else f"type {kind}"
+    raise TypeError(f"column {name!r} of {table_or_query!r} is of {described}; features and label must be "
+                    f"numbers (cast NUMERIC to double precision), arrays of numbers, or bytea")
+
+
+# Element types of numeric arrays (PostgreSQL type OIDs), as sent: big-endian.
+_ELEMENTS = {16: np.dtype("?"), 21: np.dtype(">i2"), 23: np.dtype(">i4"), 20: np.dtype(">i8"),
+             700: np.dtype(">f4"), 701: np.dtype(">f8")}
+
+
+def _decode_arrays(sent: pa.Array, name: str, table_or_query: str) -> np.ndarray:
+    """Arrays in PostgreSQL's binary format (per row: dimensions, a NULLs flag, the element
+    type, each dimension's size and lower bound, then each element's length and value), all
+    of one shape and type, as one (rows, ...) array."""
+    import pyarrow as pa
+
+    wide = pa.types.is_large_binary(sent.type)
+    offsets = np.frombuffer(sent.buffers()[1], dtype=np.int64 if wide else np.int32, count=len(sent) + 1,
+                            offset=sent.offset * (8 if wide else 4)).astype(np.int64)
+    data = np.frombuffer(sent.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+    starts = offsets[:-1] - offsets[0]
+    if len(data) < 12 * len(sent) or np.frombuffer(data[:4].tobytes(), dtype=">i4")[0] == 0:
+        raise ValueError(f"column {name!r} of {table_or_query!r} holds empty arrays")
+    if data[starts[:, None] + np.arange(4, 8)].any():
+        raise ValueError(f"column {name!r} of {table_or_query!r} holds NULLs inside its arrays; every element "
+                         f"needs a value")
+    ndim, _, element = (int(v) for v in np.frombuffer(data[:12].tobytes(), dtype=">i4"))
+    head = 12 + 8 * ndim
+    sizes = np.diff(offsets)
+    rows = data.reshape(len(sent), -1) if (sizes == sizes[0]).all() else None
+    if rows is None or not (rows[:, :head] == rows[0, :head]).all():
+        raise ValueError(f"column {name!r} of {table_or_query!r} holds arrays of different shapes; every row's "
+                         f"array must have the same")
+    if element not in _ELEMENTS:
+        raise TypeError(f"column {name!r} of {table_or_query!r} holds arrays of a type (oid {element}) that is "
+                        f"not a number; cast them to real[] or double precision[]")
+    shape = tuple(int(d) for d in np.frombuffer(rows[0, 12:head].tobytes(), dtype=">i4")[::2])
+    dtype = _ELEMENTS[element]
+    values = rows[:, head:].reshape(len(sent), -1, 4 + dtype.itemsize)[:, :, 4:]
+    return np.ascontiguousarray(values).view(dtype).reshape(len(sent), *shape).astype(dtype.newbyteorder("="))
 
 
 def _quote(identifier: str) -> str:
