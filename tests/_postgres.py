@@ -15,12 +15,18 @@ from collections.abc import Iterator
 def server_binaries() -> str | None:
     """The directory of ``initdb`` and ``pg_ctl``, installing Debian's PostgreSQL 15 if it is
     missing and this is root on Debian; None where that cannot be done."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    found = _installed()
     if not found and os.geteuid() == 0 and shutil.which("apt-get"):
         subprocess.run(["apt-get", "install", "-y", "-q", "postgresql-15"], capture_output=True,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
-        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        found = _installed()
     return os.path.dirname(found[-1]) if found else None
+
+
+def _installed() -> list[str]:
+    """Every installed version's initdb, the newest last."""
+    paths = glob.glob("/usr/lib/postgresql/*/bin/initdb")
+    return sorted(paths, key=lambda p: [int(n) for n in p.split("/")[4].split(".") if n.isdigit()])
 
 
 @contextlib.contextmanager

@@ -83,8 +83,12 @@ def test_n_d_integer_and_bytea_columns_keep_their_shape_and_dtype(postgres):
 @pytest.mark.slow
 def test_a_run_from_sql_equals_the_same_rows_from_pandas_bitwise(postgres, digits_tables, tmp_path):
     search = cb.GridSearch(build, {"lr": cb.choice([1e-2, 3e-3])}, epochs=2)
+    features, label = digits_tables
     from_sql = cb.Dataset.from_sql(postgres, "shuffled", features=["pixels"], label="digit", partitions=4, seed=0)
-    frame = pd.DataFrame({"pixels": list(from_sql.features), "digit": from_sql.label})
+    # The source's own rows (not what from_sql made of them), in the order from_sql put them in.
+    index = {(row.tobytes(), int(y)): i for i, (row, y) in enumerate(zip(features, label))}
+    order = [index[row.tobytes(), int(y)] for row, y in zip(from_sql.features, from_sql.label)]
+    frame = pd.DataFrame({"pixels": list(features[order].astype(np.float64)), "digit": label[order]})
     from_pandas = cb.Dataset.from_pandas(frame, features=["pixels"], label="digit", partitions=4, seed=0)
     one = search.fit(from_sql, workers=2, store=tmp_path / "sql", seed=1, verbose=0)
     two = search.fit(from_pandas, workers=2, store=tmp_path / "pandas", seed=1, verbose=0)
@@ -95,9 +99,11 @@ def test_a_run_from_sql_equals_the_same_rows_from_pandas_bitwise(postgres, digit
 
 def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables):
     with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE holes (x real[], y integer, price numeric, gap real[], ragged real[])")
-        cursor.execute("INSERT INTO holes VALUES ('{1.0}', 0, 1.5, '{1,2}', '{1}'), (NULL, 1, 2.5, '{1,NULL}', '{1}'), "
-                       "('{2.0}', 0, 3, '{3,4}', '{1,2}')")
+        cursor.execute("CREATE TABLE holes (x real[], y integer, price numeric, gap real[], ragged real[], "
+                       "words text[], blob bytea)")
+        cursor.execute("INSERT INTO holes VALUES ('{1.0}', 0, 1.5, '{1,2}', '{1}', '{a}', '\\x01'), "
+                       "(NULL, 1, 2.5, '{1,NULL}', '{1}', '{bb}', '\\x02'), "
+                       "('{2.0}', 0, 3, '{3,4}', '{1,2}', '{c}', '\\x03')")
         connection.commit()
     with pytest.raises(ValueError, match=r"^cannot read 'nope': relation \"nope\" does not exist$"):
         cb.Dataset.from_sql(postgres, "nope", label="digit")
@@ -115,7 +121,31 @@ def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables
         cb.Dataset.from_sql(postgres, "holes", features=["price"], label="y")
     with pytest.raises(ValueError, match=r"^table_or_query='digits; DROP TABLE digits' must be a table name"):
         cb.Dataset.from_sql(postgres, "digits; DROP TABLE digits", label="digit")
-    with pytest.raises(ValueError, match=r"^dsn='digits.db' must be a PostgreSQL URI"):
-        cb.Dataset.from_sql("digits.db", "digits", label="digit")
-    with pytest.raises(ConnectionError, match=r"^could not connect to postgresql://cerebro:\*\*\*@127.0.0.1:1/x: "):
-        cb.Dataset.from_sql("postgresql://cerebro:secret@127.0.0.1:1/x", "digits", label="digit")
+    with pytest.raises(TypeError, match=r"^column 'words' of 'holes' holds arrays of a type \(oid 25\) that is not a "
+                                        r"number; cast them to real\[\] or double precision\[\]$"):
+        cb.Dataset.from_sql(postgres, "holes", features=["words"], label="y")
+    with pytest.raises(TypeError, match=r"^label column 'blob' of 'holes' is bytea; a label must be numbers"):
+        cb.Dataset.from_sql(postgres, "holes", features=["price"], label="blob")
+    with pytest.raises(ValueError, match=r"^'SELECT pixels, digit FROM digits WHERE false' has no rows; a dataset "
+                                         r"needs at least one$"):
+        cb.Dataset.from_sql(postgres, "SELECT pixels, digit FROM digits WHERE false", label="digit")
+    with pytest.raises(ValueError, match=r"^'SELECT digit, digit FROM digits' has more than one column named "
+                                         r"\['digit'\]; name each once \(AS\)$"):
+        cb.Dataset.from_sql(postgres, "SELECT digit, digit FROM digits", label="digit")
+    with pytest.raises(ValueError, match=r"^table_or_query='digits; DROP TABLE digits' must be a table name"):
+        cb.Dataset.from_sql(postgres, "digits; DROP TABLE digits", label="digit")
+    with pytest.raises(ValueError, match=r"^dsn must be a PostgreSQL URI such as") as refused:
+        cb.Dataset.from_sql("postgres ql://cerebro:secret@host/db", "digits", label="digit")
+    assert "secret" not in str(refused.value)
+    for dsn in ("postgresql://cerebro:secret@127.0.0.1:1/x", "postgresql://cerebro@127.0.0.1:1/x?password=secret"):
+        with pytest.raises(ConnectionError, match=r"^could not connect to postgresql://cerebro(:\*\*\*)?@127.0.0.1:1/x"
+                                                  r"(\?password=\*\*\*)?: ") as refused:
+            cb.Dataset.from_sql(dsn, "digits", label="digit")
+        assert "secret" not in str(refused.value)
+
+
+def test_names_fold_to_lower_case_and_a_query_may_end_in_a_comment(postgres, digits_tables):
+    upper = cb.Dataset.from_sql(postgres, "Public.Digits", features=["pixels"], label="digit", validation=None)
+    commented = cb.Dataset.from_sql(postgres, "SELECT pixels, digit FROM digits -- every row", label="digit",
+                                    validation=None)
+    assert upper.num_train_rows == commented.num_train_rows == len(digits_tables[1])

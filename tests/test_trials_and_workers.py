@@ -20,7 +20,7 @@ from click.testing import CliRunner
 import cerebro as cb
 from cerebro.cli import main
 from cerebro.data import read_layout, read_partition, sample_order
-from cerebro.engine import init_seed, subepoch_seed
+from cerebro.engine import MOPScheduler, init_seed, subepoch_seed
 
 pytestmark = pytest.mark.slow
 
@@ -292,6 +292,28 @@ def test_a_driver_that_stalls_past_the_heartbeat_timeout_loses_no_worker(tmp_pat
     events = [e["event"] for e in stalled.store.events()]
     assert "worker_lost" not in events and "workers_restarted" not in events
     assert_same_results(stalled, plain)
+
+
+def test_a_sub_epoch_the_scheduler_loses_stops_the_run_resumable_instead_of_hanging(tmp_path, monkeypatch):
+    space = {"lr": cb.choice([1e-2, 3e-3, 1e-3])}
+    plain = cb.GridSearch(build, space, epochs=2).fit(
+        digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=4, store=tmp_path / "a",
+        verbose=0)
+    assign, calls = MOPScheduler.assign, []
+
+    def losing(self, idle_workers):     # the fault: a started step that is never sent (a bug)
+        tasks = assign(self, idle_workers)
+        calls.append(bool(tasks))
+        return tasks[:-1] if tasks and calls.count(True) == 5 else tasks
+
+    monkeypatch.setattr(MOPScheduler, "assign", losing)
+    with pytest.raises(RuntimeError, match=r"^the sub-epochs of \[('t\d{4}'(, )?)+\] can start on none of the idle "
+                                           r"workers \[0, 1\]: the scheduler lost track of them \(a bug\); the run "
+                                           r"stopped and can be resumed from "):
+        cb.GridSearch(build, space, epochs=2).fit(digits(partitions=4), seed=4, store=tmp_path / "b", verbose=0,
+                                                  backend=cb.LocalBackend(2, threads_per_worker=1))
+    monkeypatch.undo()
+    assert_same_results(cb.resume(tmp_path / "b", verbose=0), plain)
 
 
 def test_a_trial_slower_than_trial_timeout_ends_as_timeout_and_the_others_finish(tmp_path):

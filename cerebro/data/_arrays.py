@@ -144,7 +144,9 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         from ._sql import canonical_order, read_sql
 
         feature_array, label_array = read_sql(dsn, table_or_query, features, label)
-        # A table's rows come in no particular order: put them in one fixed by their content.
+        # A table's rows come in no particular order: put them in one fixed by their content
+        # as stored (so real and double precision columns of the same values agree).
+        feature_array, label_array = _as_features(feature_array), _as_label(label_array)
         order = canonical_order(feature_array, label_array)
         return cls(feature_array[order], label_array[order], validation=validation, partitions=partitions,
                    seed=seed, in_memory=in_memory, cache_dir=cache_dir)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
@@ -33,15 +33,16 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
     except ImportError:
         raise ImportError("Dataset.from_sql needs ADBC's PostgreSQL driver: pip install 'cerebro[sql]'") from None
     if not isinstance(dsn, str) or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
-        raise ValueError(f"dsn={dsn!r} must be a PostgreSQL URI such as "
-                         f"'postgresql://user:password@host:5432/dbname' or 'postgresql:///dbname?host=/socket/dir'")
+        # Not echoed: a malformed DSN may hold a password where no mask would find it.
+        raise ValueError("dsn must be a PostgreSQL URI such as 'postgresql://user:password@host:5432/dbname' or "
+                         "'postgresql:///dbname?host=/socket/dir'")
     try:
         connection = dbapi.connect(dsn)
     except dbapi.Error as error:
         raise ConnectionError(f"could not connect to {_without_password(dsn)}: {_first_line(error)}") from None
     with connection, connection.cursor() as cursor:
         try:
-            cursor.execute(f"SELECT * FROM ({source}) AS cerebro_rows LIMIT 0")
+            cursor.execute(f"SELECT * FROM ({source}\n) AS cerebro_rows LIMIT 0")
             schema = cursor.fetch_arrow_table().schema
         except dbapi.Error as error:
             raise ValueError(f"cannot read {table_or_query!r}: {_first_line(error)}") from None
@@ -51,8 +52,13 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
         # the driver's decoding of one element at a time would take most of the time.
         selected = ", ".join(f"array_send({_quote(c)}) AS {_quote(c)}" if c in arrays else _quote(c)
                              for c in [*wanted, label])
-        cursor.execute(f"SELECT {selected} FROM ({source}) AS cerebro_rows")
+        cursor.execute(f"SELECT {selected} FROM ({source}\n) AS cerebro_rows")    # \n: ends a -- comment
         table = cursor.fetch_arrow_table()
+    if table.num_rows == 0:
+        raise ValueError(f"{table_or_query!r} has no rows; a dataset needs at least one")
+    if pa_is_binary(table.column(label).type):
+        raise TypeError(f"label column {label!r} of {table_or_query!r} is bytea; a label must be numbers or arrays "
+                        f"of numbers")
     blocks = [_column_array(table.column(c), c, c in arrays, table_or_query) for c in wanted]
     if len(blocks) > 1 and any(b.dtype == object for b in blocks):
         raise TypeError(f"a bytea column must be the only feature column; features={wanted}")
@@ -80,8 +86,8 @@ def _source(table_or_query: object) -> str:
     """A query for ``table_or_query``: a table name is quoted, a query used as it is."""
     if not isinstance(table_or_query, str):
         raise TypeError(f"table_or_query must be a table name or a query; got {type(table_or_query).__name__}")
-    if _TABLE.fullmatch(table_or_query):
-        return "SELECT * FROM " + ".".join(_quote(part) for part in table_or_query.split("."))
+    if _TABLE.fullmatch(table_or_query):    # folded to lower case, as PostgreSQL folds unquoted names
+        return "SELECT * FROM " + ".".join(_quote(part.lower()) for part in table_or_query.split("."))
     if _QUERY.match(table_or_query):
         return table_or_query.strip().rstrip(";")
     raise ValueError(f"table_or_query={table_or_query!r} must be a table name (table or schema.table) or a "
@@ -90,6 +96,10 @@ def _source(table_or_query: object) -> str:
 
 def _feature_columns(columns: list[str], features: Sequence[str] | str | None, label: str,
                      table_or_query: str) -> list[str]:
+    """The feature columns, checked against the source's ``columns``."""
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ValueError(f"{table_or_query!r} has more than one column named {repeated}; name each once (AS)")
     wanted = [c for c in columns if c != label] if features is None else \
         [features] if isinstance(features, str) else list(features)
     missing = [c for c in [*wanted, label] if c not in columns]
@@ -99,12 +109,19 @@ def _feature_columns(columns: list[str], features: Sequence[str] | str | None, l
         raise ValueError("features=[] must name at least one column")
     if label in wanted:
         raise ValueError(f"label column {label!r} is also among features={wanted}; a model must not see its label")
+    if len(set(wanted)) < len(wanted):
+        raise ValueError(f"features={wanted} names a column more than once")
     return wanted
 
 
 def _is_list(kind: pa.DataType) -> bool:
     import pyarrow as pa
     return pa.types.is_list(kind) or pa.types.is_large_list(kind)
+
+
+def pa_is_binary(kind: pa.DataType) -> bool:
+    import pyarrow as pa
+    return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
 
 def _column_array(column: pa.ChunkedArray, name: str, is_array: bool, table_or_query: str) -> np.ndarray:
@@ -118,7 +135,7 @@ def _column_array(column: pa.ChunkedArray, name: str, is_array: bool, table_or_q
     kind = column.type
     if is_array:
         return _decode_arrays(column.combine_chunks(), name, table_or_query)
-    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+    if pa_is_binary(kind):
         return column.to_numpy()
     if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column.to_numpy()
@@ -150,15 +167,15 @@ def _decode_arrays(sent: pa.Array, name: str, table_or_query: str) -> np.ndarray
         raise ValueError(f"column {name!r} of {table_or_query!r} holds NULLs inside its arrays; every element "
                          f"needs a value")
     ndim, _, element = (int(v) for v in np.frombuffer(data[:12].tobytes(), dtype=">i4"))
+    if element not in _ELEMENTS:      # before the shapes: text or numeric elements vary in size
+        raise TypeError(f"column {name!r} of {table_or_query!r} holds arrays of a type (oid {element}) that is "
+                        f"not a number; cast them to real[] or double precision[]")
     head = 12 + 8 * ndim
     sizes = np.diff(offsets)
     rows = data.reshape(len(sent), -1) if (sizes == sizes[0]).all() else None
     if rows is None or not (rows[:, :head] == rows[0, :head]).all():
         raise ValueError(f"column {name!r} of {table_or_query!r} holds arrays of different shapes; every row's "
                          f"array must have the same")
-    if element not in _ELEMENTS:
-        raise TypeError(f"column {name!r} of {table_or_query!r} holds arrays of a type (oid {element}) that is "
-                        f"not a number; cast them to real[] or double precision[]")
     shape = tuple(int(d) for d in np.frombuffer(rows[0, 12:head].tobytes(), dtype=">i4")[::2])
     dtype = _ELEMENTS[element]
     values = rows[:, head:].reshape(len(sent), -1, 4 + dtype.itemsize)[:, :, 4:]
@@ -170,10 +187,11 @@ def _quote(identifier: str) -> str:
 
 
 def _without_password(dsn: str) -> str:
+    """``dsn`` with its password masked, in the user part or as a ``password=`` parameter."""
     parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    netloc = parts.netloc if parts.password is None else parts.netloc.replace(f":{parts.password}@", ":***@")
+    query = urlencode([(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)], safe="/*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def _first_line(error: Exception) -> str:

@@ -295,7 +295,8 @@ class WorkerPool:
         now = time.monotonic()
         silent = [w for w in self.workers.values() if now - w.last_seen > self.heartbeat_timeout]
         # A worker whose messages wait unread was not silent: the driver was late (a long
-        # epoch end, a slow store). Its next poll reads them.
+        # epoch end, a slow store). Its next poll reads them (a worker that died meanwhile
+        # is then found by its closed connection or its exit).
         unread = set(wait([w.channel for w in silent], timeout=0)) if silent else set()
         for worker in silent:
             if worker.channel not in unread:
