@@ -97,7 +97,9 @@ def test_a_run_from_sql_equals_the_same_rows_from_pandas_bitwise(postgres, digit
         assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
 
 
-def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables):
+@pytest.fixture(scope="module")
+def holes(postgres):
+    """A table with a NULL row, a NULL inside an array, ragged arrays and non-numeric columns."""
     with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
         cursor.execute("CREATE TABLE holes (x real[], y integer, price numeric, gap real[], ragged real[], "
                        "words text[], blob bytea)")
@@ -105,35 +107,41 @@ def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables
                        "(NULL, 1, 2.5, '{1,NULL}', '{1}', '{bb}', '\\x02'), "
                        "('{2.0}', 0, 3, '{3,4}', '{1,2}', '{c}', '\\x03')")
         connection.commit()
-    with pytest.raises(ValueError, match=r"^cannot read 'nope': relation \"nope\" does not exist$"):
-        cb.Dataset.from_sql(postgres, "nope", label="digit")
-    with pytest.raises(ValueError, match=r"^columns \['pixel', 'label'\] are not in 'digits'; its columns are "
-                                         r"\['id', 'pixels', 'digit'\]$"):
-        cb.Dataset.from_sql(postgres, "digits", features=["pixel"], label="label")
-    with pytest.raises(ValueError, match=r"^column 'x' of 'holes' holds 1 NULLs; every row needs a value"):
-        cb.Dataset.from_sql(postgres, "holes", features=["x"], label="y")
-    with pytest.raises(ValueError, match=r"^column 'gap' of 'holes' holds NULLs inside its arrays; every element "):
-        cb.Dataset.from_sql(postgres, "holes", features=["gap"], label="y")
-    with pytest.raises(ValueError, match=r"^column 'ragged' of 'holes' holds arrays of different shapes"):
-        cb.Dataset.from_sql(postgres, "holes", features=["ragged"], label="y")
-    with pytest.raises(TypeError, match=r"^column 'price' of 'holes' is of PostgreSQL type numeric; features and label "
-                                        r"must be numbers \(cast NUMERIC to double precision\)"):
-        cb.Dataset.from_sql(postgres, "holes", features=["price"], label="y")
-    with pytest.raises(ValueError, match=r"^table_or_query='digits; DROP TABLE digits' must be a table name"):
-        cb.Dataset.from_sql(postgres, "digits; DROP TABLE digits", label="digit")
-    with pytest.raises(TypeError, match=r"^column 'words' of 'holes' holds arrays of a type \(oid 25\) that is not a "
-                                        r"number; cast them to real\[\] or double precision\[\]$"):
-        cb.Dataset.from_sql(postgres, "holes", features=["words"], label="y")
-    with pytest.raises(TypeError, match=r"^label column 'blob' of 'holes' is bytea; a label must be numbers"):
-        cb.Dataset.from_sql(postgres, "holes", features=["price"], label="blob")
-    with pytest.raises(ValueError, match=r"^'SELECT pixels, digit FROM digits WHERE false' has no rows; a dataset "
-                                         r"needs at least one$"):
-        cb.Dataset.from_sql(postgres, "SELECT pixels, digit FROM digits WHERE false", label="digit")
-    with pytest.raises(ValueError, match=r"^'SELECT digit, digit FROM digits' has more than one column named "
-                                         r"\['digit'\]; name each once \(AS\)$"):
-        cb.Dataset.from_sql(postgres, "SELECT digit, digit FROM digits", label="digit")
-    with pytest.raises(ValueError, match=r"^table_or_query='digits; DROP TABLE digits' must be a table name"):
-        cb.Dataset.from_sql(postgres, "digits; DROP TABLE digits", label="digit")
+
+
+@pytest.mark.parametrize("source, columns, error, message", [
+    ("nope", {"label": "digit"}, ValueError, r"^cannot read 'nope': relation \"nope\" does not exist$"),
+    ("digits", {"features": ["pixel"], "label": "label"}, ValueError,
+     r"^columns \['pixel', 'label'\] are not in 'digits'; its columns are \['id', 'pixels', 'digit'\]$"),
+    ("holes", {"features": ["x"], "label": "y"}, ValueError,
+     r"^column 'x' of 'holes' holds 1 NULLs; every row needs a value"),
+    ("holes", {"features": ["gap"], "label": "y"}, ValueError,
+     r"^column 'gap' of 'holes' holds NULLs inside its arrays; every element needs a value$"),
+    ("holes", {"features": ["ragged"], "label": "y"}, ValueError,
+     r"^column 'ragged' of 'holes' holds arrays of different shapes"),
+    ("holes", {"features": ["price"], "label": "y"}, TypeError,
+     r"^column 'price' of 'holes' is of PostgreSQL type numeric; features and label must be numbers \(cast NUMERIC "
+     r"to double precision\)"),
+    ("holes", {"features": ["words"], "label": "y"}, TypeError,
+     r"^column 'words' of 'holes' holds arrays of a type \(oid 25\) that is not a number; cast them to real\[\] or "
+     r"double precision\[\]$"),
+    ("holes", {"features": ["price"], "label": "blob"}, TypeError,
+     r"^label column 'blob' of 'holes' is bytea; a label must be numbers"),
+    ("SELECT pixels, digit FROM digits WHERE false", {"label": "digit"}, ValueError,
+     r"^'SELECT pixels, digit FROM digits WHERE false' has no rows; a dataset needs at least one$"),
+    ("SELECT digit, digit FROM digits", {"label": "digit"}, ValueError,
+     r"^'SELECT digit, digit FROM digits' has more than one column named \['digit'\]; name each once \(AS\)$"),
+    ("digits; DROP TABLE digits", {"label": "digit"}, ValueError,
+     r"^table_or_query='digits; DROP TABLE digits' must be a table name"),
+], ids=["no table", "no columns", "NULL", "NULL element", "ragged", "numeric", "text[]", "bytea label", "no rows",
+        "a column twice", "not a name or query"])
+def test_bad_sources_and_columns_are_refused_naming_them(postgres, digits_tables, holes, source, columns, error,
+                                                         message):
+    with pytest.raises(error, match=message):
+        cb.Dataset.from_sql(postgres, source, **columns)
+
+
+def test_a_bad_dsn_or_a_failed_connection_never_shows_the_password():
     with pytest.raises(ValueError, match=r"^dsn must be a PostgreSQL URI such as") as refused:
         cb.Dataset.from_sql("postgres ql://cerebro:secret@host/db", "digits", label="digit")
     assert "secret" not in str(refused.value)
