@@ -56,7 +56,7 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
         table = cursor.fetch_arrow_table()
     if table.num_rows == 0:
         raise ValueError(f"{table_or_query!r} has no rows; a dataset needs at least one")
-    if pa_is_binary(table.column(label).type):
+    if _is_binary(table.column(label).type):
         raise TypeError(f"label column {label!r} of {table_or_query!r} is bytea; a label must be numbers or arrays "
                         f"of numbers")
     blocks = [_column_array(table.column(c), c, c in arrays, table_or_query) for c in wanted]
@@ -119,7 +119,7 @@ def _is_list(kind: pa.DataType) -> bool:
     return pa.types.is_list(kind) or pa.types.is_large_list(kind)
 
 
-def pa_is_binary(kind: pa.DataType) -> bool:
+def _is_binary(kind: pa.DataType) -> bool:
     import pyarrow as pa
     return pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
@@ -135,9 +135,7 @@ def _column_array(column: pa.ChunkedArray, name: str, is_array: bool, table_or_q
     kind = column.type
     if is_array:
         return _decode_arrays(column.combine_chunks(), name, table_or_query)
-    if pa_is_binary(kind):
-        return column.to_numpy()
-    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+    if _is_binary(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
         return column.to_numpy()
     # The driver hands over types Arrow lacks (numeric, money, ...) as opaque values.
     described = f"PostgreSQL type {kind.type_name}" if hasattr(kind, "type_name") else f"type {kind}"

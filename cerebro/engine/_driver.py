@@ -218,12 +218,11 @@ class Driver:
             # Every lost worker's sub-epoch is to run again, also where a restart makes the
             # events after it moot: workers lost together (a stalled driver, a dead machine)
             # arrive in one batch.
-            lost = [event for event in events if isinstance(event, Lost)]
-            cause_removed = [self._abort_running(event) for event in lost]
+            cause_removed = any([self._abort_running(event) for event in events if isinstance(event, Lost)])
             for event in events:
                 if isinstance(event, Joined):
                     self._rejoined(event)
-                elif self._hand_over(event, any(cause_removed)):
+                elif self._hand_over(event, cause_removed):
                     break     # every worker is new: the other events are about the old ones
 
     def _abort_running(self, lost: Lost) -> bool:
@@ -239,10 +238,10 @@ class Driver:
         return cause_removed
 
     def _hand_over(self, lost: Lost, cause_removed: bool) -> bool:
-        """The surviving workers load a lost worker's partitions from the store and its
-        sub-epoch runs again, from the state the driver holds and with the same seeds, so
-        the results do not change (invariant 2). Where no worker is left, every worker
-        starts anew instead: returns True."""
+        """The surviving workers load a lost worker's partitions from the store (its aborted
+        sub-epoch runs again from the state the driver holds, with the same seeds, so the
+        results do not change: invariant 2). Where no worker is left, every worker starts
+        anew instead: returns True. ``cause_removed``: see :meth:`_no_worker_left`."""
         worker = lost.worker
         if not self.pool.workers:
             self._no_worker_left(f"{worker.describe()} {lost.reason}", cause_removed)
