@@ -17,6 +17,7 @@ _EXPORTS = {
     "Dataset": ".data",
     **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "resume"], ".engine"),
     "metrics": ".metrics",
+    "sql": ".sql",
     **dict.fromkeys(["Result", "TrialResult", "load"], ".report"),
     **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
                      "loguniform", "quniform", "randint", "uniform"], ".search"),
@@ -28,14 +29,14 @@ __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "Kera
            "RandomSearch", "Result", "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError",
            "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult", "UntrustedStateError",
            "WorkerLostError",
-           "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "uniform"]
+           "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "sql", "uniform"]
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'cerebro' has no attribute {name!r}")
     module = importlib.import_module(_EXPORTS[name], __name__)
-    value = module if name == "metrics" else getattr(module, name)
+    value = module if name in ("metrics", "sql") else getattr(module, name)
     globals()[name] = value
     return value
 
@@ -45,7 +46,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from . import metrics
+    from . import metrics, sql
     from .backends import Backend, LocalBackend, SparkBackend
     from .data import Dataset
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError, resume

@@ -39,6 +39,7 @@ Examples:
   cerebro report runs/exp1                      runs/exp1/report.html, opens offline
   cerebro resume runs/exp1                      finish a run whose driver died
   cerebro export runs/exp1 --trial best -o model.safetensors
+  cerebro sql install --dsn postgresql:///mydb  the SQL functions (MADlib's API) in PostgreSQL
 
 Exit codes: 0 success, 1 the run failed or was interrupted, 2 bad usage or bad input.""")
 def main() -> None:
@@ -236,3 +237,24 @@ def export(run_dir: str, trial: str, out: str, torchscript: bool, trust: bool) -
     else:
         chosen.save_weights(out)
     click.echo(f"{chosen.trial_id} ({json.dumps(chosen.config)}) -> {out}")
+
+
+@main.group()
+def sql() -> None:
+    """Cerebro inside PostgreSQL: MADlib's model-hopper API as SQL functions (docs/sql.md)."""
+
+
+@sql.command("install")
+@click.option("--dsn", required=True, help="postgresql:// URI of a superuser (plpython3u is untrusted)")
+@click.option("--schema", default="cerebro", show_default=True, help="the schema to create the functions in")
+def sql_install(dsn: str, schema: str) -> None:
+    """Create the schema's PL/Python functions: load_model_arch, load_model_selection_table,
+    generate_model_configs, fit_multiple_model, automl, predict, version.
+
+    Example: cerebro sql install --dsn 'postgresql:///mydb?host=/var/run/postgresql'
+    """
+    from .sql import install
+    try:
+        click.echo(install(dsn, schema))
+    except (ValueError, RuntimeError, ImportError) as error:
+        raise click.ClickException(str(error)) from None

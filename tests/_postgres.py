@@ -31,7 +31,8 @@ def _installed() -> list[str]:
 
 @contextlib.contextmanager
 def postgres_server(binaries: str) -> Iterator[str]:
-    """A running server; yields its URI (database ``postgres``, user ``cerebro``, no password)."""
+    """A running server; yields its URI (database ``postgres``, user ``cerebro``, a superuser,
+    no password)."""
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     directory = tempfile.mkdtemp(prefix="cerebro-pg-")
     if as_user:
@@ -53,3 +54,22 @@ def postgres_server(binaries: str) -> Iterator[str]:
             run(os.path.join(binaries, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def plpython_installed(binaries: str) -> bool:
+    """Whether the server has PL/Python, installing Debian's package for its version if it is
+    missing and this is root on Debian."""
+    library = os.path.join(os.path.dirname(binaries), "lib", "plpython3.so")
+    if not os.path.exists(library) and os.geteuid() == 0 and shutil.which("apt-get"):
+        version = os.path.basename(os.path.dirname(binaries))
+        subprocess.run(["apt-get", "install", "-y", "-q", f"postgresql-plpython3-{version}"], capture_output=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
+    return os.path.exists(library)
+
+
+def server_directory() -> str:
+    """A new temporary directory the server's OS user may write (its run directories)."""
+    directory = tempfile.mkdtemp(prefix="cerebro-sql-runs-")
+    if os.geteuid() == 0:
+        shutil.chown(directory, "postgres")
+    return directory

@@ -84,7 +84,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
 @contextlib.contextmanager
 def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM stops a run as Ctrl-C does: workers stopped, journal closed, run resumable."""
-    if threading.current_thread() is not threading.main_thread():
+    # A handler set outside Python (None: PostgreSQL's, under PL/Python) could not be put back.
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is None:
         yield
         return
 
@@ -218,4 +219,11 @@ def _is_users_module(module: types.ModuleType) -> bool:
         return False
     if module.__name__ == "__main__" or path is None or module.__name__.split(".")[0] == "cerebro":
         return False
-    return not os.path.abspath(path).startswith(_INSTALLED)
+    return not os.path.abspath(path).startswith(_INSTALLED + _site_directories())
+
+
+def _site_directories() -> tuple[str, ...]:
+    """Package directories on the path beyond this interpreter's own: an embedded Python
+    (PL/Python in PostgreSQL) adds a virtual environment's with ``site.addsitedir``."""
+    return tuple(os.path.abspath(entry) + os.sep for entry in sys.path
+                 if os.path.basename(entry.rstrip(os.sep)) in ("site-packages", "dist-packages"))

@@ -1,0 +1,30 @@
+"""What the installed SQL functions call: one entry per function, each given the session's
+database. The function bodies (see :mod:`._install`) only put this installation's packages
+on PL/Python's path and call :func:`call`."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .._version import __version__
+from ._database import Database
+from ._fit_multiple import automl, fit_multiple_model
+from ._model_tables import generate_model_configs, load_model_arch, load_model_selection_table
+from ._predict import predict
+
+
+def version(db: Database) -> str:
+    """Cerebro's version and the Python that runs it in the server."""
+    return f"cerebro {__version__} on Python {sys.version.split()[0]} ({sys.executable})"
+
+
+ENTRIES = {function.__name__: function for function in (
+    version, load_model_arch, load_model_selection_table, generate_model_configs, fit_multiple_model, automl,
+    predict)}
+
+
+def call(entry: str, /, **arguments: Any) -> Any:
+    """Run the entry of a SQL function with its SQL arguments (one is ``name``, hence ``/``)."""
+    db = Database()
+    db.use_keras_backend()
+    return ENTRIES[entry](db, **arguments)

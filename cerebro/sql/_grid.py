@@ -1,0 +1,120 @@
+"""MADlib's parameter grids (``compile_params_grid``, ``fit_params_grid``) as a search space.
+
+A grid is a Python dict literal: each parameter maps to a list of candidates, or to
+``[low, high, 'log']`` / ``[low, high, 'linear']`` for a range that random search and TPE
+sample; ``metrics`` is the metrics list itself, and ``optimizer_params_list`` holds one dict
+per optimizer family, each with its own candidates, e.g.::
+
+    {'loss': ['categorical_crossentropy'], 'metrics': ['accuracy'],
+     'optimizer_params_list': [{'optimizer': ['SGD'], 'lr': [0.001, 0.1, 'log'], 'momentum': [0.9, 0.95]},
+                               {'optimizer': ['Adam'], 'lr': [0.0001, 0.01, 'log']}]}
+
+:class:`ConfigGrid` flattens both grids and the model ids into one ``cb`` search space and
+renders a drawn configuration back into the ``compile_params`` and ``fit_params`` strings of
+a model selection table, so every trial is a row a SQL user can read and rerun.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..search import choice, loguniform, randint, uniform
+from ..search._space import Distribution
+from ._params import parse_compile_params, parse_fit_params
+
+_RANGES = ("log", "linear")
+
+
+def parse_grid(text: str, what: str) -> dict[str, Any]:
+    """``text`` as a dict literal; names the rule it breaks."""
+    try:
+        grid = ast.literal_eval(text.strip()) if isinstance(text, str) else None
+    except (SyntaxError, ValueError) as error:
+        raise ValueError(f"{what} {text!r} is malformed ({getattr(error, 'msg', error)}); expected a dict literal "
+                         f"such as {{'batch_size': [32, 64], 'epochs': [1]}}") from None
+    if not isinstance(grid, dict) or not grid or not all(isinstance(k, str) for k in grid):
+        raise ValueError(f"{what} {text!r} must be a non-empty dict from parameter name to a list of candidates")
+    return grid
+
+
+def _distribution(values: Any, where: str) -> Distribution:
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{where}={values!r} must be a non-empty list of candidates, or [low, high, 'log'|'linear']")
+    if len(values) == 3 and values[2] in _RANGES:
+        low, high, scale = values
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+            return randint(low, high + 1)
+        if scale == "log":
+            return loguniform(low, high)
+        return uniform(low, high)
+    return choice(values)
+
+
+class ConfigGrid:
+    """The model ids and both grids as one flat search space, and the way back from a
+    configuration drawn from it to ``(model_id, compile_params, fit_params)``."""
+
+    def __init__(self, model_ids: Sequence[int], compile_params_grid: str, fit_params_grid: str) -> None:
+        self._given = (list(model_ids), compile_params_grid, fit_params_grid)
+        compile_grid = parse_grid(compile_params_grid, "compile_params_grid")
+        fit_grid = parse_grid(fit_params_grid, "fit_params_grid")
+        unknown = sorted(set(compile_grid) - {"loss", "metrics", "optimizer_params_list"})
+        if unknown or "optimizer_params_list" not in compile_grid or "loss" not in compile_grid:
+            raise ValueError(f"compile_params_grid {compile_params_grid!r} must have the keys loss, "
+                             f"optimizer_params_list and optionally metrics"
+                             + (f"; {', '.join(unknown)} are not understood" if unknown else ""))
+        self.metrics = compile_grid.get("metrics", [])
+        families = compile_grid["optimizer_params_list"]
+        if not isinstance(families, list) or not families or not all(
+                isinstance(f, dict) and "optimizer" in f for f in families):
+            raise ValueError(f"optimizer_params_list={families!r} must be a list of dicts, each with an "
+                             f"'optimizer' list, e.g. [{{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}}]")
+        self.families = [list(f) for f in families]
+        self.fit_keys = list(fit_grid)
+        space: dict[str, Any] = {"model_id": choice(list(model_ids)),
+                                 "loss": _distribution(compile_grid["loss"], "loss"),
+                                 "optimizer_family": choice(list(range(len(families))))}
+        for index, family in enumerate(families):
+            for key, values in family.items():
+                space[f"optimizer_{index}.{key}"] = _distribution(values, f"optimizer_params_list[{index}][{key!r}]")
+        for key, values in fit_grid.items():
+            space[f"fit.{key}"] = _distribution(values, f"fit_params_grid[{key!r}]")
+        self.space = space
+        # Every candidate must make valid strings; checked on the first combination of each.
+        for index in range(len(families)):
+            self.render({**{k: _first(v) for k, v in space.items()}, "optimizer_family": index})
+
+    def __repr__(self) -> str:
+        return f"ConfigGrid{self._given!r}"
+
+    def render(self, config: Mapping[str, Any]) -> tuple[int, str, str]:
+        """``config`` (drawn from :attr:`space`) as a model selection table's row."""
+        index = config["optimizer_family"]
+        arguments = ", ".join(f"{key}={config[f'optimizer_{index}.{key}']!r}"
+                              for key in self.families[index] if key != "optimizer")
+        optimizer = f"{config[f'optimizer_{index}.optimizer']}({arguments})"
+        compile_params = f"loss={config['loss']!r}, optimizer={optimizer!r}, metrics={self.metrics!r}"
+        fit_params = ", ".join(f"{key}={config[f'fit.{key}']!r}" for key in self.fit_keys)
+        parse_compile_params(compile_params)
+        parse_fit_params(fit_params)
+        return config["model_id"], compile_params, fit_params
+
+    def grid(self) -> list[tuple[int, str, str]]:
+        """Every distinct row of the grid, models outermost, then compile, then fit
+        parameters; a range (``[low, high, 'log']``) cannot be enumerated."""
+        for key, value in self.space.items():
+            if not isinstance(value, choice):
+                raise ValueError(f"search_type 'grid' enumerates candidate lists; {key} is a range ({value!r}): "
+                                 f"use search_type 'random'")
+        keys = list(self.space)
+        rows: dict[tuple[int, str, str], None] = {}
+        for values in itertools.product(*(self.space[k].values for k in keys)):
+            rows.setdefault(self.render(dict(zip(keys, values))))
+        return list(rows)
+
+
+def _first(value: Any) -> Any:
+    return value.values[0] if isinstance(value, choice) else getattr(value, "low", value)
+

@@ -1,0 +1,132 @@
+"""``cerebro sql install``: the schema of PL/Python functions that puts Cerebro in a database.
+
+Each function's body puts this installation's package directories on PL/Python's path (the
+server runs the system's Python of the same version, which can import them) and calls
+:func:`cerebro.sql._functions.call`. The server's OS user must be able to read those
+directories; :func:`install` checks it by calling ``version()`` in the server.
+"""
+from __future__ import annotations
+
+import os
+import re
+import site
+import sys
+from dataclasses import dataclass
+
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]*")
+_TABLE_ARGS = ("source_table varchar", "model_output_table varchar")
+_RUN_ARGS = ("use_gpus boolean DEFAULT false", "validation_table varchar DEFAULT NULL",
+             "metrics_compute_frequency integer DEFAULT NULL")
+_COLUMNS = ("independent_varname varchar DEFAULT 'independent_var'",
+            "dependent_varname varchar DEFAULT 'dependent_var'")
+_ARCH_ARGS = ("model_arch_table varchar", "model_arch json", "model_weights bytea DEFAULT NULL",
+              "name varchar DEFAULT NULL", "description varchar DEFAULT NULL", "model_id integer DEFAULT NULL")
+
+
+@dataclass(frozen=True)
+class SqlFunction:
+    """One function of the schema: its SQL name and arguments, and the entry it calls."""
+
+    name: str
+    arguments: tuple[str, ...]
+    returns: str
+    entry: str
+
+
+FUNCTIONS = (
+    SqlFunction("version", (), "text", "version"),
+    SqlFunction("load_model_arch", _ARCH_ARGS, "integer", "load_model_arch"),
+    SqlFunction("load_keras_model", _ARCH_ARGS, "integer", "load_model_arch"),     # MADlib's name
+    SqlFunction("load_model_selection_table", (
+        "model_arch_table varchar", "model_selection_table varchar", "model_id_list integer[]",
+        "compile_params_list varchar[]", "fit_params_list varchar[]", "object_table varchar DEFAULT NULL"),
+        "void", "load_model_selection_table"),
+    SqlFunction("generate_model_configs", (
+        "model_arch_table varchar", "model_selection_table varchar", "model_id_list integer[]",
+        "compile_params_grid varchar", "fit_params_grid varchar", "search_type varchar DEFAULT 'grid'",
+        "num_configs integer DEFAULT NULL", "random_state integer DEFAULT NULL", "object_table varchar DEFAULT NULL"),
+        "void", "generate_model_configs"),
+    SqlFunction("fit_multiple_model", (
+        *_TABLE_ARGS, "model_selection_table varchar", "num_iterations integer", *_RUN_ARGS,
+        "warm_start boolean DEFAULT false", "name varchar DEFAULT NULL", "description varchar DEFAULT NULL",
+        *_COLUMNS), "void", "fit_multiple_model"),
+    SqlFunction("automl", (
+        *_TABLE_ARGS, "model_arch_table varchar", "model_selection_table varchar", "model_id_list integer[]",
+        "compile_params_grid varchar", "fit_params_grid varchar", "automl_method varchar DEFAULT 'hyperband'",
+        "automl_params varchar DEFAULT NULL", "random_state integer DEFAULT NULL",
+        "object_table varchar DEFAULT NULL", *_RUN_ARGS, "name varchar DEFAULT NULL",
+        "description varchar DEFAULT NULL", *_COLUMNS), "void", "automl"),
+    SqlFunction("predict", (
+        "model_table varchar", "test_table varchar", "id_col varchar", "independent_varname varchar",
+        "output_table varchar", "pred_type varchar DEFAULT 'response'", "use_gpus boolean DEFAULT false",
+        "mst_key integer DEFAULT NULL"), "void", "predict"),
+)
+
+
+def package_paths() -> tuple[list[str], list[str]]:
+    """(site directories, other directories) this interpreter imports Cerebro and its
+    dependencies from; an editable install adds the project's directory."""
+    sites = [p for p in [*site.getsitepackages(), site.getusersitepackages()] if os.path.isdir(p)]
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(project)
+    in_site = any(project.startswith(os.path.abspath(s) + os.sep) for s in sites)
+    return sites, [] if in_site else [root]
+
+
+def function_sql(schema: str, function: SqlFunction, sites: list[str], extra: list[str]) -> str:
+    """``CREATE OR REPLACE FUNCTION`` for ``function`` in ``schema``."""
+    names = [argument.split()[0] for argument in function.arguments]
+    call = ", ".join([repr(function.entry), *(f"{n}={n}" for n in names)])
+    body = "\n".join([
+        "import site, sys",
+        "if 'cerebro.sql._functions' not in sys.modules:",
+        "    before = list(sys.path)",
+        f"    for directory in {sites!r}:",
+        "        site.addsitedir(directory)",
+        f"    sys.path[:] = {extra!r} + [p for p in sys.path if p not in before] + before",
+        "from cerebro.sql._functions import call",
+        f"return call({call})",
+    ])
+    return (f"CREATE OR REPLACE FUNCTION {schema}.{function.name}({', '.join(function.arguments)}) "
+            f"RETURNS {function.returns} AS $cerebro$\n{body}\n$cerebro$ LANGUAGE plpython3u")
+
+
+def install(dsn: str, schema: str = "cerebro") -> str:
+    """Create ``schema`` with Cerebro's SQL functions in the database at ``dsn`` (a
+    ``postgresql://`` URI of a superuser: ``plpython3u`` is an untrusted language), and
+    return what ``version()`` answers from the server.
+
+    Example:
+        >>> cb.sql.install("postgresql:///mydb?host=/var/run/postgresql")   # or: cerebro sql install --dsn ...
+        'cerebro 0.1.0 on Python 3.11.2 (/usr/bin/python3)'
+    """
+    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
+        raise ValueError(f"schema={schema!r} must be a lower-case SQL name (letters, digits and _)")
+    try:
+        from adbc_driver_postgresql import dbapi
+    except ImportError:
+        raise ImportError("cerebro sql install needs ADBC's PostgreSQL driver: pip install 'cerebro[sql]'") from None
+    sites, extra = package_paths()
+    statements = ["CREATE EXTENSION IF NOT EXISTS plpython3u", f"CREATE SCHEMA IF NOT EXISTS {schema}",
+                  *(function_sql(schema, f, sites, extra) for f in FUNCTIONS)]
+    with dbapi.connect(dsn) as connection, connection.cursor() as cursor:
+        try:
+            for statement in statements:
+                cursor.execute(statement)
+            connection.commit()
+        except dbapi.Error as error:
+            raise RuntimeError(f"installing the schema {schema!r} failed: {str(error).splitlines()[0]} (the extension "
+                               f"plpython3u comes with Debian's postgresql-plpython3-15)") from None
+        try:
+            cursor.execute(f"SELECT {schema}.version()")
+            answer = cursor.fetchone()[0]
+        except dbapi.Error as error:
+            raise RuntimeError(f"the schema {schema!r} is installed, but the server cannot run Cerebro: "
+                               f"{str(error).splitlines()[0]}. Its OS user must be able to read "
+                               f"{', '.join(sites + extra)}") from None
+    server_python = re.search(r"Python (\d+\.\d+)", answer).group(1)
+    if server_python != f"{sys.version_info.major}.{sys.version_info.minor}":
+        raise RuntimeError(f"the server's PL/Python runs Python {server_python}, but these packages are for "
+                           f"{sys.version_info.major}.{sys.version_info.minor}: install Cerebro with Python "
+                           f"{server_python}")
+    return answer

@@ -1,0 +1,108 @@
+"""Keras models from the rows of SQL tables: an architecture (Keras JSON), a
+``compile_params`` and a ``fit_params`` string make a :class:`cerebro.KerasTrainable`.
+
+Weights travel in and out of tables as MADlib stores them: the float32 values of
+``model.get_weights()``, concatenated in order, in one ``bytea``.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..worker import KerasTrainable
+from ._grid import ConfigGrid
+from ._params import parse_compile_params, parse_fit_params
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model selection row with its architecture, and the weights it starts from
+    (``warm_start``), if any."""
+
+    model_id: int
+    model_arch: str
+    compile_params: str
+    fit_params: str
+    # repr: the digest that names a call's run directory hashes the weights themselves.
+    weights: bytes | None = field(default=None, repr=False)
+
+
+def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
+    """The compiled ``keras.Model``. With class ids as labels (``one_hot=False``),
+    ``categorical_crossentropy`` is trained as ``sparse_categorical_crossentropy``: the same
+    loss on the same targets, as MADlib's preprocessor would have one-hot encoded them."""
+    keras = importlib.import_module("keras")
+    params = parse_compile_params(compile_params)
+    model = keras.models.model_from_json(model_arch)
+    optimizer_class = getattr(keras.optimizers, params.optimizer, None)
+    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, keras.optimizers.Optimizer)):
+        raise ValueError(f"compile_params {compile_params!r}: optimizer {params.optimizer!r} is not a class of "
+                         f"keras.optimizers (Adam, SGD, RMSprop, AdamW, ...)")
+    try:
+        optimizer = optimizer_class(**dict(params.optimizer_args))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"compile_params {compile_params!r}: {params.optimizer}{dict(params.optimizer_args)} "
+                         f"cannot be made: {error}") from None
+    loss = "sparse_categorical_crossentropy" if params.loss == "categorical_crossentropy" and not one_hot \
+        else params.loss
+    try:
+        keras.losses.get(loss)
+    except ValueError:
+        raise ValueError(f"compile_params {compile_params!r}: loss {params.loss!r} is not a loss of "
+                         f"keras.losses") from None
+    model.compile(optimizer=optimizer, loss=loss, metrics=list(params.metrics))
+    return model
+
+
+def keras_trainable(spec: ModelSpec, *, one_hot: bool) -> KerasTrainable:
+    """The trainable of ``spec``; its weights are ``spec.weights`` where given."""
+    model = keras_model(spec.model_arch, spec.compile_params, one_hot=one_hot)
+    if spec.weights is not None:
+        load_flat_weights(model, spec.weights)
+    return KerasTrainable(model, batch_size=parse_fit_params(spec.fit_params).batch_size)
+
+
+@dataclass(frozen=True)
+class SelectionBuild:
+    """``build(config)`` for the trials of a model selection table: ``config["mst_key"]``
+    names the row."""
+
+    models: Mapping[int, ModelSpec]
+    one_hot: bool
+
+    def __call__(self, config: Mapping[str, Any]) -> KerasTrainable:
+        return keras_trainable(self.models[config["mst_key"]], one_hot=self.one_hot)
+
+
+@dataclass(frozen=True)
+class GridBuild:
+    """``build(config)`` for AutoML: ``config`` is drawn from :class:`ConfigGrid`'s space."""
+
+    architectures: Mapping[int, str]
+    grid: ConfigGrid
+    one_hot: bool
+
+    def __call__(self, config: Mapping[str, Any]) -> KerasTrainable:
+        model_id, compile_params, fit_params = self.grid.render(config)
+        spec = ModelSpec(model_id, self.architectures[model_id], compile_params, fit_params)
+        return keras_trainable(spec, one_hot=self.one_hot)
+
+
+def flat_weights(state_dict: Mapping[str, Any]) -> bytes:
+    """A Keras trial's weights (keys in ``model.weights`` order) as MADlib's ``bytea``."""
+    return b"".join(np.asarray(state_dict[key], dtype=np.float32).tobytes() for key in sorted(state_dict))
+
+
+def load_flat_weights(model: Any, blob: bytes) -> None:
+    """Set ``model``'s weights from MADlib's ``bytea``, refusing one of another size."""
+    values = np.frombuffer(blob, dtype=np.float32)
+    sizes = [int(np.prod(w.shape)) for w in model.weights]
+    if len(values) != sum(sizes):
+        raise ValueError(f"model_weights holds {len(values)} float32 values; the architecture has {sum(sizes)} "
+                         f"weights")
+    offsets = np.cumsum([0, *sizes])
+    model.set_weights([values[offsets[i]:offsets[i + 1]].reshape(w.shape) for i, w in enumerate(model.weights)])

@@ -1,0 +1,141 @@
+"""The tables a model selection starts from, with MADlib's layout: the model architecture
+table (``load_model_arch``, MADlib's ``load_keras_model``) and the model selection table
+(``load_model_selection_table``, ``generate_model_configs``), each with a ``_summary``
+table that names the architecture table.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..search._space import sample_config
+from ._database import Database
+from ._grid import ConfigGrid
+from ._keras_model import ModelSpec
+from ._params import parse_compile_params, parse_fit_params
+
+
+def load_model_arch(db: Database, model_arch_table: str, model_arch: str, model_weights: bytes | None = None,
+                    name: str | None = None, description: str | None = None, model_id: int | None = None) -> int:
+    """Add a Keras architecture (``model.to_json()``) to ``model_arch_table``, creating the
+    table if needed; returns its ``model_id``."""
+    try:
+        json.loads(model_arch)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"model_arch is not JSON ({error}); give keras.Model.to_json()") from None
+    table = db.quoted(model_arch_table, "model_arch_table")
+    if not db.exists(model_arch_table, "model_arch_table"):
+        db.query(f"CREATE TABLE {table} (model_id SERIAL PRIMARY KEY, model_arch JSON NOT NULL, "
+                 f"model_weights BYTEA, name TEXT, description TEXT)")
+    if model_id is None:
+        row = db.query(f"INSERT INTO {table} (model_arch, model_weights, name, description) "
+                       f"VALUES ($1, $2, $3, $4) RETURNING model_id",
+                       [model_arch, model_weights, name, description], ["json", "bytea", "text", "text"])
+    else:
+        row = db.query(f"INSERT INTO {table} (model_id, model_arch, model_weights, name, description) "
+                       f"VALUES ($1, $2, $3, $4, $5) RETURNING model_id",
+                       [model_id, model_arch, model_weights, name, description],
+                       ["integer", "json", "bytea", "text", "text"])
+    return row[0]["model_id"]
+
+
+def load_model_selection_table(db: Database, model_arch_table: str, model_selection_table: str,
+                               model_id_list: Sequence[int], compile_params_list: Sequence[str],
+                               fit_params_list: Sequence[str], object_table: str | None = None) -> None:
+    """Write every combination of the model ids, compile and fit parameters (in that
+    nesting) as rows of ``model_selection_table``, keyed ``mst_key`` 1, 2, ..."""
+    _require_model_ids(db, model_arch_table, model_id_list)
+    for text in compile_params_list or []:
+        parse_compile_params(text)
+    for text in fit_params_list or []:
+        parse_fit_params(text)
+    if not compile_params_list or not fit_params_list:
+        raise ValueError("compile_params_list and fit_params_list must each hold at least one string")
+    rows = [(m, c, f) for m in model_id_list for c in compile_params_list for f in fit_params_list]
+    _write_selection(db, model_arch_table, model_selection_table, rows, object_table)
+
+
+def generate_model_configs(db: Database, model_arch_table: str, model_selection_table: str,
+                           model_id_list: Sequence[int], compile_params_grid: str, fit_params_grid: str,
+                           search_type: str = "grid", num_configs: int | None = None,
+                           random_state: int | None = None, object_table: str | None = None) -> None:
+    """Write a model selection table from parameter grids (see :mod:`._grid`): every
+    combination (``search_type => 'grid'``) or ``num_configs`` draws seeded by
+    ``random_state`` (``'random'``)."""
+    _require_model_ids(db, model_arch_table, model_id_list)
+    grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid)
+    if search_type == "grid":
+        rows = grid.grid()
+    elif search_type == "random":
+        if not isinstance(num_configs, int) or num_configs < 1:
+            raise ValueError(f"num_configs={num_configs!r} must be a positive integer for search_type 'random'")
+        rng = np.random.default_rng(random_state)
+        rows = [grid.render(sample_config(grid.space, rng)) for _ in range(num_configs)]
+    else:
+        raise ValueError(f"search_type={search_type!r} must be 'grid' or 'random'")
+    _write_selection(db, model_arch_table, model_selection_table, rows, object_table)
+
+
+def _write_selection(db: Database, model_arch_table: str, model_selection_table: str,
+                     rows: Sequence[tuple[int, str, str]], object_table: str | None) -> None:
+    table = db.require_absent(model_selection_table, "model_selection_table")
+    summary = db.require_absent(f"{model_selection_table}_summary", "model_selection_table's summary")
+    db.query(f"CREATE TABLE {table} (mst_key SERIAL PRIMARY KEY, model_id INTEGER NOT NULL, "
+             f"compile_params VARCHAR NOT NULL, fit_params VARCHAR NOT NULL, UNIQUE (model_id, compile_params, "
+             f"fit_params))")
+    db.query(f"INSERT INTO {table} (model_id, compile_params, fit_params) "
+             f"SELECT * FROM unnest($1, $2, $3)", [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+             ["integer[]", "text[]", "text[]"])
+    db.query(f"CREATE TABLE {summary} (model_arch_table VARCHAR, object_table VARCHAR)")
+    db.query(f"INSERT INTO {summary} VALUES ($1, $2)", [model_arch_table, object_table], ["text", "text"])
+
+
+def _require_model_ids(db: Database, model_arch_table: str, model_id_list: Sequence[int]) -> dict[int, str]:
+    """The architectures of ``model_id_list``; an error names the ids the table lacks."""
+    if not model_id_list:
+        raise ValueError("model_id_list must hold at least one model_id")
+    table = db.require(model_arch_table, "model_arch_table")
+    db.require_columns(model_arch_table, "model_arch_table", ["model_id", "model_arch"])
+    found = {row["model_id"]: row["model_arch"] for row in db.query(
+        f"SELECT model_id, model_arch::text AS model_arch FROM {table} WHERE model_id = ANY($1)",
+        [list(model_id_list)], ["integer[]"])}
+    missing = [m for m in model_id_list if m not in found]
+    if missing:
+        raise ValueError(f"model_arch_table {model_arch_table!r} has no model_id {missing}")
+    return found
+
+
+def read_model_selection(db: Database, model_selection_table: str) -> tuple[str, dict[int, ModelSpec]]:
+    """The architecture table and the rows of ``model_selection_table`` by ``mst_key``;
+    duplicate keys, unknown model ids and malformed parameter strings are refused, naming the
+    row."""
+    table = db.require(model_selection_table, "model_selection_table")
+    db.require_columns(model_selection_table, "model_selection_table",
+                       ["mst_key", "model_id", "compile_params", "fit_params"])
+    summary = f"{model_selection_table}_summary"
+    if not db.exists(summary, "model_selection_table's summary"):
+        raise ValueError(f"{summary!r} does not exist: it names the model architecture table; make the model "
+                         f"selection table with load_model_selection_table or generate_model_configs")
+    model_arch_table = db.query(f"SELECT model_arch_table FROM {db.quoted(summary, 'summary')}")[0]["model_arch_table"]
+    duplicates = [row["mst_key"] for row in db.query(
+        f"SELECT mst_key FROM {table} GROUP BY mst_key HAVING count(*) > 1 ORDER BY mst_key")]
+    if duplicates:
+        raise ValueError(f"model_selection_table {model_selection_table!r} has duplicate mst_key {duplicates}; "
+                         f"each row needs its own key")
+    rows = db.query(f"SELECT mst_key, model_id, compile_params, fit_params FROM {table} ORDER BY mst_key")
+    if not rows:
+        raise ValueError(f"model_selection_table {model_selection_table!r} has no rows")
+    architectures = _require_model_ids(db, model_arch_table, sorted({row["model_id"] for row in rows}))
+    models = {}
+    for row in rows:
+        try:
+            parse_compile_params(row["compile_params"])
+            parse_fit_params(row["fit_params"])
+        except ValueError as error:
+            raise ValueError(f"model_selection_table {model_selection_table!r}, mst_key {row['mst_key']}: "
+                             f"{error}") from None
+        models[row["mst_key"]] = ModelSpec(row["model_id"], architectures[row["model_id"]], row["compile_params"],
+                                           row["fit_params"])
+    return model_arch_table, models

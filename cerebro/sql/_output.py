@@ -1,0 +1,139 @@
+"""The tables a model selection writes, with MADlib's layout: ``<out>`` (one row per
+configuration: its key, architecture, parameters and trained weights), ``<out>_info``
+(per-iteration training and validation metrics as arrays, with their times) and
+``<out>_summary`` (what was run, where its run directory is)."""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._version import __version__
+from ..report import Result
+from ._database import Database
+from ._keras_model import ModelSpec, flat_weights
+from ._params import parse_compile_params
+
+
+@dataclass(frozen=True)
+class RunDescription:
+    """The arguments of the SQL call and the run's settings, for ``<out>_summary``."""
+
+    source_table: str
+    validation_table: str | None
+    independent_varname: str
+    dependent_varname: str
+    model_arch_table: str
+    model_selection_table: str
+    num_iterations: int
+    metrics_compute_frequency: int
+    warm_start: bool
+    name: str | None
+    description: str | None
+    store: str
+    seed: int
+    workers: int
+    method: str
+    started: float
+
+
+def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
+    """The iterations whose metrics ``<out>_info`` keeps: every ``frequency``-th and the last."""
+    return sorted({*range(frequency, num_iterations + 1, frequency), num_iterations})
+
+
+def write_outputs(db: Database, output_table: str, result: Result, models: Mapping[str, ModelSpec],
+                  run: RunDescription) -> None:
+    """Replace ``output_table`` and its ``_info`` and ``_summary`` tables with ``result``'s
+    trials; ``models`` gives each trial's row by trial id."""
+    names = {suffix: db.quoted(f"{output_table}{suffix}", "model_output_table") for suffix in ("", "_info", "_summary")}
+    for table in names.values():
+        db.query(f"DROP TABLE IF EXISTS {table}")
+    db.query(f"CREATE TABLE {names['']} (mst_key INTEGER PRIMARY KEY, model_id INTEGER, model_arch JSON, "
+             f"compile_params VARCHAR, fit_params VARCHAR, model_weights BYTEA)")
+    db.query(f"CREATE TABLE {names['_info']} (mst_key INTEGER PRIMARY KEY, model_id INTEGER, compile_params VARCHAR, "
+             f"fit_params VARCHAR, model_type VARCHAR, model_size DOUBLE PRECISION, "
+             f"metrics_elapsed_time DOUBLE PRECISION[], metrics_type VARCHAR[], loss_type VARCHAR, "
+             f"training_metrics_final DOUBLE PRECISION, training_loss_final DOUBLE PRECISION, "
+             f"training_metrics DOUBLE PRECISION[], training_loss DOUBLE PRECISION[], "
+             f"validation_metrics_final DOUBLE PRECISION, validation_loss_final DOUBLE PRECISION, "
+             f"validation_metrics DOUBLE PRECISION[], validation_loss DOUBLE PRECISION[], "
+             f"status VARCHAR, reason VARCHAR, iterations INTEGER, trial_id VARCHAR)")
+    iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
+    history = result.history()
+    ends = result.schedule().groupby(["trial_id", "epoch"])["end"].max().to_dict()
+    for trial in result.trials:
+        spec = models[trial.trial_id]
+        weights = flat_weights(trial.state_dict()) if trial.epochs else None
+        db.query(f"INSERT INTO {names['']} VALUES ($1, $2, $3, $4, $5, $6)",
+                 [_mst_key(trial.config, trial.trial_id, models), spec.model_id, spec.model_arch,
+                  spec.compile_params, spec.fit_params, weights],
+                 ["integer", "integer", "json", "text", "text", "bytea"])
+        rows = history[history["trial_id"] == trial.trial_id] if len(history) else history
+        rows = rows[rows["epoch"].isin(iterations)] if len(rows) else rows
+        metric = _first_metric(spec)
+
+        training, validation = _column(rows, f"train_{metric}"), _column(rows, f"val_{metric}")
+        training_loss, validation_loss = _column(rows, "train_loss"), _column(rows, "val_loss")
+        db.query(f"INSERT INTO {names['_info']} VALUES ($1, $2, $3, $4, 'keras', $5, $6, $7, $8, $9, $10, $11, $12, "
+                 f"$13, $14, $15, $16, $17, $18, $19, $20)",
+                 [_mst_key(trial.config, trial.trial_id, models), spec.model_id, spec.compile_params, spec.fit_params,
+                  len(weights) / 1024 if weights else None,
+                  [ends.get((trial.trial_id, int(e))) for e in rows["epoch"]] if len(rows) else [],
+                  [metric] if metric else [], _loss_name(spec),
+                  _last(training), _last(training_loss), training, training_loss,
+                  _last(validation), _last(validation_loss), validation, validation_loss,
+                  trial.status.value, trial.reason or trial.error, trial.epochs, trial.trial_id],
+                 ["integer", "integer", "text", "text", "float8", "float8[]", "text[]", "text", "float8", "float8",
+                  "float8[]", "float8[]", "float8", "float8", "float8[]", "float8[]", "text", "text", "integer",
+                  "text"])
+    db.query(f"CREATE TABLE {names['_summary']} (source_table VARCHAR, validation_table VARCHAR, model VARCHAR, "
+             f"model_info VARCHAR, dependent_varname VARCHAR, independent_varname VARCHAR, model_arch_table VARCHAR, "
+             f"model_selection_table VARCHAR, automl_method VARCHAR, num_iterations INTEGER, "
+             f"metrics_compute_frequency INTEGER, warm_start BOOLEAN, name VARCHAR, description VARCHAR, "
+             f"start_training_time TIMESTAMPTZ, end_training_time TIMESTAMPTZ, metrics_iters INTEGER[], "
+             f"best_mst_key INTEGER, store VARCHAR, seed INTEGER, workers INTEGER, cerebro_version VARCHAR)")
+    best = _best_key(result, models)
+    db.query(f"INSERT INTO {names['_summary']} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
+             f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22)",
+             [run.source_table, run.validation_table, output_table, f"{output_table}_info", run.dependent_varname,
+              run.independent_varname, run.model_arch_table, run.model_selection_table, run.method,
+              run.num_iterations, run.metrics_compute_frequency, run.warm_start, run.name, run.description,
+              run.started, time.time(), iterations, best, run.store, run.seed, run.workers, __version__],
+             ["text", "text", "text", "text", "text", "text", "text", "text", "text", "integer", "integer", "boolean",
+              "text", "text", "float8", "float8", "integer[]", "integer", "text", "integer", "integer", "text"])
+
+
+def _mst_key(config: Mapping[str, Any], trial_id: str, models: Mapping[str, ModelSpec]) -> int:
+    """A model selection table's trial carries its key; an AutoML trial's key is its place."""
+    return config["mst_key"] if "mst_key" in config else list(models).index(trial_id) + 1
+
+
+def _best_key(result: Result, models: Mapping[str, ModelSpec]) -> int | None:
+    try:
+        best = result.best
+    except ValueError:    # no trial finished with a finite metric
+        return None
+    return _mst_key(best.config, best.trial_id, models)
+
+
+def _first_metric(spec: ModelSpec) -> str | None:
+    """MADlib reports one metric: the first of ``compile_params``'s, as Keras logs it."""
+    metrics = parse_compile_params(spec.compile_params).metrics
+    return None if not metrics else ("accuracy" if metrics[0] == "acc" else metrics[0])
+
+
+def _loss_name(spec: ModelSpec) -> str:
+    return parse_compile_params(spec.compile_params).loss
+
+
+def _column(rows: Any, name: str) -> list[float | None]:
+    """A history column as SQL numbers: NaN (an epoch without that metric) is NULL."""
+    return [None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+            for v in rows[name]] if name in rows else []
+
+
+def _last(values: Sequence[float | None]) -> float | None:
+    return values[-1] if values else None

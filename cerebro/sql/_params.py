@@ -1,0 +1,109 @@
+"""MADlib's parameter strings: ``compile_params`` and ``fit_params`` as SQL users write them,
+e.g. ``loss='categorical_crossentropy', optimizer='Adam(lr=0.001)', metrics=['accuracy']``
+and ``batch_size=32, epochs=1``.
+
+They are Python keyword arguments with literal values, so they are parsed with ``ast``,
+never evaluated. A string that is not of that form is refused with the rule it breaks.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Any
+
+COMPILE_EXAMPLE = "loss='categorical_crossentropy', optimizer='Adam(lr=0.001)', metrics=['accuracy']"
+FIT_EXAMPLE = "batch_size=32, epochs=1"
+_COMPILE_KEYS = ("loss", "optimizer", "metrics")
+_FIT_KEYS = ("batch_size", "epochs", "verbose")
+
+
+@dataclass(frozen=True)
+class CompileParams:
+    """What ``model.compile`` gets: the optimizer by its class name in ``keras.optimizers``
+    with its arguments (MADlib's ``lr`` is Keras's ``learning_rate``), the loss's name and
+    the metrics' names."""
+
+    optimizer: str
+    optimizer_args: tuple[tuple[str, Any], ...]
+    loss: str
+    metrics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FitParams:
+    """What a sub-epoch's training loop needs from ``fit_params``."""
+
+    batch_size: int
+
+
+def keyword_arguments(text: str, what: str, example: str, *, bare_names: bool = False) -> dict[str, Any]:
+    """``text`` (``a=1, b='x'``) as a dict of literals; with ``bare_names``, a bare name is
+    its own string (MADlib's ``algorithm=tpe``)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{what} {text!r} is empty; expected keyword arguments such as {example}")
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
+            raise ValueError("only name=value pairs are allowed")
+        return {k.arg: k.value.id if bare_names and isinstance(k.value, ast.Name) else ast.literal_eval(k.value)
+                for k in call.keywords}
+    except (SyntaxError, ValueError) as error:
+        raise ValueError(f"{what} {text!r} is malformed ({error.msg if isinstance(error, SyntaxError) else error}); "
+                         f"expected keyword arguments with literal values, such as {example}") from None
+
+
+def parse_compile_params(text: str) -> CompileParams:
+    """``text`` as :class:`CompileParams`; names the first problem."""
+    what = "compile_params"
+    params = keyword_arguments(text, what, COMPILE_EXAMPLE)
+    unknown = sorted(set(params) - set(_COMPILE_KEYS))
+    if unknown:
+        raise ValueError(f"{what} {text!r} has {', '.join(unknown)}; the parameters understood are "
+                         f"{', '.join(_COMPILE_KEYS)}")
+    for key in ("loss", "optimizer"):
+        if not isinstance(params.get(key), str):
+            raise ValueError(f"{what} {text!r} needs {key}='...' as a string, e.g. {COMPILE_EXAMPLE}")
+    metrics = params.get("metrics", [])
+    if not isinstance(metrics, (list, tuple)) or not all(isinstance(m, str) for m in metrics):
+        raise ValueError(f"{what} {text!r}: metrics={metrics!r} must be a list of metric names, e.g. ['accuracy']")
+    name, args = _optimizer(params["optimizer"], text)
+    return CompileParams(name, args, params["loss"], tuple(metrics))
+
+
+def _optimizer(text: str, params: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """``'Adam'`` or ``'Adam(lr=0.01, beta_1=0.8)'`` as (class name, keyword arguments)."""
+    rule = "an optimizer class of keras.optimizers with literal keyword arguments, e.g. 'SGD(lr=0.01, momentum=0.9)'"
+    try:
+        node = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as error:
+        raise ValueError(f"compile_params {params!r}: optimizer {text!r} is malformed ({error.msg}); "
+                         f"expected {rule}") from None
+    if isinstance(node, ast.Name):
+        return node.id, ()
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
+            and all(k.arg is not None for k in node.keywords):
+        try:
+            args = {("learning_rate" if k.arg == "lr" else k.arg): ast.literal_eval(k.value) for k in node.keywords}
+        except ValueError:
+            raise ValueError(f"compile_params {params!r}: optimizer {text!r} has a value that is not a literal; "
+                             f"expected {rule}") from None
+        return node.func.id, tuple(sorted(args.items()))
+    raise ValueError(f"compile_params {params!r}: optimizer {text!r} is not {rule}")
+
+
+def parse_fit_params(text: str) -> FitParams:
+    """``text`` as :class:`FitParams`. A sub-epoch is one pass over a partition, so
+    ``epochs`` (MADlib's passes per visit) must be 1; ``num_iterations`` counts epochs."""
+    what = "fit_params"
+    params = keyword_arguments(text, what, FIT_EXAMPLE)
+    unknown = sorted(set(params) - set(_FIT_KEYS))
+    if unknown:
+        raise ValueError(f"{what} {text!r} has {', '.join(unknown)}; the parameters understood are "
+                         f"{', '.join(_FIT_KEYS)}")
+    batch_size = params.get("batch_size", 32)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{what} {text!r}: batch_size={batch_size!r} must be a positive integer")
+    if params.get("epochs", 1) != 1:
+        raise ValueError(f"{what} {text!r}: epochs={params['epochs']!r} must be 1: each iteration is one pass over "
+                         f"every partition; train longer with num_iterations")
+    return FitParams(batch_size)

@@ -1,0 +1,53 @@
+"""``predict``: MADlib's ``madlib_keras_predict`` for a model a model selection trained."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..data._sql import read_sql
+from ._database import Database
+from ._keras_model import keras_model, load_flat_weights
+
+_BATCH = 1024
+
+
+def predict(db: Database, model_table: str, test_table: str, id_col: str, independent_varname: str,
+            output_table: str, pred_type: str = "response", use_gpus: bool = False,
+            mst_key: int | None = None) -> None:
+    """Write one row per row of ``test_table`` to ``output_table``: ``id_col`` and, for
+    ``pred_type => 'response'``, ``estimated_dependent_var`` (the class with the highest
+    output) with ``prob`` (that output); for ``'prob'``, ``prob`` holds every class's."""
+    if pred_type not in ("response", "prob"):
+        raise ValueError(f"pred_type={pred_type!r} must be 'response' or 'prob'")
+    if use_gpus:
+        raise ValueError("use_gpus is true; predict runs in the database session, on its CPU: use_gpus => false")
+    table = db.require(model_table, "model_table")
+    db.require_columns(model_table, "model_table", ["mst_key", "model_arch", "compile_params", "model_weights"])
+    features = [c.strip() for c in (independent_varname or "").split(",") if c.strip()]
+    db.require_columns(test_table, "test_table", [id_col, *features])
+    output = db.require_absent(output_table, "output_table")
+    rows = db.query(f"SELECT mst_key, model_arch::text AS model_arch, compile_params, model_weights FROM {table}"
+                    + ("" if mst_key is None else " WHERE mst_key = $1"),
+                    [] if mst_key is None else [mst_key], [] if mst_key is None else ["integer"])
+    if len(rows) != 1:
+        raise ValueError(f"model_table {model_table!r} has {len(rows)} models"
+                         + (f" with mst_key {mst_key}" if mst_key is not None else "; choose one with mst_key"))
+    if rows[0]["model_weights"] is None:
+        raise ValueError(f"model_table {model_table!r}, mst_key {rows[0]['mst_key']}: the trial trained no weights")
+    model = keras_model(rows[0]["model_arch"], rows[0]["compile_params"], one_hot=True)
+    load_flat_weights(model, bytes(rows[0]["model_weights"]))
+    inputs, ids = read_sql(db.dsn(), test_table, features, id_col)
+    outputs = np.concatenate([np.asarray(model.predict_on_batch(inputs[i:i + _BATCH]))
+                              for i in range(0, len(inputs), _BATCH)]).reshape(len(inputs), -1)
+    id_type = db.columns(test_table, "test_table")[id_col]
+    quoted_id = db.quoted(id_col, "id_col")
+    if pred_type == "response":
+        classes = outputs.argmax(axis=1)
+        db.query(f"CREATE TABLE {output} AS SELECT * FROM unnest($1::{id_type}[], $2::integer[], $3::real[]) "
+                 f"AS t({quoted_id}, estimated_dependent_var, prob)",
+                 [ids.tolist(), classes.tolist(), outputs[np.arange(len(classes)), classes].tolist()],
+                 [f"{id_type}[]", "integer[]", "real[]"])
+    else:
+        db.query(f"CREATE TABLE {output} ({quoted_id} {id_type}, prob REAL[])")
+        db.query(f"INSERT INTO {output} SELECT $1[i], ARRAY(SELECT unnest($2[i:i])) "
+                 f"FROM generate_subscripts($1, 1) AS i",
+                 [ids.tolist(), outputs.tolist()], [f"{id_type}[]", "real[]"])

@@ -1,0 +1,260 @@
+"""The SQL front end in a real PostgreSQL: ``cerebro sql install``, MADlib's tables and calls
+(load_model_arch, load_model_selection_table, generate_model_configs, fit_multiple_model,
+automl, predict), the same bits as the same grid run from Python, and bad input refused by
+name before training starts."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from sklearn.datasets import load_digits
+
+import cerebro as cb
+
+dbapi = pytest.importorskip("adbc_driver_postgresql.dbapi")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+keras = pytest.importorskip("keras")
+
+COMPILE = ["loss='categorical_crossentropy', optimizer='Adam(lr=0.003)', metrics=['accuracy']",
+           "loss='categorical_crossentropy', optimizer='SGD(lr=0.05, momentum=0.9)', metrics=['accuracy']"]
+FIT = ["batch_size=16, epochs=1", "batch_size=32"]
+
+
+def architectures() -> list[str]:
+    """Two Keras architectures as JSON: an MLP, and a wider one with dropout."""
+    small = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    wide = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dropout(0.2),
+                             keras.layers.Dense(10, activation="softmax")])
+    return [small.to_json(), wide.to_json()]
+
+
+def sql(uri: str, *statements: str, store: str | None = None) -> list[tuple]:
+    """Run ``statements`` in one session (two workers, this process's Keras backend); the
+    rows of the last."""
+    with dbapi.connect(uri, autocommit=True) as connection, connection.cursor() as cursor:
+        cursor.execute("SET cerebro.workers = 2")
+        cursor.execute(f"SET cerebro.keras_backend = '{keras.backend.backend()}'")
+        if store:
+            cursor.execute(f"SET cerebro.store = '{store}'")
+        rows: list[tuple] = []
+        for statement in statements:
+            cursor.execute(statement)
+            rows = cursor.fetchall() if cursor.description else []
+        return rows
+
+
+def error_of(uri: str, *statements: str, store: str | None = None) -> str:
+    """The message of the SQL error the last statement raises (its first line, after the
+    driver's prefix)."""
+    with pytest.raises(dbapi.Error) as raised:
+        sql(uri, *statements, store=store)
+    return str(raised.value).splitlines()[0].split("ERROR:  ", 1)[1]
+
+
+@pytest.fixture(scope="module")
+def database(postgres):
+    """A database with Cerebro installed, the digits split into ``digits_train``,
+    ``digits_val`` and ``digits_test`` (pixels real[], digit integer, id), and the two
+    architectures in ``arch``."""
+    from _postgres import plpython_installed, server_binaries
+    if not plpython_installed(server_binaries()):
+        pytest.skip("PL/Python is not installed and could not be (apt-get install postgresql-plpython3-15)")
+    version = cb.sql.install(postgres)
+    assert version.startswith(f"cerebro {cb.__version__} on Python 3.11")
+    features, label = load_digits(return_X_y=True)
+    features = (features / 16.0).astype(np.float32)
+    parts = {"digits_train": slice(0, 1200), "digits_val": slice(1200, 1500), "digits_test": slice(1500, None)}
+    with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
+        for name, rows in parts.items():
+            cursor.execute(f"CREATE TABLE {name} (id integer, pixels real[], digit integer)")
+            cursor.adbc_ingest(name, pa.table({
+                "id": pa.array(np.arange(len(label))[rows].astype(np.int32)),
+                "pixels": pa.array(list(features[rows]), type=pa.list_(pa.float32())),
+                "digit": pa.array(label[rows].astype(np.int32))}), mode="append")
+        connection.commit()
+    for model_arch in architectures():
+        sql(postgres, f"SELECT cerebro.load_model_arch('arch', '{model_arch}'::json)")
+    sql(postgres, "SELECT cerebro.load_model_selection_table('arch', 'mst', ARRAY[1, 2], "
+                  f"ARRAY[$${COMPILE[0]}$$, $${COMPILE[1]}$$], ARRAY[$${FIT[0]}$$, $${FIT[1]}$$])")
+    return postgres
+
+
+def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(database):
+    assert sql(database, "SELECT cerebro.version()")[0][0].startswith(f"cerebro {cb.__version__} on Python 3.11")
+    done = subprocess.run([sys.executable, "-m", "cerebro", "sql", "install", "--dsn", database, "--schema",
+                           "cerebro_again"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("cerebro ")
+    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 8
+
+
+def test_the_model_selection_table_is_every_combination_in_madlibs_order(database):
+    rows = sql(database, "SELECT mst_key, model_id, compile_params, fit_params FROM mst ORDER BY mst_key")
+    assert rows == [(i + 1, m, c, f) for i, (m, c, f) in
+                    enumerate((m, c, f) for m in (1, 2) for c in COMPILE for f in FIT)]
+    assert sql(database, "SELECT model_arch_table FROM mst_summary") == [("arch",)]
+
+
+def python_grid(uri: str, store: str) -> cb.Result:
+    """The grid of ``mst``, written as a Keras user writes it in Python."""
+    archs = architectures()
+
+    def build(config):
+        model = keras.models.model_from_json(archs[config["arch"]])
+        optimizer = keras.optimizers.Adam(learning_rate=0.003) if config["optimizer"] == "adam" else \
+            keras.optimizers.SGD(learning_rate=0.05, momentum=0.9)
+        model.compile(optimizer, "sparse_categorical_crossentropy", metrics=["accuracy"])
+        return cb.KerasTrainable(model, batch_size=config["batch_size"])
+    space = {"arch": cb.choice([0, 1]), "optimizer": cb.choice(["adam", "sgd"]), "batch_size": cb.choice([16, 32])}
+    validation = cb.Dataset.from_sql(uri, "digits_val", features=["pixels"], label="digit", validation=None)
+    data = cb.Dataset.from_sql(uri, "digits_train", features=["pixels"], label="digit", validation=validation,
+                               partitions=2)
+    return cb.GridSearch(build, space, epochs=3, metric="val_loss").fit(data, workers=2, store=store, seed=0,
+                                                                       verbose=0)
+
+
+@pytest.mark.slow
+def test_fit_multiple_model_writes_madlibs_tables_with_the_bits_of_the_same_grid_run_from_python(database, tmp_path):
+    from _postgres import server_directory
+    store = os.path.join(server_directory(), "run")
+    sql(database, "SELECT cerebro.fit_multiple_model('digits_train', 'out', 'mst', 3, "
+                  "validation_table => 'digits_val', metrics_compute_frequency => 1, independent_varname => 'pixels', "
+                  "dependent_varname => 'digit', name => 'digits grid')", store=store)
+    python = python_grid(database, str(tmp_path / "python"))
+
+    out = sql(database, "SELECT mst_key, model_id, compile_params, fit_params, model_weights FROM out ORDER BY mst_key")
+    assert [row[:4] for row in out] == sql(database, "SELECT * FROM mst ORDER BY mst_key")
+    from cerebro.sql._keras_model import flat_weights
+    for row, trial in zip(out, python.trials):
+        assert bytes(row[4]) == flat_weights(trial.state_dict())       # bitwise the same weights
+
+    info = sql(database, "SELECT mst_key, status, iterations, metrics_type, loss_type, training_loss, "
+                         "validation_loss, validation_metrics, validation_metrics_final, "
+                         "array_length(metrics_elapsed_time, 1) FROM out_info ORDER BY mst_key")
+    history = python.history()
+    for row, trial in zip(info, python.trials):
+        epochs = history[history["trial_id"] == trial.trial_id]
+        assert row[1:5] == ("completed", 3, ["accuracy"], "categorical_crossentropy")
+        assert row[5] == list(epochs["train_loss"]) and row[6] == list(epochs["val_loss"])
+        assert row[7] == list(epochs["val_accuracy"]) and row[8] == trial.metrics["val_accuracy"]
+        assert row[9] == 3
+    summary = sql(database, "SELECT source_table, validation_table, model, model_info, num_iterations, "
+                            "metrics_iters, name, store, seed, workers, best_mst_key FROM out_summary")
+    best_key = [t.trial_id for t in python.trials].index(python.best.trial_id) + 1
+    assert summary == [("digits_train", "digits_val", "out", "out_info", 3, [1, 2, 3], "digits grid", store, 0, 2,
+                        best_key)]
+
+    sql(database, f"SELECT cerebro.predict('out', 'digits_test', 'id', 'pixels', 'predicted', mst_key => {best_key})")
+    predicted = sql(database, "SELECT id, estimated_dependent_var FROM predicted ORDER BY id")
+    test = cb.Dataset.from_sql(database, "SELECT pixels, id FROM digits_test ORDER BY id", features=["pixels"],
+                               label="id", validation=None)
+    order = np.argsort(test.label)
+    expected = python.best.model().predict_on_batch(test.features[order])
+    assert [row[0] for row in predicted] == list(range(1500, 1797))        # one row per input row
+    assert [row[1] for row in predicted] == list(np.asarray(expected).argmax(axis=1))
+    probabilities = sql(database, "SELECT cerebro.predict('out', 'digits_test', 'id', 'pixels', 'probs', "
+                                  f"pred_type => 'prob', mst_key => {best_key})", "SELECT prob FROM probs ORDER BY id")
+    assert len(probabilities) == 297 and all(len(p[0]) == 10 for p in probabilities)
+
+    # Called again with the same arguments, the finished run is read back, not retrained.
+    sql(database, "DROP TABLE out, out_info, out_summary",
+        "SELECT cerebro.fit_multiple_model('digits_train', 'out', 'mst', 3, validation_table => 'digits_val', "
+        "metrics_compute_frequency => 1, independent_varname => 'pixels', dependent_varname => 'digit')",
+        store=store)
+    assert sql(database, "SELECT model_weights FROM out ORDER BY mst_key") == [(row[4],) for row in out]
+    # Another call is refused the run directory of this one.
+    assert error_of(database, "SELECT cerebro.fit_multiple_model('digits_train', 'other', 'mst', 2, "
+                              "independent_varname => 'pixels', dependent_varname => 'digit')", store=store) == \
+        f"ValueError: the run directory {store!r} holds another run; SET cerebro.store to a new directory or remove it"
+
+
+@pytest.mark.parametrize("statement, message", [
+    ("SELECT cerebro.fit_multiple_model('no_such_table', 'bad_out', 'mst', 3, independent_varname => 'pixels', "
+     "dependent_varname => 'digit')", "ValueError: source_table 'no_such_table' does not exist"),
+    ("SELECT cerebro.fit_multiple_model('digits_train', 'bad_out', 'mst', 3, independent_varname => 'pixels', "
+     "dependent_varname => 'label')",
+     "ValueError: source_table 'digits_train' has no column 'label'; its columns are id, pixels, digit"),
+    ("SELECT cerebro.fit_multiple_model('digits_train; DROP TABLE arch', 'bad_out', 'mst', 3)",
+     "ValueError: source_table='digits_train; DROP TABLE arch' is not a table name; expected 'table' or "
+     "'schema.table' (letters, digits, _ and $)"),
+    ("SELECT cerebro.load_model_selection_table('arch', 'bad_mst', ARRAY[1], "
+     "ARRAY[$$loss='categorical_crossentropy', optimizer='Adam(lr=0.01'$$], ARRAY['batch_size=32'])",
+     "ValueError: compile_params \"loss='categorical_crossentropy', optimizer='Adam(lr=0.01'\": optimizer "
+     "'Adam(lr=0.01' is malformed ('(' was never closed); expected an optimizer class of keras.optimizers with "
+     "literal keyword arguments, e.g. 'SGD(lr=0.01, momentum=0.9)'"),
+    ("SELECT cerebro.load_model_selection_table('arch', 'bad_mst', ARRAY[1], ARRAY[$$loss='mse' optimizer='SGD'$$], "
+     "ARRAY['batch_size=32'])",
+     "ValueError: compile_params \"loss='mse' optimizer='SGD'\" is malformed (invalid syntax. Perhaps you forgot a "
+     "comma?); expected keyword arguments with literal values, such as loss='categorical_crossentropy', "
+     "optimizer='Adam(lr=0.001)', metrics=['accuracy']"),
+    ("SELECT cerebro.load_model_selection_table('arch', 'bad_mst', ARRAY[3], ARRAY[$$loss='mse', optimizer='SGD'$$], "
+     "ARRAY['batch_size=32'])", "ValueError: model_arch_table 'arch' has no model_id [3]"),
+    ("SELECT cerebro.fit_multiple_model('digits_train', 'bad_out', 'duplicated', 3, independent_varname => 'pixels', "
+     "dependent_varname => 'digit')",
+     "ValueError: model_selection_table 'duplicated' has duplicate mst_key [2]; each row needs its own key"),
+    ("SELECT cerebro.fit_multiple_model('digits_train', 'bad_out', 'mst', 0)",
+     "ValueError: num_iterations=0 must be a positive integer"),
+    ("SELECT cerebro.load_model_selection_table('arch', 'bad_mst', ARRAY[1], ARRAY[$$loss='mse', optimizer='SGD'$$], "
+     "ARRAY['batch_size=32, epochs=2'])",
+     "ValueError: fit_params 'batch_size=32, epochs=2': epochs=2 must be 1: each iteration is one pass over every "
+     "partition; train longer with num_iterations"),
+])
+def test_bad_input_is_a_sql_error_naming_the_problem_before_any_training(database, statement, message):
+    sql(database, "DROP TABLE IF EXISTS duplicated",
+        "CREATE TABLE duplicated AS SELECT * FROM mst UNION ALL SELECT * FROM mst WHERE mst_key = 2",
+        "CREATE TABLE IF NOT EXISTS duplicated_summary AS SELECT * FROM mst_summary")
+    assert error_of(database, statement) == message
+    assert sql(database, "SELECT to_regclass('bad_out'), to_regclass('bad_out_info'), to_regclass('bad_mst')") == \
+        [(None, None, None)]
+
+
+def test_generate_model_configs_writes_the_grid_or_seeded_draws(database):
+    compile_grid = ("{'loss': ['categorical_crossentropy'], 'metrics': ['accuracy'], 'optimizer_params_list': "
+                    "[{'optimizer': ['SGD'], 'lr': [0.01, 0.1], 'momentum': [0.9]}, "
+                    "{'optimizer': ['Adam'], 'lr': [0.001]}]}")
+    sql(database, "DROP TABLE IF EXISTS grid, grid_summary",
+        f"SELECT cerebro.generate_model_configs('arch', 'grid', ARRAY[1, 2], $${compile_grid}$$, "
+        "$${'batch_size': [16, 32]}$$)")
+    rows = sql(database, "SELECT model_id, compile_params, fit_params FROM grid ORDER BY mst_key")
+    optimizers = ["SGD(lr=0.01, momentum=0.9)", "SGD(lr=0.1, momentum=0.9)", "Adam(lr=0.001)"]
+    assert rows == [(m, f"loss='categorical_crossentropy', optimizer='{o}', metrics=['accuracy']", f"batch_size={b}")
+                    for m in (1, 2) for o in sorted(optimizers, key=lambda o: ("Adam" in o, o)) for b in (16, 32)]
+    ranges = "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': ['Adam'], " \
+             "'lr': [0.0001, 0.1, 'log']}]}"
+    draws = []
+    for name in ("drawn", "drawn_again"):
+        sql(database, f"DROP TABLE IF EXISTS {name}, {name}_summary",
+            f"SELECT cerebro.generate_model_configs('arch', '{name}', ARRAY[1, 2], $${ranges}$$, "
+            "$${'batch_size': [16, 64, 'log']}$$, search_type => 'random', num_configs => 5, random_state => 7)")
+        draws.append(sql(database, f"SELECT model_id, compile_params, fit_params FROM {name} ORDER BY mst_key"))
+    assert draws[0] == draws[1] and len(draws[0]) == 5 and len(set(draws[0])) == 5
+    assert error_of(database, f"SELECT cerebro.generate_model_configs('arch', 'g2', ARRAY[1], $${ranges}$$, "
+                              "$${'batch_size': [16]}$$)") == \
+        "ValueError: search_type 'grid' enumerates candidate lists; optimizer_0.lr is a range (loguniform(0.0001, " \
+        "0.1)): use search_type 'random'"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, params, trials, iterations", [
+    ("hyperband", "R=3, eta=3", 5, 3), ("tpe", "num_configs=3, num_iterations=2", 3, 2)])
+def test_automl_writes_the_configurations_it_tried_and_their_models(database, method, params, trials, iterations):
+    from _postgres import server_directory
+    compile_grid = ("{'loss': ['categorical_crossentropy'], 'metrics': ['accuracy'], 'optimizer_params_list': "
+                    "[{'optimizer': ['Adam'], 'lr': [0.0003, 0.03, 'log']}]}")
+    sql(database, f"SELECT cerebro.automl('digits_train', '{method}_out', 'arch', '{method}_mst', ARRAY[1, 2], "
+                  f"$${compile_grid}$$, $${{'batch_size': [16, 32]}}$$, automl_method => '{method}', "
+                  f"automl_params => '{params}', validation_table => 'digits_val', independent_varname => 'pixels', "
+                  "dependent_varname => 'digit')", store=os.path.join(server_directory(), "run"))
+    tried = sql(database, f"SELECT mst_key, model_id, compile_params, fit_params FROM {method}_mst ORDER BY mst_key")
+    out = sql(database, f"SELECT mst_key, model_id, compile_params, fit_params, model_weights IS NOT NULL "
+                        f"FROM {method}_out ORDER BY mst_key")
+    assert len(tried) == trials and [row[:4] for row in out] == tried and all(row[4] for row in out)
+    info = sql(database, f"SELECT status, iterations FROM {method}_out_info ORDER BY mst_key")
+    assert {status for status, _ in info} <= {"completed", "stopped"} and max(i for _, i in info) == iterations
+    assert sql(database, f"SELECT automl_method, best_mst_key IS NOT NULL FROM {method}_out_summary") == \
+        [(method, True)]
