@@ -31,8 +31,8 @@ def _installed() -> list[str]:
 
 @contextlib.contextmanager
 def postgres_server(binaries: str) -> Iterator[str]:
-    """A running server; yields its URI (database ``postgres``, user ``cerebro``, a superuser,
-    no password)."""
+    """A running server; yields its URI (database ``postgres``, user ``tester``, a superuser,
+    no password; a user named like the ``cerebro`` schema would put its tables in it)."""
     as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     directory = tempfile.mkdtemp(prefix="cerebro-pg-")
     if as_user:
@@ -45,11 +45,11 @@ def postgres_server(binaries: str) -> Iterator[str]:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
 
     try:
-        run(os.path.join(binaries, "initdb"), "-D", data, "-A", "trust", "-U", "cerebro", "--no-sync", "-E", "UTF8")
+        run(os.path.join(binaries, "initdb"), "-D", data, "-A", "trust", "-U", "tester", "--no-sync", "-E", "UTF8")
         run(os.path.join(binaries, "pg_ctl"), "-D", data, "-l", os.path.join(directory, "log"), "-w", "start", "-o",
             f"-k {directory} -c listen_addresses='' -c fsync=off -c full_page_writes=off")
         try:
-            yield f"postgresql:///postgres?host={directory}&user=cerebro"
+            yield f"postgresql:///postgres?host={directory}&user=tester"
         finally:
             run(os.path.join(binaries, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop")
     finally:
