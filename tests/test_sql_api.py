@@ -258,3 +258,48 @@ def test_automl_writes_the_configurations_it_tried_and_their_models(database, me
     assert {status for status, _ in info} <= {"completed", "stopped"} and max(i for _, i in info) == iterations
     assert sql(database, f"SELECT automl_method, best_mst_key IS NOT NULL FROM {method}_out_summary") == \
         [(method, True)]
+
+
+def fit_call(output_table: str) -> str:
+    return (f"SELECT cerebro.fit_multiple_model('digits_train', '{output_table}', 'mst_two', 4, "
+            "validation_table => 'digits_val', independent_varname => 'pixels', dependent_varname => 'digit')")
+
+
+@pytest.mark.slow
+def test_a_session_killed_mid_run_resumes_it_when_called_again_with_the_same_bits(database):
+    """The driver is the session's backend: SIGKILLed after two epochs, its run is finished
+    by the next identical call, bitwise equal to a run that was never interrupted."""
+    import signal
+    import time
+
+    from _crash import epochs_journaled
+    from _postgres import server_directory
+    sql(database, "CREATE TABLE mst_two AS SELECT * FROM mst WHERE mst_key IN (2, 7)",
+        "CREATE TABLE mst_two_summary AS SELECT * FROM mst_summary")
+    sql(database, fit_call("steady"), store=os.path.join(server_directory(), "run"))
+    store = os.path.join(server_directory(), "run")
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_sql_api as t; "
+            f"t.sql({database!r}, t.fit_call('killed'), store={store!r})")
+    client = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while epochs_journaled(store) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)        # polling the journal, with a deadline
+    backend = sql(database, "SELECT pid FROM pg_stat_activity WHERE query LIKE '%fit_multiple_model(%killed%' "
+                            "AND pid <> pg_backend_pid()")
+    assert epochs_journaled(store) >= 2 and len(backend) == 1
+    os.kill(backend[0][0], signal.SIGKILL)
+    client.wait(timeout=60)
+    while time.monotonic() < deadline:      # the server restarts after a backend's crash
+        try:
+            sql(database, "SELECT 1")
+            break
+        except dbapi.Error:
+            time.sleep(0.2)
+    assert sql(database, "SELECT to_regclass('killed')") == [(None,)]
+    sql(database, fit_call("killed"), store=store)
+    with open(os.path.join(store, "journal.jsonl")) as journal:
+        assert '"event": "run_resumed"' in journal.read()
+    assert sql(database, "SELECT mst_key, model_weights FROM killed ORDER BY mst_key") == \
+        sql(database, "SELECT mst_key, model_weights FROM steady ORDER BY mst_key")
+    assert sql(database, "SELECT validation_loss FROM killed_info ORDER BY mst_key") == \
+        sql(database, "SELECT validation_loss FROM steady_info ORDER BY mst_key")

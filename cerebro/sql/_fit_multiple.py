@@ -60,6 +60,7 @@ def fit_multiple_model(db: Database, source_table: str, model_output_table: str,
         return GridSearch(build, space_with_run, epochs=num_iterations, metric=_metric(data), mode="min")
     warm = hashlib.sha256(b"".join(spec.weights or b"" for spec in models.values())).hexdigest()
     result = _run(db, searcher, space, repr((build, space, warm)), data, run, use_gpus)
+    run = replace(run, store=result.store.path)
     by_trial = {t.trial_id: models[t.config["mst_key"]] for t in result.trials}
     write_outputs(db, model_output_table, result, by_trial, run)
 
@@ -109,6 +110,7 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
         run = replace(run, seed=random_state)
     space = dict(grid.space)
     result = _run(db, searcher, space, repr((build, space)), data, run, use_gpus)
+    run = replace(run, store=result.store.path)
     by_trial = {}
     for trial in result.trials:
         model_id, compile_params, fit_params = grid.render(trial.config)

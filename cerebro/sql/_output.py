@@ -49,8 +49,9 @@ def write_outputs(db: Database, output_table: str, result: Result, models: Mappi
     """Replace ``output_table`` and its ``_info`` and ``_summary`` tables with ``result``'s
     trials; ``models`` gives each trial's row by trial id."""
     names = {suffix: db.quoted(f"{output_table}{suffix}", "model_output_table") for suffix in ("", "_info", "_summary")}
-    for table in names.values():
-        db.query(f"DROP TABLE IF EXISTS {table}")
+    for suffix, table in names.items():
+        if db.exists(f"{output_table}{suffix}", "model_output_table"):      # warm_start replaces them
+            db.query(f"DROP TABLE {table}")
     db.query(f"CREATE TABLE {names['']} (mst_key INTEGER PRIMARY KEY, model_id INTEGER, model_arch JSON, "
              f"compile_params VARCHAR, fit_params VARCHAR, model_weights BYTEA)")
     db.query(f"CREATE TABLE {names['_info']} (mst_key INTEGER PRIMARY KEY, model_id INTEGER, compile_params VARCHAR, "
