@@ -56,20 +56,16 @@ def error_of(uri: str, *statements: str, store: str | None = None) -> str:
     return str(raised.value).splitlines()[0].split("ERROR:  ", 1)[1]
 
 
-@pytest.fixture(scope="module")
-def database(postgres):
-    """A database with Cerebro installed, the digits split into ``digits_train``,
-    ``digits_val`` and ``digits_test`` (pixels real[], digit integer, id), and the two
-    architectures in ``arch``."""
-    from _postgres import plpython_installed, server_binaries
-    if not plpython_installed(server_binaries()):
-        pytest.skip("PL/Python is not installed and could not be (apt-get install postgresql-plpython3-15)")
-    version = cb.sql.install(postgres)
+def prepare(uri: str) -> None:
+    """Install Cerebro; split the digits into ``digits_train``, ``digits_val`` and
+    ``digits_test`` (id, pixels real[], digit integer); the two architectures in ``arch``
+    and their grid with the compile and fit parameters in ``mst``."""
+    version = cb.sql.install(uri)
     assert version.startswith(f"cerebro {cb.__version__} on Python 3.11")
     features, label = load_digits(return_X_y=True)
     features = (features / 16.0).astype(np.float32)
     parts = {"digits_train": slice(0, 1200), "digits_val": slice(1200, 1500), "digits_test": slice(1500, None)}
-    with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
+    with dbapi.connect(uri) as connection, connection.cursor() as cursor:
         for name, rows in parts.items():
             cursor.execute(f"CREATE TABLE {name} (id integer, pixels real[], digit integer)")
             cursor.adbc_ingest(name, pa.table({
@@ -78,9 +74,18 @@ def database(postgres):
                 "digit": pa.array(label[rows].astype(np.int32))}), mode="append")
         connection.commit()
     for model_arch in architectures():
-        sql(postgres, f"SELECT cerebro.load_model_arch('arch', '{model_arch}'::json)")
-    sql(postgres, "SELECT cerebro.load_model_selection_table('arch', 'mst', ARRAY[1, 2], "
-                  f"ARRAY[$${COMPILE[0]}$$, $${COMPILE[1]}$$], ARRAY[$${FIT[0]}$$, $${FIT[1]}$$])")
+        sql(uri, f"SELECT cerebro.load_model_arch('arch', '{model_arch}'::json)")
+    sql(uri, "SELECT cerebro.load_model_selection_table('arch', 'mst', ARRAY[1, 2], "
+             f"ARRAY[$${COMPILE[0]}$$, $${COMPILE[1]}$$], ARRAY[$${FIT[0]}$$, $${FIT[1]}$$])")
+
+
+@pytest.fixture(scope="module")
+def database(postgres):
+    """A database :func:`prepare` made ready."""
+    from _postgres import plpython_installed, server_binaries
+    if not plpython_installed(server_binaries()):
+        pytest.skip("PL/Python is not installed and could not be (apt-get install postgresql-plpython3-15)")
+    prepare(postgres)
     return postgres
 
 
@@ -100,7 +105,7 @@ def test_the_model_selection_table_is_every_combination_in_madlibs_order(databas
     assert sql(database, "SELECT model_arch_table FROM mst_summary") == [("arch",)]
 
 
-def python_grid(uri: str, store: str) -> cb.Result:
+def python_grid(uri: str, store: str, epochs: int = 3) -> cb.Result:
     """The grid of ``mst``, written as a Keras user writes it in Python."""
     archs = architectures()
 
@@ -114,7 +119,7 @@ def python_grid(uri: str, store: str) -> cb.Result:
     validation = cb.Dataset.from_sql(uri, "digits_val", features=["pixels"], label="digit", validation=None)
     data = cb.Dataset.from_sql(uri, "digits_train", features=["pixels"], label="digit", validation=validation,
                                partitions=2)
-    return cb.GridSearch(build, space, epochs=3, metric="val_loss").fit(data, workers=2, store=store, seed=0,
+    return cb.GridSearch(build, space, epochs=epochs, metric="val_loss").fit(data, workers=2, store=store, seed=0,
                                                                        verbose=0)
 
 
@@ -303,3 +308,39 @@ def test_a_session_killed_mid_run_resumes_it_when_called_again_with_the_same_bit
         sql(database, "SELECT mst_key, model_weights FROM steady ORDER BY mst_key")
     assert sql(database, "SELECT validation_loss FROM killed_info ORDER BY mst_key") == \
         sql(database, "SELECT validation_loss FROM steady_info ORDER BY mst_key")
+
+
+@pytest.mark.slow
+def test_warm_start_trains_on_from_the_weights_the_output_table_holds(database, tmp_path):
+    """Each row starts from its weights in ``model_output_table``, with a fresh optimizer:
+    bitwise what a Python build that loads those weights trains."""
+    from _postgres import server_directory
+
+    from cerebro.sql._keras_model import flat_weights, load_flat_weights
+    sql(database, "CREATE TABLE mst_warm AS SELECT * FROM mst WHERE mst_key IN (1, 8)",
+        "CREATE TABLE mst_warm_summary AS SELECT * FROM mst_summary")
+    call = ("SELECT cerebro.fit_multiple_model('digits_train', 'warm', 'mst_warm', 1, validation_table => "
+            "'digits_val', independent_varname => 'pixels', dependent_varname => 'digit'{})")
+    sql(database, call.format(""), store=os.path.join(server_directory(), "run"))
+    first = dict(sql(database, "SELECT mst_key, model_weights FROM warm ORDER BY mst_key"))
+    sql(database, call.format(", warm_start => true"), store=os.path.join(server_directory(), "run"))
+    second = dict(sql(database, "SELECT mst_key, model_weights FROM warm ORDER BY mst_key"))
+    assert sql(database, "SELECT warm_start FROM warm_summary") == [(True,)]
+
+    archs, configs = architectures(), {1: (0, "adam", 16), 8: (1, "sgd", 32)}
+
+    def build(config):
+        arch, optimizer, batch_size = configs[config["mst_key"]]
+        model = keras.models.model_from_json(archs[arch])
+        model.compile(keras.optimizers.Adam(learning_rate=0.003) if optimizer == "adam" else
+                      keras.optimizers.SGD(learning_rate=0.05, momentum=0.9),
+                      "sparse_categorical_crossentropy", metrics=["accuracy"])
+        load_flat_weights(model, bytes(first[config["mst_key"]]))
+        return cb.KerasTrainable(model, batch_size=batch_size)
+    validation = cb.Dataset.from_sql(database, "digits_val", features=["pixels"], label="digit", validation=None)
+    data = cb.Dataset.from_sql(database, "digits_train", features=["pixels"], label="digit", validation=validation,
+                               partitions=2)
+    python = cb.GridSearch(build, {"mst_key": cb.choice([1, 8])}, epochs=1).fit(
+        data, workers=2, store=str(tmp_path / "python"), seed=0, verbose=0)
+    assert [second[1], second[8]] == [flat_weights(t.state_dict()) for t in python.trials]
+    assert second[1] != first[1] and second[8] != first[8]
