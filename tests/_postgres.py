@@ -73,3 +73,12 @@ def server_directory() -> str:
     if os.geteuid() == 0:
         shutil.chown(directory, "postgres")
     return directory
+
+
+def unreadable_by_server(paths: list[str]) -> list[str]:
+    """Those of ``paths`` the server's OS user (``postgres`` when the tests run as root)
+    cannot read."""
+    if os.geteuid() != 0:
+        return [p for p in paths if not os.access(p, os.R_OK | os.X_OK)]
+    return [p for p in paths if subprocess.run(["runuser", "-u", "postgres", "--", "test", "-r", p, "-a", "-x", p],
+                                               capture_output=True).returncode]

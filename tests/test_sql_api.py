@@ -82,9 +82,15 @@ def prepare(uri: str) -> None:
 @pytest.fixture(scope="module")
 def database(postgres):
     """A database :func:`prepare` made ready."""
-    from _postgres import plpython_installed, server_binaries
+    from _postgres import plpython_installed, server_binaries, unreadable_by_server
+
+    from cerebro.sql._install import package_paths
     if not plpython_installed(server_binaries()):
         pytest.skip("PL/Python is not installed and could not be (apt-get install postgresql-plpython3-15)")
+    hidden = unreadable_by_server([p for paths in package_paths() for p in paths])
+    if hidden:
+        pytest.skip(f"the PostgreSQL server's OS user cannot read {hidden}, where Cerebro is installed; the SQL "
+                    f"functions import it from there (clone the project where that user can read it)")
     prepare(postgres)
     return postgres
 

@@ -30,7 +30,7 @@ from ..search import GridSearch, Hyperband, Searcher, TPESearch, choice
 from ._database import Database
 from ._grid import ConfigGrid
 from ._keras_model import GridBuild, ModelSpec, SelectionBuild
-from ._model_tables import _require_model_ids, _write_selection, read_model_selection
+from ._model_tables import read_model_selection, require_model_ids, write_selection
 from ._output import RunDescription, write_outputs
 from ._params import keyword_arguments
 
@@ -74,11 +74,11 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     """MADlib's ``madlib_keras_automl``: Hyperband (``automl_params => 'R=6, eta=3'``) or TPE
     (``'num_configs=20, num_iterations=5'``) over the grids' space. The configurations tried
     are written to ``model_selection_table``, keyed in the order the trials were created."""
-    architectures = _require_model_ids(db, model_arch_table, model_id_list)
+    architectures = require_model_ids(db, model_arch_table, model_id_list)
     grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid)
     db.require_absent(model_selection_table, "model_selection_table")
     _require_no_output(db, model_output_table)
-    params = keyword_arguments(automl_params or "", "automl_params", "R=6, eta=3", bare_names=True) \
+    params = keyword_arguments(automl_params, "automl_params", "R=6, eta=3", bare_names=True) \
         if automl_params else {}
     data, one_hot = _load_data(db, source_table, validation_table, independent_varname, dependent_varname)
     build = GridBuild(architectures, grid, one_hot)
@@ -115,7 +115,7 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     for trial in result.trials:
         model_id, compile_params, fit_params = grid.render(trial.config)
         by_trial[trial.trial_id] = ModelSpec(model_id, architectures[model_id], compile_params, fit_params)
-    _write_selection(db, model_arch_table, model_selection_table,
+    write_selection(db, model_arch_table, model_selection_table,
                      [(s.model_id, s.compile_params, s.fit_params) for s in by_trial.values()], object_table)
     write_outputs(db, model_output_table, result, by_trial, run)
 
@@ -134,7 +134,7 @@ def _run(db: Database, searcher: Any, space: dict[str, Any], identity: str, data
             if made_by != {digest}:
                 raise ValueError(f"the run directory {store!r} holds another run; SET cerebro.store to a new "
                                  f"directory or remove it")
-            db.notice(f"resuming the run in {store}")
+            db.notice(f"continuing the run in {store} (a finished one is read back as it is)")
             return resume(store, backend=backend, verbose=0)
         return searcher({**space, "call": digest}).fit(data, backend=backend, store=store, seed=run.seed, verbose=0,
                                                       tensorboard=False)

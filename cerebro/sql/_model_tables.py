@@ -46,7 +46,7 @@ def load_model_selection_table(db: Database, model_arch_table: str, model_select
                                fit_params_list: Sequence[str], object_table: str | None = None) -> None:
     """Write every combination of the model ids, compile and fit parameters (in that
     nesting) as rows of ``model_selection_table``, keyed ``mst_key`` 1, 2, ..."""
-    _require_model_ids(db, model_arch_table, model_id_list)
+    require_model_ids(db, model_arch_table, model_id_list)
     for text in compile_params_list or []:
         parse_compile_params(text)
     for text in fit_params_list or []:
@@ -54,7 +54,7 @@ def load_model_selection_table(db: Database, model_arch_table: str, model_select
     if not compile_params_list or not fit_params_list:
         raise ValueError("compile_params_list and fit_params_list must each hold at least one string")
     rows = [(m, c, f) for m in model_id_list for c in compile_params_list for f in fit_params_list]
-    _write_selection(db, model_arch_table, model_selection_table, rows, object_table)
+    write_selection(db, model_arch_table, model_selection_table, rows, object_table)
 
 
 def generate_model_configs(db: Database, model_arch_table: str, model_selection_table: str,
@@ -64,7 +64,7 @@ def generate_model_configs(db: Database, model_arch_table: str, model_selection_
     """Write a model selection table from parameter grids (see :mod:`._grid`): every
     combination (``search_type => 'grid'``) or ``num_configs`` draws seeded by
     ``random_state`` (``'random'``)."""
-    _require_model_ids(db, model_arch_table, model_id_list)
+    require_model_ids(db, model_arch_table, model_id_list)
     grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid)
     if search_type == "grid":
         rows = grid.grid()
@@ -75,10 +75,10 @@ def generate_model_configs(db: Database, model_arch_table: str, model_selection_
         rows = [grid.render(sample_config(grid.space, rng)) for _ in range(num_configs)]
     else:
         raise ValueError(f"search_type={search_type!r} must be 'grid' or 'random'")
-    _write_selection(db, model_arch_table, model_selection_table, rows, object_table)
+    write_selection(db, model_arch_table, model_selection_table, rows, object_table)
 
 
-def _write_selection(db: Database, model_arch_table: str, model_selection_table: str,
+def write_selection(db: Database, model_arch_table: str, model_selection_table: str,
                      rows: Sequence[tuple[int, str, str]], object_table: str | None) -> None:
     table = db.require_absent(model_selection_table, "model_selection_table")
     summary = db.require_absent(f"{model_selection_table}_summary", "model_selection_table's summary")
@@ -92,7 +92,7 @@ def _write_selection(db: Database, model_arch_table: str, model_selection_table:
     db.query(f"INSERT INTO {summary} VALUES ($1, $2)", [model_arch_table, object_table], ["text", "text"])
 
 
-def _require_model_ids(db: Database, model_arch_table: str, model_id_list: Sequence[int]) -> dict[int, str]:
+def require_model_ids(db: Database, model_arch_table: str, model_id_list: Sequence[int]) -> dict[int, str]:
     """The architectures of ``model_id_list``; an error names the ids the table lacks."""
     if not model_id_list:
         raise ValueError("model_id_list must hold at least one model_id")
@@ -127,7 +127,7 @@ def read_model_selection(db: Database, model_selection_table: str) -> tuple[str,
     rows = db.query(f"SELECT mst_key, model_id, compile_params, fit_params FROM {table} ORDER BY mst_key")
     if not rows:
         raise ValueError(f"model_selection_table {model_selection_table!r} has no rows")
-    architectures = _require_model_ids(db, model_arch_table, sorted({row["model_id"] for row in rows}))
+    architectures = require_model_ids(db, model_arch_table, sorted({row["model_id"] for row in rows}))
     models = {}
     for row in rows:
         try:
