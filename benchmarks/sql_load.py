@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     with postgres_server(binaries) as uri:
         fill(uri, args.rows, args.features)
         host = uri.split("host=")[1].split("&")[0]
-        engine = sqlalchemy.create_engine(f"postgresql+psycopg://cerebro@/postgres?host={host}")
+        user = uri.split("user=")[1].split("&")[0]
+        engine = sqlalchemy.create_engine(f"postgresql+psycopg://{user}@/postgres?host={host}")
         results: dict[str, list[float]] = {"from_sql": [], "read_sql": [], "read_sql + from_pandas": []}
         for repeat in range(-1, args.repeats):        # -1: a warm-up (imports, the server's cache), not counted
             order = list(results) if repeat % 2 == 0 else list(reversed(results))
