@@ -250,3 +250,12 @@ def test_cerebro_demo_with_keras_models_runs_the_demos_grid(tmp_path):
     assert all(t.status == "completed" for t in loaded.trials)
     assert f"best: {loaded.best.trial_id}" in completed.stdout
     assert isinstance(loaded.best.model(), keras.Model)
+
+
+def test_a_metric_named_acc_is_logged_as_keras_logs_it():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    model.compile("sgd", "sparse_categorical_crossentropy", metrics=["acc"])
+    trainable = cb.KerasTrainable(model, batch_size=2)
+    features, label = np.eye(4, dtype=np.float32), np.array([0, 1, 2, 0])
+    sums = trainable.train_batches([(features[:2], label[:2]), (features[2:], label[2:])], seed=0, epoch=0)
+    assert trainable.metric_names() == ("acc",) and sums.rows == 4 and set(sums.metrics) == {"acc"}

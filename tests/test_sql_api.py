@@ -104,6 +104,16 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
     assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 8
 
 
+def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):
+    arch = architectures()[0]
+    sql(database, "DROP TABLE IF EXISTS arch_ids")
+    assert sql(database, f"SELECT cerebro.load_model_arch('arch_ids', '{arch}', model_id => 10)") == [(10,)]
+    assert sql(database, f"SELECT cerebro.load_keras_model('arch_ids', '{arch}')") == [(11,)]
+    assert error_of(database, "SELECT cerebro.load_model_selection_table('arch_ids', 'no_mst', ARRAY[10, NULL], "
+                              "ARRAY[$$loss='mse', optimizer='SGD'$$], ARRAY['batch_size=32'])") == \
+        "ValueError: model_id_list=[10, None] must hold one or more model ids, none NULL"
+
+
 def test_the_model_selection_table_is_every_combination_in_madlibs_order(database):
     rows = sql(database, "SELECT mst_key, model_id, compile_params, fit_params FROM mst ORDER BY mst_key")
     assert rows == [(i + 1, m, c, f) for i, (m, c, f) in
@@ -246,8 +256,8 @@ def test_generate_model_configs_writes_the_grid_or_seeded_draws(database):
     assert draws[0] == draws[1] and len(draws[0]) == 5 and len(set(draws[0])) == 5
     assert error_of(database, f"SELECT cerebro.generate_model_configs('arch', 'g2', ARRAY[1], $${ranges}$$, "
                               "$${'batch_size': [16]}$$)") == \
-        "ValueError: search_type 'grid' enumerates candidate lists; optimizer_0.lr is a range (loguniform(0.0001, " \
-        "0.1)): use search_type 'random'"
+        "ValueError: search_type 'grid' enumerates candidate lists; optimizer_params_list[0]['lr'] is a range " \
+        "(loguniform(0.0001, 0.1)): use search_type 'random'"
 
 
 @pytest.mark.slow

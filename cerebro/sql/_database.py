@@ -44,11 +44,12 @@ class Database:
 
     # --- names -------------------------------------------------------------------------
     def quoted(self, name: str, argument: str) -> str:
-        """``name`` (``table`` or ``schema.table``) quoted for SQL; refuses anything else."""
+        """``name`` (``table`` or ``schema.table``) quoted for SQL, folded to lower case as
+        PostgreSQL folds unquoted names; refuses anything else."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ValueError(f"{argument}={name!r} is not a table name; expected 'table' or 'schema.table' (letters, "
                              f"digits, _ and $)")
-        return ".".join(self._plpy.quote_ident(part) for part in name.split("."))
+        return ".".join(self._plpy.quote_ident(part.lower()) for part in name.split("."))
 
     def exists(self, name: str, argument: str) -> bool:
         return self.query("SELECT to_regclass($1) IS NOT NULL AS found", [self.quoted(name, argument)],

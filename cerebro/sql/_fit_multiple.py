@@ -30,7 +30,7 @@ from ..search import GridSearch, Hyperband, Searcher, TPESearch, choice
 from ._database import Database
 from ._grid import ConfigGrid
 from ._keras_model import GridBuild, ModelSpec, SelectionBuild
-from ._model_tables import read_model_selection, require_model_ids, write_selection
+from ._model_tables import read_model_selection, require_model_ids, require_no_selection, write_selection
 from ._output import RunDescription, write_outputs
 from ._params import keyword_arguments
 
@@ -49,12 +49,14 @@ def fit_multiple_model(db: Database, source_table: str, model_output_table: str,
         models = _warm_weights(db, model_output_table, models)
     else:
         _require_no_output(db, model_output_table)
-    data, one_hot = _load_data(db, source_table, validation_table, independent_varname, dependent_varname)
+    settings = _settings(db, model_output_table)
+    data, one_hot = _load_data(db, source_table, validation_table, independent_varname, dependent_varname,
+                               settings["seed"], settings["workers"])
     build = SelectionBuild(models, one_hot)
     space = {"mst_key": choice(sorted(models))}
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
                          model_selection_table, num_iterations, metrics_compute_frequency or num_iterations,
-                         bool(warm_start), name, description, method="grid", **_settings(db, model_output_table))
+                         bool(warm_start), name, description, method="grid", **settings)
 
     def searcher(space_with_run: dict[str, Any]) -> Searcher:
         return GridSearch(build, space_with_run, epochs=num_iterations, metric=_metric(data), mode="min")
@@ -76,11 +78,15 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     are written to ``model_selection_table``, keyed in the order the trials were created."""
     architectures = require_model_ids(db, model_arch_table, model_id_list)
     grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid)
-    db.require_absent(model_selection_table, "model_selection_table")
+    require_no_selection(db, model_selection_table)
     _require_no_output(db, model_output_table)
     params = keyword_arguments(automl_params, "automl_params", "R=6, eta=3", bare_names=True) \
         if automl_params else {}
-    data, one_hot = _load_data(db, source_table, validation_table, independent_varname, dependent_varname)
+    settings = _settings(db, model_output_table)
+    if random_state is not None:
+        settings["seed"] = random_state
+    data, one_hot = _load_data(db, source_table, validation_table, independent_varname, dependent_varname,
+                               settings["seed"], settings["workers"])
     build = GridBuild(architectures, grid, one_hot)
     if automl_method == "hyperband":
         _only(params, ("R", "eta", "skip_last"), automl_method)
@@ -102,19 +108,14 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
                              metric=_metric(data))
     else:
         raise ValueError(f"automl_method={automl_method!r} must be 'hyperband' or 'tpe'")
-    _check_iterations(iterations, metrics_compute_frequency)
+    _check_iterations(iterations, metrics_compute_frequency, "R" if automl_method == "hyperband" else "num_iterations")
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
                          model_selection_table, iterations, metrics_compute_frequency or iterations, False, name,
-                         description, method=automl_method, **_settings(db, model_output_table))
-    if random_state is not None:
-        run = replace(run, seed=random_state)
+                         description, method=automl_method, **settings)
     space = dict(grid.space)
     result = _run(db, searcher, space, repr((build, space)), data, run, use_gpus)
     run = replace(run, store=result.store.path)
-    by_trial = {}
-    for trial in result.trials:
-        model_id, compile_params, fit_params = grid.render(trial.config)
-        by_trial[trial.trial_id] = ModelSpec(model_id, architectures[model_id], compile_params, fit_params)
+    by_trial = {trial.trial_id: build.spec(trial.config) for trial in result.trials}
     write_selection(db, model_arch_table, model_selection_table,
                      [(s.model_id, s.compile_params, s.fit_params) for s in by_trial.values()], object_table)
     write_outputs(db, model_output_table, result, by_trial, run)
@@ -154,7 +155,7 @@ def _settings(db: Database, output_table: str) -> dict[str, Any]:
 
 
 def _load_data(db: Database, source_table: str, validation_table: str | None, independent_varname: str,
-               dependent_varname: str) -> tuple[Dataset, bool]:
+               dependent_varname: str, seed: int, partitions: int) -> tuple[Dataset, bool]:
     """The source (and validation) rows, checked by name first; and whether labels are
     one-hot rows rather than class ids."""
     features = [c.strip() for c in (independent_varname or "").split(",") if c.strip()]
@@ -163,8 +164,7 @@ def _load_data(db: Database, source_table: str, validation_table: str | None, in
     for table, argument in ((source_table, "source_table"), (validation_table, "validation_table")):
         if table is not None:
             db.require_columns(table, argument, [*features, dependent_varname])
-    dsn, seed = db.dsn(), db.integer_setting("seed", 0, 0)
-    partitions = db.integer_setting("workers", os.cpu_count() or 1, 1)
+    dsn = db.dsn()
     validation = None if validation_table is None else Dataset.from_sql(
         dsn, validation_table, features=features, label=dependent_varname, validation=None, seed=seed)
     data = Dataset.from_sql(dsn, source_table, features=features, label=dependent_varname, validation=validation,
@@ -176,9 +176,9 @@ def _metric(data: Dataset) -> str:
     return "val_loss" if data.has_validation else "train_loss"
 
 
-def _check_iterations(num_iterations: Any, frequency: Any) -> None:
+def _check_iterations(num_iterations: Any, frequency: Any, name: str = "num_iterations") -> None:
     if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
-        raise ValueError(f"num_iterations={num_iterations!r} must be a positive integer")
+        raise ValueError(f"{name}={num_iterations!r} must be a positive integer")
     if frequency is not None and not 1 <= frequency <= num_iterations:
         raise ValueError(f"metrics_compute_frequency={frequency!r} must be between 1 and num_iterations "
                          f"({num_iterations})")

@@ -44,11 +44,12 @@ def _distribution(values: Any, where: str) -> Distribution:
         raise ValueError(f"{where}={values!r} must be a non-empty list of candidates, or [low, high, 'log'|'linear']")
     if len(values) == 3 and values[2] in _RANGES:
         low, high, scale = values
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
-            return randint(low, high + 1)
-        if scale == "log":
-            return loguniform(low, high)
-        return uniform(low, high)
+        try:
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
+                return randint(low, high + 1)      # integers: drawn uniformly, whatever the scale
+            return loguniform(low, high) if scale == "log" else uniform(low, high)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"{where}={values!r} is not a valid range: {error}") from None
     return choice(values)
 
 
@@ -82,9 +83,14 @@ class ConfigGrid:
         for key, values in fit_grid.items():
             space[f"fit.{key}"] = _distribution(values, f"fit_params_grid[{key!r}]")
         self.space = space
-        # Every candidate must make valid strings; checked on the first combination of each.
-        for index in range(len(families)):
-            self.render({**{k: _first(v) for k, v in space.items()}, "optimizer_family": index})
+        # Every candidate must make valid strings: each is tried with the others' first.
+        first = {key: _first(value) for key, value in space.items()}
+        for key, value in space.items():
+            for candidate in value.values if isinstance(value, choice) else [first[key]]:
+                config = {**first, key: candidate}
+                if key.startswith("optimizer_") and "." in key:
+                    config["optimizer_family"] = int(key.split(".")[0].removeprefix("optimizer_"))
+                self.render(config)
 
     def __repr__(self) -> str:
         return f"ConfigGrid{self._given!r}"
@@ -106,8 +112,8 @@ class ConfigGrid:
         parameters; a range (``[low, high, 'log']``) cannot be enumerated."""
         for key, value in self.space.items():
             if not isinstance(value, choice):
-                raise ValueError(f"search_type 'grid' enumerates candidate lists; {key} is a range ({value!r}): "
-                                 f"use search_type 'random'")
+                raise ValueError(f"search_type 'grid' enumerates candidate lists; {_where(key)} is a range "
+                                 f"({value!r}): use search_type 'random'")
         keys = list(self.space)
         rows: dict[tuple[int, str, str], None] = {}
         for values in itertools.product(*(self.space[k].values for k in keys)):
@@ -118,3 +124,13 @@ class ConfigGrid:
 def _first(value: Any) -> Any:
     return value.values[0] if isinstance(value, choice) else getattr(value, "low", value)
 
+
+
+def _where(key: str) -> str:
+    """A key of the flat space as the user wrote it in the grids."""
+    if key.startswith("fit."):
+        return f"fit_params_grid[{key[4:]!r}]"
+    if key.startswith("optimizer_") and "." in key:
+        family, name = key.split(".", 1)
+        return f"optimizer_params_list[{family.removeprefix('optimizer_')}][{name!r}]"
+    return key

@@ -27,7 +27,7 @@ class ModelSpec:
     model_arch: str
     compile_params: str
     fit_params: str
-    # repr: the digest that names a call's run directory hashes the weights themselves.
+    # Left out of repr, which names a call's run directory: the call's digest hashes them.
     weights: bytes | None = field(default=None, repr=False)
 
 
@@ -80,16 +80,20 @@ class SelectionBuild:
 
 @dataclass(frozen=True)
 class GridBuild:
-    """``build(config)`` for AutoML: ``config`` is drawn from :class:`ConfigGrid`'s space."""
+    """``build(config)`` for AutoML: ``config`` is drawn from :class:`ConfigGrid`'s space;
+    ``architectures`` holds each model id's JSON and starting weights."""
 
-    architectures: Mapping[int, str]
+    architectures: Mapping[int, tuple[str, bytes | None]]
     grid: ConfigGrid
     one_hot: bool
 
-    def __call__(self, config: Mapping[str, Any]) -> KerasTrainable:
+    def spec(self, config: Mapping[str, Any]) -> ModelSpec:
         model_id, compile_params, fit_params = self.grid.render(config)
-        spec = ModelSpec(model_id, self.architectures[model_id], compile_params, fit_params)
-        return keras_trainable(spec, one_hot=self.one_hot)
+        return ModelSpec(model_id, self.architectures[model_id][0], compile_params, fit_params,
+                         self.architectures[model_id][1])
+
+    def __call__(self, config: Mapping[str, Any]) -> KerasTrainable:
+        return keras_trainable(self.spec(config), one_hot=self.one_hot)
 
 
 def flat_weights(state_dict: Mapping[str, Any]) -> bytes:

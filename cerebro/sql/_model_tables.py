@@ -38,6 +38,9 @@ def load_model_arch(db: Database, model_arch_table: str, model_arch: str, model_
                        f"VALUES ($1, $2, $3, $4, $5) RETURNING model_id",
                        [model_id, model_arch, model_weights, name, description],
                        ["integer", "json", "bytea", "text", "text"])
+        # The next automatic model_id must not collide with this one.
+        db.query(f"SELECT setval(pg_get_serial_sequence($1, 'model_id'), (SELECT max(model_id) FROM {table}))",
+                 [table], ["text"])
     return row[0]["model_id"]
 
 
@@ -78,29 +81,40 @@ def generate_model_configs(db: Database, model_arch_table: str, model_selection_
     write_selection(db, model_arch_table, model_selection_table, rows, object_table)
 
 
+def require_no_selection(db: Database, model_selection_table: str) -> tuple[str, str]:
+    """The quoted names of a model selection table and its summary, neither existing yet."""
+    return (db.require_absent(model_selection_table, "model_selection_table"),
+            db.require_absent(f"{model_selection_table}_summary", "model_selection_table's summary"))
+
+
 def write_selection(db: Database, model_arch_table: str, model_selection_table: str,
-                     rows: Sequence[tuple[int, str, str]], object_table: str | None) -> None:
-    table = db.require_absent(model_selection_table, "model_selection_table")
-    summary = db.require_absent(f"{model_selection_table}_summary", "model_selection_table's summary")
+                    rows: Sequence[tuple[int, str, str]], object_table: str | None) -> None:
+    """``rows`` as the model selection table, keyed ``mst_key`` 1, 2, ... in their order (a
+    row may repeat: each is a model of its own, as in MADlib)."""
+    if object_table is not None:
+        raise ValueError(f"object_table={object_table!r}: custom Keras objects are not supported; give NULL")
+    table, summary = require_no_selection(db, model_selection_table)
     db.query(f"CREATE TABLE {table} (mst_key SERIAL PRIMARY KEY, model_id INTEGER NOT NULL, "
-             f"compile_params VARCHAR NOT NULL, fit_params VARCHAR NOT NULL, UNIQUE (model_id, compile_params, "
-             f"fit_params))")
-    db.query(f"INSERT INTO {table} (model_id, compile_params, fit_params) "
-             f"SELECT * FROM unnest($1, $2, $3)", [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
-             ["integer[]", "text[]", "text[]"])
+             f"compile_params VARCHAR NOT NULL, fit_params VARCHAR NOT NULL)")
+    db.query(f"INSERT INTO {table} SELECT * FROM unnest($1, $2, $3, $4)",
+             [list(range(1, len(rows) + 1)), [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+             ["integer[]", "integer[]", "text[]", "text[]"])
+    db.query("SELECT setval(pg_get_serial_sequence($1, 'mst_key'), $2)", [table, len(rows)], ["text", "integer"])
     db.query(f"CREATE TABLE {summary} (model_arch_table VARCHAR, object_table VARCHAR)")
     db.query(f"INSERT INTO {summary} VALUES ($1, $2)", [model_arch_table, object_table], ["text", "text"])
 
 
-def require_model_ids(db: Database, model_arch_table: str, model_id_list: Sequence[int]) -> dict[int, str]:
-    """The architectures of ``model_id_list``; an error names the ids the table lacks."""
-    if not model_id_list:
-        raise ValueError("model_id_list must hold at least one model_id")
+def require_model_ids(db: Database, model_arch_table: str,
+                      model_id_list: Sequence[int]) -> dict[int, tuple[str, bytes | None]]:
+    """The architectures of ``model_id_list`` with the weights they start from (NULL: the
+    initializers'); an error names the ids the table lacks."""
+    if not model_id_list or any(m is None for m in model_id_list):
+        raise ValueError(f"model_id_list={model_id_list!r} must hold one or more model ids, none NULL")
     table = db.require(model_arch_table, "model_arch_table")
-    db.require_columns(model_arch_table, "model_arch_table", ["model_id", "model_arch"])
-    found = {row["model_id"]: row["model_arch"] for row in db.query(
-        f"SELECT model_id, model_arch::text AS model_arch FROM {table} WHERE model_id = ANY($1)",
-        [list(model_id_list)], ["integer[]"])}
+    db.require_columns(model_arch_table, "model_arch_table", ["model_id", "model_arch", "model_weights"])
+    found = {row["model_id"]: (row["model_arch"], None if row["model_weights"] is None else bytes(row["model_weights"]))
+             for row in db.query(f"SELECT model_id, model_arch::text AS model_arch, model_weights FROM {table} "
+                                 f"WHERE model_id = ANY($1)", [list(model_id_list)], ["integer[]"])}
     missing = [m for m in model_id_list if m not in found]
     if missing:
         raise ValueError(f"model_arch_table {model_arch_table!r} has no model_id {missing}")
@@ -118,7 +132,10 @@ def read_model_selection(db: Database, model_selection_table: str) -> tuple[str,
     if not db.exists(summary, "model_selection_table's summary"):
         raise ValueError(f"{summary!r} does not exist: it names the model architecture table; make the model "
                          f"selection table with load_model_selection_table or generate_model_configs")
-    model_arch_table = db.query(f"SELECT model_arch_table FROM {db.quoted(summary, 'summary')}")[0]["model_arch_table"]
+    named = db.query(f"SELECT model_arch_table FROM {db.quoted(summary, 'summary')}")
+    if len(named) != 1 or named[0]["model_arch_table"] is None:
+        raise ValueError(f"{summary!r} must hold one row naming the model architecture table")
+    model_arch_table = named[0]["model_arch_table"]
     duplicates = [row["mst_key"] for row in db.query(
         f"SELECT mst_key FROM {table} GROUP BY mst_key HAVING count(*) > 1 ORDER BY mst_key")]
     if duplicates:
@@ -127,7 +144,10 @@ def read_model_selection(db: Database, model_selection_table: str) -> tuple[str,
     rows = db.query(f"SELECT mst_key, model_id, compile_params, fit_params FROM {table} ORDER BY mst_key")
     if not rows:
         raise ValueError(f"model_selection_table {model_selection_table!r} has no rows")
-    architectures = require_model_ids(db, model_arch_table, sorted({row["model_id"] for row in rows}))
+    for column in ("mst_key", "model_id", "compile_params", "fit_params"):
+        if any(row[column] is None for row in rows):
+            raise ValueError(f"model_selection_table {model_selection_table!r} has a NULL {column}")
+    architectures = require_model_ids(db, model_arch_table, list(dict.fromkeys(row["model_id"] for row in rows)))
     models = {}
     for row in rows:
         try:
@@ -136,6 +156,7 @@ def read_model_selection(db: Database, model_selection_table: str) -> tuple[str,
         except ValueError as error:
             raise ValueError(f"model_selection_table {model_selection_table!r}, mst_key {row['mst_key']}: "
                              f"{error}") from None
-        models[row["mst_key"]] = ModelSpec(row["model_id"], architectures[row["model_id"]], row["compile_params"],
-                                           row["fit_params"])
+        model_arch, weights = architectures[row["model_id"]]
+        models[row["mst_key"]] = ModelSpec(row["model_id"], model_arch, row["compile_params"], row["fit_params"],
+                                           weights)
     return model_arch_table, models

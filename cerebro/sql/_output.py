@@ -44,10 +44,10 @@ def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
     return sorted({*range(frequency, num_iterations + 1, frequency), num_iterations})
 
 
-def write_outputs(db: Database, output_table: str, result: Result, models: Mapping[str, ModelSpec],
+def write_outputs(db: Database, output_table: str, result: Result, by_trial: Mapping[str, ModelSpec],
                   run: RunDescription) -> None:
     """Replace ``output_table`` and its ``_info`` and ``_summary`` tables with ``result``'s
-    trials; ``models`` gives each trial's row by trial id."""
+    trials; ``by_trial`` gives each trial's model selection row."""
     names = {suffix: db.quoted(f"{output_table}{suffix}", "model_output_table") for suffix in ("", "_info", "_summary")}
     for suffix, table in names.items():
         if db.exists(f"{output_table}{suffix}", "model_output_table"):      # warm_start replaces them
@@ -65,22 +65,25 @@ def write_outputs(db: Database, output_table: str, result: Result, models: Mappi
     iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
     history = result.history()
     ends = result.schedule().groupby(["trial_id", "epoch"])["end"].max().to_dict()
+    # A model selection table's trial carries its key; an AutoML trial's key is its place.
+    keys = {t.trial_id: t.config.get("mst_key", position + 1) for position, t in enumerate(result.trials)}
     for trial in result.trials:
-        spec = models[trial.trial_id]
+        spec = by_trial[trial.trial_id]
         weights = flat_weights(trial.state_dict()) if trial.epochs else None
         db.query(f"INSERT INTO {names['']} VALUES ($1, $2, $3, $4, $5, $6)",
-                 [_mst_key(trial.config, trial.trial_id, models), spec.model_id, spec.model_arch,
+                 [keys[trial.trial_id], spec.model_id, spec.model_arch,
                   spec.compile_params, spec.fit_params, weights],
                  ["integer", "integer", "json", "text", "text", "bytea"])
         rows = history[history["trial_id"] == trial.trial_id] if len(history) else history
-        rows = rows[rows["epoch"].isin(iterations)] if len(rows) else rows
+        # A trial stopped early (Hyperband, a failure) keeps its last epoch: the _final values.
+        rows = rows[rows["epoch"].isin(iterations) | (rows["epoch"] == trial.epochs)] if len(rows) else rows
         metric = _first_metric(spec)
 
         training, validation = _column(rows, f"train_{metric}"), _column(rows, f"val_{metric}")
         training_loss, validation_loss = _column(rows, "train_loss"), _column(rows, "val_loss")
         db.query(f"INSERT INTO {names['_info']} VALUES ($1, $2, $3, $4, 'keras', $5, $6, $7, $8, $9, $10, $11, $12, "
                  f"$13, $14, $15, $16, $17, $18, $19, $20)",
-                 [_mst_key(trial.config, trial.trial_id, models), spec.model_id, spec.compile_params, spec.fit_params,
+                 [keys[trial.trial_id], spec.model_id, spec.compile_params, spec.fit_params,
                   len(weights) / 1024 if weights else None,
                   [ends.get((trial.trial_id, int(e))) for e in rows["epoch"]] if len(rows) else [],
                   [metric] if metric else [], _loss_name(spec),
@@ -96,7 +99,7 @@ def write_outputs(db: Database, output_table: str, result: Result, models: Mappi
              f"metrics_compute_frequency INTEGER, warm_start BOOLEAN, name VARCHAR, description VARCHAR, "
              f"start_training_time TIMESTAMPTZ, end_training_time TIMESTAMPTZ, metrics_iters INTEGER[], "
              f"best_mst_key INTEGER, store VARCHAR, seed INTEGER, workers INTEGER, cerebro_version VARCHAR)")
-    best = _best_key(result, models)
+    best = _best_key(result, keys)
     db.query(f"INSERT INTO {names['_summary']} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
              f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22)",
              [run.source_table, run.validation_table, output_table, f"{output_table}_info", run.dependent_varname,
@@ -107,23 +110,17 @@ def write_outputs(db: Database, output_table: str, result: Result, models: Mappi
               "text", "text", "float8", "float8", "integer[]", "integer", "text", "integer", "integer", "text"])
 
 
-def _mst_key(config: Mapping[str, Any], trial_id: str, models: Mapping[str, ModelSpec]) -> int:
-    """A model selection table's trial carries its key; an AutoML trial's key is its place."""
-    return config["mst_key"] if "mst_key" in config else list(models).index(trial_id) + 1
-
-
-def _best_key(result: Result, models: Mapping[str, ModelSpec]) -> int | None:
+def _best_key(result: Result, keys: Mapping[str, int]) -> int | None:
     try:
-        best = result.best
+        return keys[result.best.trial_id]
     except ValueError:    # no trial finished with a finite metric
         return None
-    return _mst_key(best.config, best.trial_id, models)
 
 
 def _first_metric(spec: ModelSpec) -> str | None:
-    """MADlib reports one metric: the first of ``compile_params``'s, as Keras logs it."""
+    """MADlib reports one metric: the first of ``compile_params``'s."""
     metrics = parse_compile_params(spec.compile_params).metrics
-    return None if not metrics else ("accuracy" if metrics[0] == "acc" else metrics[0])
+    return metrics[0] if metrics else None
 
 
 def _loss_name(spec: ModelSpec) -> str:

@@ -45,11 +45,22 @@ def keyword_arguments(text: str, what: str, example: str, *, bare_names: bool = 
         call = ast.parse(f"f({text})", mode="eval").body
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             raise ValueError("only name=value pairs are allowed")
-        return {k.arg: k.value.id if bare_names and isinstance(k.value, ast.Name) else ast.literal_eval(k.value)
+        repeated = sorted({k.arg for k in call.keywords if [c.arg for c in call.keywords].count(k.arg) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repeated)} given twice")
+        return {k.arg: k.value.id if bare_names and isinstance(k.value, ast.Name) else _literal(k)
                 for k in call.keywords}
     except (SyntaxError, ValueError) as error:
         raise ValueError(f"{what} {text!r} is malformed ({error.msg if isinstance(error, SyntaxError) else error}); "
                          f"expected keyword arguments with literal values, such as {example}") from None
+
+
+def _literal(keyword: ast.keyword) -> Any:
+    try:
+        return ast.literal_eval(keyword.value)
+    except ValueError:
+        raise ValueError(f"{keyword.arg}={ast.unparse(keyword.value)} is not a literal (quote strings: "
+                         f"{keyword.arg}='{ast.unparse(keyword.value)}')") from None
 
 
 def parse_compile_params(text: str) -> CompileParams:

@@ -8,6 +8,7 @@ from ._database import Database
 from ._keras_model import keras_model, load_flat_weights
 
 _BATCH = 1024
+_ID_TYPES = ("smallint", "integer", "bigint")
 
 
 def predict(db: Database, model_table: str, test_table: str, id_col: str, independent_varname: str,
@@ -15,7 +16,8 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
             mst_key: int | None = None) -> None:
     """Write one row per row of ``test_table`` to ``output_table``: ``id_col`` and, for
     ``pred_type => 'response'``, ``estimated_dependent_var`` (the class with the highest
-    output) with ``prob`` (that output); for ``'prob'``, ``prob`` holds every class's."""
+    output) with ``prob`` (that output; for a model with one sigmoid output, class 1 above
+    0.5 and its probability); for ``'prob'``, ``prob`` holds every output."""
     if pred_type not in ("response", "prob"):
         raise ValueError(f"pred_type={pred_type!r} must be 'response' or 'prob'")
     if use_gpus:
@@ -23,7 +25,12 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
     table = db.require(model_table, "model_table")
     db.require_columns(model_table, "model_table", ["mst_key", "model_arch", "compile_params", "model_weights"])
     features = [c.strip() for c in (independent_varname or "").split(",") if c.strip()]
+    if not features:
+        raise ValueError(f"independent_varname={independent_varname!r} must name one or more columns")
     db.require_columns(test_table, "test_table", [id_col, *features])
+    id_type = db.columns(test_table, "test_table")[id_col]
+    if id_type not in _ID_TYPES:
+        raise ValueError(f"id_col {id_col!r} is {id_type}; predict takes an id of type {', '.join(_ID_TYPES)}")
     output = db.require_absent(output_table, "output_table")
     rows = db.query(f"SELECT mst_key, model_arch::text AS model_arch, compile_params, model_weights FROM {table}"
                     + ("" if mst_key is None else " WHERE mst_key = $1"),
@@ -38,13 +45,14 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
     inputs, ids = read_sql(db.dsn(), test_table, features, id_col)
     outputs = np.concatenate([np.asarray(model.predict_on_batch(inputs[i:i + _BATCH]))
                               for i in range(0, len(inputs), _BATCH)]).reshape(len(inputs), -1)
-    id_type = db.columns(test_table, "test_table")[id_col]
     quoted_id = db.quoted(id_col, "id_col")
     if pred_type == "response":
-        classes = outputs.argmax(axis=1)
+        # One output is a sigmoid's probability of class 1; more are one per class.
+        classes = (outputs[:, 0] > 0.5).astype(np.int64) if outputs.shape[1] == 1 else outputs.argmax(axis=1)
+        chosen = outputs[:, 0] if outputs.shape[1] == 1 else outputs[np.arange(len(classes)), classes]
         db.query(f"CREATE TABLE {output} AS SELECT * FROM unnest($1::{id_type}[], $2::integer[], $3::real[]) "
                  f"AS t({quoted_id}, estimated_dependent_var, prob)",
-                 [ids.tolist(), classes.tolist(), outputs[np.arange(len(classes)), classes].tolist()],
+                 [ids.tolist(), classes.tolist(), chosen.tolist()],
                  [f"{id_type}[]", "integer[]", "real[]"])
     else:
         db.query(f"CREATE TABLE {output} ({quoted_id} {id_type}, prob REAL[])")

@@ -199,7 +199,7 @@ def _flat_metrics(model: Any) -> list:
 
 def _metric_name(metric: Any) -> str:
     if isinstance(metric, str):
-        return "accuracy" if metric == "acc" else metric
+        return metric       # Keras 3 logs a named metric under the name given ("acc" stays "acc")
     return getattr(metric, "name", None) or metric.__name__
 
 
