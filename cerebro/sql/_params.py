@@ -63,14 +63,18 @@ def _literal(keyword: ast.keyword) -> Any:
                          f"{keyword.arg}='{ast.unparse(keyword.value)}')") from None
 
 
+def _known_keywords(text: str, what: str, example: str, known: tuple[str, ...]) -> dict[str, Any]:
+    params = keyword_arguments(text, what, example)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise ValueError(f"{what} {text!r} has {', '.join(unknown)}; the parameters understood are {', '.join(known)}")
+    return params
+
+
 def parse_compile_params(text: str) -> CompileParams:
     """``text`` as :class:`CompileParams`; names the first problem."""
     what = "compile_params"
-    params = keyword_arguments(text, what, COMPILE_EXAMPLE)
-    unknown = sorted(set(params) - set(_COMPILE_KEYS))
-    if unknown:
-        raise ValueError(f"{what} {text!r} has {', '.join(unknown)}; the parameters understood are "
-                         f"{', '.join(_COMPILE_KEYS)}")
+    params = _known_keywords(text, what, COMPILE_EXAMPLE, _COMPILE_KEYS)
     for key in ("loss", "optimizer"):
         if not isinstance(params.get(key), str):
             raise ValueError(f"{what} {text!r} needs {key}='...' as a string, e.g. {COMPILE_EXAMPLE}")
@@ -106,11 +110,7 @@ def parse_fit_params(text: str) -> FitParams:
     """``text`` as :class:`FitParams`. A sub-epoch is one pass over a partition, so
     ``epochs`` (MADlib's passes per visit) must be 1; ``num_iterations`` counts epochs."""
     what = "fit_params"
-    params = keyword_arguments(text, what, FIT_EXAMPLE)
-    unknown = sorted(set(params) - set(_FIT_KEYS))
-    if unknown:
-        raise ValueError(f"{what} {text!r} has {', '.join(unknown)}; the parameters understood are "
-                         f"{', '.join(_FIT_KEYS)}")
+    params = _known_keywords(text, what, FIT_EXAMPLE, _FIT_KEYS)
     batch_size = params.get("batch_size", 32)
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"{what} {text!r}: batch_size={batch_size!r} must be a positive integer")
