@@ -176,8 +176,11 @@ def _decode_arrays(sent: pa.Array, name: str, table_or_query: str) -> np.ndarray
                          f"array must have the same")
     shape = tuple(int(d) for d in np.frombuffer(rows[0, 12:head].tobytes(), dtype=">i4")[::2])
     dtype = _ELEMENTS[element]
-    values = rows[:, head:].reshape(len(sent), -1, 4 + dtype.itemsize)[:, :, 4:]
-    return np.ascontiguousarray(values).view(dtype).reshape(len(sent), *shape).astype(dtype.newbyteorder("="))
+    # Each element is its 4-byte length, then its value: a strided view of the values, read
+    # into native byte order in one copy.
+    values = np.ndarray((len(sent), int(np.prod(shape))), dtype=dtype, buffer=rows, offset=head + 4,
+                        strides=(rows.strides[0], 4 + dtype.itemsize))
+    return values.astype(dtype.newbyteorder("=")).reshape(len(sent), *shape)
 
 
 def _quote(identifier: str) -> str:
