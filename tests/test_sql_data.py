@@ -3,6 +3,9 @@ order fixed by their content, equal to ``from_pandas`` on the same rows; bad inp
 naming the problem."""
 from __future__ import annotations
 
+import itertools
+import threading
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -63,6 +66,40 @@ def test_a_query_is_read_like_a_table(postgres, digits_tables):
                                 validation=None)
     assert small.num_train_rows == int((label < 5).sum())
     assert set(small.label.tolist()) == {0, 1, 2, 3, 4}
+
+
+def test_a_large_table_is_read_over_several_connections_in_one_snapshot(postgres, digits_tables, monkeypatch):
+    from cerebro.data import _sql
+
+    features, label = digits_tables
+    load(postgres, "growing", "pixels real[], digit integer",
+         {"pixels": pa.array(list(features), type=pa.list_(pa.float32())), "digit": pa.array(label)})
+    alone = cb.Dataset.from_sql(postgres, "growing", features=["pixels"], label="digit", seed=3)
+    monkeypatch.setattr(_sql, "PAGES_PER_CONNECTION", 4)      # the table has about 23 pages
+    connections = []
+    calls = itertools.count(1)     # next() on it is atomic: the connections are made in threads
+    committed = threading.Event()
+    connect = _sql._connect
+
+    def connect_after_a_commit(dbapi, dsn):
+        number = next(calls)
+        connections.append(number)
+        if number == 2:        # the first extra connection: after the snapshot was taken
+            with dbapi.connect(dsn) as other, other.cursor() as cursor:
+                cursor.execute("INSERT INTO growing SELECT pixels, 10 FROM growing LIMIT 1")   # a new last page
+                other.commit()
+            committed.set()
+        elif number > 2:
+            committed.wait()
+        return connect(dbapi, dsn)
+
+    monkeypatch.setattr(_sql, "_connect", connect_after_a_commit)
+    together = cb.Dataset.from_sql(postgres, "growing", features=["pixels"], label="digit", seed=3)
+    assert len(connections) == _sql.MAX_CONNECTIONS == 4
+    # The row committed during the read is not in it: every connection read the first one's snapshot.
+    assert np.array_equal(together.features, alone.features) and np.array_equal(together.label, alone.label)
+    after = cb.Dataset.from_sql(postgres, "growing", features=["pixels"], label="digit", validation=None)
+    assert after.num_train_rows == len(label) + 1 and 10 in after.label
 
 
 def test_n_d_integer_and_bytea_columns_keep_their_shape_and_dtype(postgres):

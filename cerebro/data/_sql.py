@@ -4,12 +4,17 @@ They are read through ADBC's PostgreSQL driver, which fetches them with binary `
 straight into Arrow: no Python object per row or value. A table's rows come back in no
 particular order, so :func:`canonical_order` orders them by their content before the seeded
 split: the same rows give the same run whatever order the table holds them in.
+
+Most of a read is the server writing the arrays, one backend per connection, so a large
+table is read in ranges of its pages over several connections at once, all in one snapshot:
+the rows are the ones a single read would see.
 """
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -19,6 +24,10 @@ if TYPE_CHECKING:
 
 _TABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?")
 _QUERY = re.compile(r"\s*(select|with|values|table)\b", re.IGNORECASE)
+# A table gets one more connection per this many pages (8 kB each by default), up to the
+# most: smaller pieces would cost more in connections than the server's parallel work saves.
+PAGES_PER_CONNECTION = 1024
+MAX_CONNECTIONS = 4
 
 
 def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None,
@@ -27,7 +36,7 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
     columns or numeric array columns (concatenated in order; default every column but the
     label), or one column of N-D arrays (kept in their shape) or of ``bytea``. Missing
     columns and bad sources are refused before a row is read; NULLs and other types after."""
-    source = _source(table_or_query)
+    source, table_name = _source(table_or_query)
     try:
         from adbc_driver_postgresql import dbapi
     except ImportError:
@@ -36,11 +45,9 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
         # Not echoed: a malformed DSN may hold a password where no mask would find it.
         raise ValueError("dsn must be a PostgreSQL URI such as 'postgresql://user:password@host:5432/dbname' or "
                          "'postgresql:///dbname?host=/socket/dir'")
-    try:
-        connection = dbapi.connect(dsn)
-    except dbapi.Error as error:
-        raise ConnectionError(f"could not connect to {_without_password(dsn)}: {_first_line(error)}") from None
-    with connection, connection.cursor() as cursor:
+    with _connect(dbapi, dsn) as connection, connection.cursor() as cursor:
+        # Repeatable read: the other connections of a parallel read take this snapshot.
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         try:
             cursor.execute(f"SELECT * FROM ({source}\n) AS cerebro_rows LIMIT 0")
             schema = cursor.fetch_arrow_table().schema
@@ -52,8 +59,14 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
         # the driver's decoding of one element at a time would take most of the time.
         selected = ", ".join(f"array_send({_quote(c)}) AS {_quote(c)}" if c in arrays else _quote(c)
                              for c in [*wanted, label])
-        cursor.execute(f"SELECT {selected} FROM ({source}\n) AS cerebro_rows")    # \n: ends a -- comment
-        table = cursor.fetch_arrow_table()
+        pieces = [f"SELECT * FROM {table_name} WHERE {where}" for where in _page_ranges(cursor, table_name)] \
+            if table_name else [source]
+        queries = [f"SELECT {selected} FROM ({piece}\n) AS cerebro_rows" for piece in pieces]  # \n: ends a -- comment
+        if len(queries) == 1:
+            cursor.execute(queries[0])
+            table = cursor.fetch_arrow_table()
+        else:
+            table = _read_in_parallel(dbapi, dsn, cursor, queries)
     if table.num_rows == 0:
         raise ValueError(f"{table_or_query!r} has no rows; a dataset needs at least one")
     if _is_binary(table.column(label).type):
@@ -82,16 +95,62 @@ def canonical_order(features: np.ndarray, label: np.ndarray) -> np.ndarray:
     return np.argsort(content.view(np.dtype((np.void, content.shape[1]))).ravel(), kind="stable")
 
 
-def _source(table_or_query: object) -> str:
-    """A query for ``table_or_query``: a table name is quoted, a query used as it is."""
+def _source(table_or_query: object) -> tuple[str, str | None]:
+    """A query for ``table_or_query``, and the quoted table name if it names a table (a
+    query is used as it is)."""
     if not isinstance(table_or_query, str):
         raise TypeError(f"table_or_query must be a table name or a query; got {type(table_or_query).__name__}")
     if _TABLE.fullmatch(table_or_query):    # folded to lower case, as PostgreSQL folds unquoted names
-        return "SELECT * FROM " + ".".join(_quote(part.lower()) for part in table_or_query.split("."))
+        table_name = ".".join(_quote(part.lower()) for part in table_or_query.split("."))
+        return f"SELECT * FROM {table_name}", table_name
     if _QUERY.match(table_or_query):
-        return table_or_query.strip().rstrip(";")
+        return table_or_query.strip().rstrip(";"), None
     raise ValueError(f"table_or_query={table_or_query!r} must be a table name (table or schema.table) or a "
                      f"query starting with SELECT, WITH, VALUES or TABLE")
+
+
+def _connect(dbapi: Any, dsn: str) -> Any:
+    try:
+        return dbapi.connect(dsn)
+    except dbapi.Error as error:
+        raise ConnectionError(f"could not connect to {_without_password(dsn)}: {_first_line(error)}") from None
+
+
+def _page_ranges(cursor: Any, table_name: str) -> list[str]:
+    """Conditions that split a plain table (or materialized view) into ranges of its pages,
+    one per connection of the read (TID range scans); ``["true"]`` for anything else."""
+    cursor.execute(f"SELECT relkind, pg_relation_size(oid) / current_setting('block_size')::bigint AS pages "
+                   f"FROM pg_class WHERE oid = '{table_name}'::regclass")
+    kind, pages = cursor.fetchone()
+    connections = min(MAX_CONNECTIONS, pages // PAGES_PER_CONNECTION) if kind in ("r", "m") else 1
+    if connections < 2:
+        return ["true"]
+    starts = [pages * i // connections for i in range(connections)]
+    # The last range is open: pages added since the size was read hold no row of this snapshot.
+    return [f"ctid >= '({start},0)'::tid" + (f" AND ctid < '({end},0)'::tid" if end else "")
+            for start, end in zip(starts, [*starts[1:], None])]
+
+
+def _read_in_parallel(dbapi: Any, dsn: str, cursor: Any, queries: list[str]) -> pa.Table:
+    """The rows of ``queries``, the first on ``cursor``'s connection and each other on a
+    connection of its own that takes the first one's snapshot, all fetched at once."""
+    import pyarrow as pa
+
+    cursor.execute("SELECT pg_export_snapshot()")
+    snapshot = cursor.fetchone()[0]
+
+    def fetch(query: str, first: bool) -> pa.Table:
+        if first:
+            cursor.execute(query)
+            return cursor.fetch_arrow_table()
+        with _connect(dbapi, dsn) as connection, connection.cursor() as other:
+            other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            other.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+            other.execute(query)
+            return other.fetch_arrow_table()
+
+    with ThreadPoolExecutor(len(queries)) as pool:
+        return pa.concat_tables(list(pool.map(fetch, queries, [True] + [False] * (len(queries) - 1))))
 
 
 def _feature_columns(columns: list[str], features: Sequence[str] | str | None, label: str,
