@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import random
 import sys
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -177,9 +179,27 @@ class KerasTrainable(Trainable):
         return Sums(rows, float(logs["loss"]) * rows, {name: float(logs[name]) * rows for name in self._metric_names})
 
     def _reseed(self, seed: int) -> None:
-        """Every seed generator of the model, and Keras's global one, starts from ``seed``,
-        whatever ran before."""
-        sys.modules["keras"].utils.set_random_seed(seed % 2**32)
+        """Every seed generator of the model, Keras's global one, Python's, numpy's and (on
+        Keras's torch backend) torch's start from ``seed``, whatever ran before.
+
+        This is ``keras.utils.set_random_seed`` but for TensorFlow's global seed: setting
+        that clears TensorFlow's kernel caches, which cost ~40 ms at the next step and a
+        slower state export and load, every sub-epoch. Keras draws its random numbers
+        (dropout, augmentation layers, ``keras.random``) from seed generators, statelessly,
+        so TensorFlow's seed changes none of them; a layer calling TensorFlow's stateful
+        ``tf.random`` ops directly would not repeat (use ``keras.random`` with a
+        ``keras.random.SeedGenerator``)."""
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+        from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED
+
+        seed32 = seed % 2**32        # numpy's legacy seeds are 32-bit
+        global_state.set_global_attribute(GLOBAL_RANDOM_SEED, seed32)
+        global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, None)    # made again from the seed
+        random.seed(seed32)
+        np.random.seed(seed32)
+        if sys.modules["keras"].backend.backend() == "torch":
+            torch.manual_seed(seed32)
         generators = [g for layer in self.model._flatten_layers() for g in layer._seed_generators]
         for index, generator in enumerate(generators):
             state = np.random.default_rng([seed, index]).integers(0, 2**31, 2)
@@ -204,7 +224,16 @@ def _metric_name(metric: Any) -> str:
 
 
 def _tensor(variable: Any) -> torch.Tensor:
-    return torch.from_numpy(np.array(variable.numpy(), copy=True))
+    """``variable``'s value for the hop, without a copy where the backend never writes
+    through the view: TensorFlow copies a variable's buffer before updating it while a read
+    of it lives, JAX arrays never change. Keras's torch backend updates in place: a copy."""
+    value = variable.value
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    read = value.read_value() if hasattr(value, "read_value") else value     # TensorFlow: no copy
+    with warnings.catch_warnings():    # read-only, and read only: packed, sent, dropped
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        return torch.from_numpy(np.asarray(read))
 
 
 def _assign(variables: dict[str, Any], values: Mapping[str, torch.Tensor], what: str) -> None:
