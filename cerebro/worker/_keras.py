@@ -67,9 +67,11 @@ class KerasTrainable(Trainable):
             arrays (or tensors of the backend).
 
     The state that hops is the model's weights and the optimizer's variables. Every
-    sub-epoch reseeds the model's seed generators (dropout and the like) from the sub-epoch's
-    seed, so training is bitwise the same on any worker count for each backend; a plain
-    ``train_on_batch`` loop that reseeds the same way gives the same bits on one partition.
+    sub-epoch reseeds the model's seed generators (dropout and the like) and Keras's global
+    one from the sub-epoch's seed, so training is bitwise the same on any worker count for
+    each backend; a plain ``train_on_batch`` loop that reseeds the same way gives the same
+    bits on one partition. Layers draw random numbers with ``keras.random`` and a seed
+    generator: TensorFlow's own global seed is not reset between sub-epochs.
 
     Example:
         >>> def build(config):
