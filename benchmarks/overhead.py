@@ -531,7 +531,7 @@ def keras_trainer_speed(quick: bool) -> dict[str, Any]:
     ``train_on_batch`` loop over the same batches (the same work), alternated, medians; and,
     for reference, Keras's own ``model.fit`` over the rows in that order."""
     import keras
-    settings = dict(rows=8192, features=256, hidden=512, batch_size=64, repetitions=3 if quick else 7,
+    settings = dict(rows=8192, features=256, hidden=512, batch_size=64, repetitions=3 if quick else 11,
                     keras_backend=keras.backend.backend())
     x, y = _classification(settings["rows"], settings["features"], seed=3)
 
