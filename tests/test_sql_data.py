@@ -102,6 +102,28 @@ def test_a_large_table_is_read_over_several_connections_in_one_snapshot(postgres
     assert after.num_train_rows == len(label) + 1 and 10 in after.label
 
 
+def test_a_large_table_is_read_over_the_connections_the_server_grants(postgres, digits_tables, monkeypatch):
+    from cerebro.data import _sql
+
+    features, label = digits_tables
+    load(postgres, "crowded", "pixels real[], digit integer",
+         {"pixels": pa.array(list(features), type=pa.list_(pa.float32())), "digit": pa.array(label)})
+    alone = cb.Dataset.from_sql(postgres, "crowded", features=["pixels"], label="digit", seed=3)
+    monkeypatch.setattr(_sql, "PAGES_PER_CONNECTION", 4)
+    calls = itertools.count(1)
+    connect = _sql._connect
+
+    def one_more_only(dbapi, dsn):      # as a server at max_connections would
+        if next(calls) > 2:
+            raise ConnectionError("could not connect: FATAL: sorry, too many clients already")
+        return connect(dbapi, dsn)
+
+    monkeypatch.setattr(_sql, "_connect", one_more_only)
+    crowded = cb.Dataset.from_sql(postgres, "crowded", features=["pixels"], label="digit", seed=3)
+    assert next(calls) == 5           # the first connection, then three tried at once: one granted
+    assert np.array_equal(crowded.features, alone.features) and np.array_equal(crowded.label, alone.label)
+
+
 def test_n_d_integer_and_bytea_columns_keep_their_shape_and_dtype(postgres):
     with dbapi.connect(postgres) as connection, connection.cursor() as cursor:
         cursor.execute("CREATE TABLE images (pixels smallint[][], png bytea, weight double precision, y real)")

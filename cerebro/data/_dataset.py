@@ -122,8 +122,8 @@ class Dataset(abc.ABC):
         per row; ``pip install 'cerebro[sql]'``), then ordered by their content, so the
         split and the run do not depend on the order the table holds them in. A table of
         more than 2,048 pages (16 MB) is read in ranges of pages over up to 4 connections at
-        once, all in one snapshot. Missing columns, NULLs and non-numeric types are refused,
-        naming the column."""
+        once (fewer where the server refuses more), all in one snapshot. Missing columns,
+        NULLs and non-numeric types are refused, naming the column."""
         return Dataset._builders["from_sql"].from_sql(dsn, table_or_query, features=features, label=label,
                                                       validation=validation, partitions=partitions, seed=seed,
                                                       in_memory=in_memory, cache_dir=cache_dir)

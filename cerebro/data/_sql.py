@@ -11,6 +11,7 @@ the rows are the ones a single read would see.
 """
 from __future__ import annotations
 
+import queue
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -132,25 +133,43 @@ def _page_ranges(cursor: Any, table_name: str) -> list[str]:
 
 
 def _read_in_parallel(dbapi: Any, dsn: str, cursor: Any, queries: list[str]) -> pa.Table:
-    """The rows of ``queries``, the first on ``cursor``'s connection and each other on a
-    connection of its own that takes the first one's snapshot, all fetched at once."""
+    """The rows of ``queries``, read over ``cursor``'s connection and up to one more per
+    other query, each taking the first one's snapshot. Every connection takes the next
+    unread query until none is left: the first starts at once, the others as they connect,
+    and those the server refuses (its ``max_connections``, say) leave theirs to the rest."""
     import pyarrow as pa
 
     cursor.execute("SELECT pg_export_snapshot()")
     snapshot = cursor.fetchone()[0]
+    unread = queue.SimpleQueue()
+    for index, query in enumerate(queries):
+        unread.put((index, query))
+    tables: list[pa.Table | None] = [None] * len(queries)
 
-    def fetch(query: str, first: bool) -> pa.Table:
-        if first:
-            cursor.execute(query)
-            return cursor.fetch_arrow_table()
-        with _connect(dbapi, dsn) as connection, connection.cursor() as other:
+    def read(reader: Any) -> None:
+        while True:
+            try:
+                index, query = unread.get_nowait()
+            except queue.Empty:
+                return
+            reader.execute(query)
+            tables[index] = reader.fetch_arrow_table()
+
+    def read_on_a_new_connection() -> None:
+        try:
+            connection = _connect(dbapi, dsn)
+        except ConnectionError:
+            return
+        with connection, connection.cursor() as other:
             other.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             other.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
-            other.execute(query)
-            return other.fetch_arrow_table()
+            read(other)
 
     with ThreadPoolExecutor(len(queries)) as pool:
-        return pa.concat_tables(list(pool.map(fetch, queries, [True] + [False] * (len(queries) - 1))))
+        running = [pool.submit(read, cursor), *(pool.submit(read_on_a_new_connection) for _ in queries[1:])]
+        for future in running:
+            future.result()
+    return pa.concat_tables(tables)
 
 
 def _feature_columns(columns: list[str], features: Sequence[str] | str | None, label: str,
