@@ -259,3 +259,18 @@ def test_a_metric_named_acc_is_logged_as_keras_logs_it():
     features, label = np.eye(4, dtype=np.float32), np.array([0, 1, 2, 0])
     sums = trainable.train_batches([(features[:2], label[:2]), (features[2:], label[2:])], seed=0, epoch=0)
     assert trainable.metric_names() == ("acc",) and sums.rows == 4 and set(sums.metrics) == {"acc"}
+
+
+def test_the_exported_state_keeps_its_values_while_the_model_trains_on():
+    # The state is exported as views of the variables where the backend never writes
+    # through them; training on must leave what was exported (and not yet sent) as it was.
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile(keras.optimizers.Adam(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainable = cb.KerasTrainable(model, batch_size=2)
+    features, label = np.eye(4, dtype=np.float32), np.array([0, 1, 2, 0])
+    trainable.train_batches([(features, label)], seed=0, epoch=1)
+    exported = trainable.state()
+    copied = {part: {name: tensor.clone() for name, tensor in values.items()} for part, values in exported.items()}
+    trainable.train_batches([(features, label)], seed=1, epoch=1)
+    assert all(torch.equal(exported[part][name], copied[part][name]) for part in copied for name in copied[part])
+    assert not all(torch.equal(a, b) for a, b in zip(trainable.state()["model"].values(), copied["model"].values()))

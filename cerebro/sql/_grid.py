@@ -77,20 +77,24 @@ class ConfigGrid:
         space: dict[str, Any] = {"model_id": choice(list(model_ids)),
                                  "loss": _distribution(compile_grid["loss"], "loss"),
                                  "optimizer_family": choice(list(range(len(families))))}
+        # Where each key of the flat space was written in the grids, for messages.
+        self._where: dict[str, str] = {}
+        family_of: dict[str, int] = {}
         for index, family in enumerate(families):
             for key, values in family.items():
-                space[f"optimizer_{index}.{key}"] = _distribution(values, f"optimizer_params_list[{index}][{key!r}]")
+                name = f"optimizer_{index}.{key}"
+                self._where[name], family_of[name] = f"optimizer_params_list[{index}][{key!r}]", index
+                space[name] = _distribution(values, self._where[name])
         for key, values in fit_grid.items():
-            space[f"fit.{key}"] = _distribution(values, f"fit_params_grid[{key!r}]")
+            self._where[f"fit.{key}"] = f"fit_params_grid[{key!r}]"
+            space[f"fit.{key}"] = _distribution(values, self._where[f"fit.{key}"])
         self.space = space
         # Every candidate must make valid strings: each is tried with the others' first.
         first = {key: _first(value) for key, value in space.items()}
         for key, value in space.items():
             for candidate in value.values if isinstance(value, choice) else [first[key]]:
-                config = {**first, key: candidate}
-                if key.startswith("optimizer_") and "." in key:
-                    config["optimizer_family"] = int(key.split(".")[0].removeprefix("optimizer_"))
-                self.render(config)
+                family = {"optimizer_family": family_of[key]} if key in family_of else {}
+                self.render({**first, key: candidate, **family})
 
     def __repr__(self) -> str:
         return f"ConfigGrid{self._given!r}"
@@ -112,8 +116,8 @@ class ConfigGrid:
         parameters; a range (``[low, high, 'log']``) cannot be enumerated."""
         for key, value in self.space.items():
             if not isinstance(value, choice):
-                raise ValueError(f"search_type 'grid' enumerates candidate lists; {_where(key)} is a range "
-                                 f"({value!r}): use search_type 'random'")
+                raise ValueError(f"search_type 'grid' enumerates candidate lists; {self._where.get(key, key)} is "
+                                 f"a range ({value!r}): use search_type 'random'")
         keys = list(self.space)
         rows: dict[tuple[int, str, str], None] = {}
         for values in itertools.product(*(self.space[k].values for k in keys)):
@@ -123,14 +127,3 @@ class ConfigGrid:
 
 def _first(value: Any) -> Any:
     return value.values[0] if isinstance(value, choice) else getattr(value, "low", value)
-
-
-
-def _where(key: str) -> str:
-    """A key of the flat space as the user wrote it in the grids."""
-    if key.startswith("fit."):
-        return f"fit_params_grid[{key[4:]!r}]"
-    if key.startswith("optimizer_") and "." in key:
-        family, name = key.split(".", 1)
-        return f"optimizer_params_list[{family.removeprefix('optimizer_')}][{name!r}]"
-    return key
