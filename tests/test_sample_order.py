@@ -4,6 +4,8 @@ partitions yield the same batches, whatever the batch size, row group size and w
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 import cerebro as cb
 from cerebro.data import SampleScheme, _partitions, open_partition, read_layout, sample_order, write_partitions
+from cerebro.data._mapped import map_partition
 
 
 @given(rows=st.integers(1, 300), group=st.integers(1, 50), window=st.integers(1, 9), seed=st.integers(0, 2 ** 63 - 1))
@@ -32,20 +35,85 @@ def test_runs_written_before_row_groups_keep_their_torch_permutation():
     assert np.array_equal(sample_order(SampleScheme.PERMUTATION, 5, 97, 97, 1), expected)
 
 
-@settings(max_examples=25, deadline=None)
+def _rewrite_as_before(directory: str, layout) -> None:
+    """Rewrite the partition files the way earlier versions did (nullable columns, a
+    dictionary, snappy labels; here also several pages per row group): a streaming worker
+    then decodes them with Arrow instead of reading them in place."""
+    for split in ("train", "val"):
+        path = _partitions.partition_file(directory, split, 0)
+        table = pq.read_table(path)
+        table = table.cast(pa.schema([field.with_nullable(True) for field in table.schema]))
+        pq.write_table(table, path, row_group_size=layout.row_group_rows, compression={"label": "snappy"},
+                       max_rows_per_page=2)
+
+
+@settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 120), group_bytes=st.sampled_from([64, 300, 1000, 1 << 20]),
-       batch=st.integers(1, 70), seed=st.integers(0, 1000))
-def test_streamed_batches_equal_in_memory_batches(tmp_path_factory, rows, group_bytes, batch, seed):
+       batch=st.integers(1, 70), seed=st.integers(0, 1000),
+       dtype=st.sampled_from([np.uint8, np.float32, np.int16]), label_shape=st.sampled_from([(), (2,)]),
+       as_before=st.booleans())
+def test_streamed_batches_equal_in_memory_batches(tmp_path_factory, rows, group_bytes, batch, seed, dtype,
+                                                  label_shape, as_before):
     directory = str(tmp_path_factory.mktemp("partitions"))
-    features = np.random.default_rng(seed).integers(0, 255, (rows, 2, 3), dtype=np.uint8)
+    rng = np.random.default_rng(seed)
+    features = rng.integers(0, 255, (rows, 2, 3)).astype(dtype)
+    label = np.arange(rows) if label_shape == () else rng.normal(size=(rows, *label_shape))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_partitions, "ROW_GROUP_BYTES", group_bytes)
-        write_partitions(cb.Dataset.from_numpy(features, np.arange(rows), validation=None), directory, 1)
+        write_partitions(cb.Dataset.from_numpy(features, label, validation=None), directory, 1)
     layout = read_layout(directory)
+    if as_before:
+        _rewrite_as_before(directory, layout)
     memory, streamed = (open_partition(layout, directory, "train", 0, in_memory) for in_memory in (True, False))
     for make in (lambda s: s.train_batches(seed, batch), lambda s: s.eval_batches(batch)):
         got = list(make(streamed))
         expected = list(make(memory))
         assert len(got) == len(expected) == -(-rows // batch)
         for (x, y), (u, v) in zip(got, expected):
-            assert x.dtype == np.uint8 and np.array_equal(x, u) and np.array_equal(y, v)
+            assert x.dtype == dtype and x.shape == u.shape and np.array_equal(x, u)
+            assert y.dtype == v.dtype and y.shape == v.shape and np.array_equal(y, v)
+    # Files as Cerebro writes them are read in place, earlier ones decoded.
+    assert streamed.mapped == (not as_before)
+
+
+def test_a_mapped_partition_holds_no_window_once_its_batches_are_made(tmp_path):
+    """A streaming worker's memory is bounded by a window, not the partition: the pages of a
+    window are unmapped once its batches are made (they stay in the page cache)."""
+    features = np.random.default_rng(0).integers(0, 255, (4096, 3, 32, 32), dtype=np.uint8)    # 12 MB
+    directory = str(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_partitions, "ROW_GROUP_BYTES", 1 << 18)      # 85 rows a group, 8 a window: 2 MB
+        write_partitions(cb.Dataset.from_numpy(features, np.zeros(4096, int), validation=None), directory, 1)
+    streamed = open_partition(read_layout(directory), directory, "train", 0, in_memory=False)
+    resident = []
+    for _ in streamed.train_batches(seed=3, batch_size=64):
+        resident.append(_mapped_resident_bytes(_partitions.partition_file(directory, "train", 0)))
+    assert streamed.mapped
+    assert 0 < max(resident) <= 2 * 8 * (1 << 18) + (1 << 16), max(resident)
+
+
+def _mapped_resident_bytes(path: str) -> int:
+    """Resident bytes of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.mark.parametrize("change", [{}, {"max_rows_per_page": 3}, {"compression": "snappy"}, {"use_dictionary": True},
+                                    {"nullable": True}])
+def test_only_files_of_one_plain_page_per_row_group_are_read_in_place(tmp_path, change):
+    rows, group = 40, 10
+    table = pa.table({"features": _partitions.column(np.arange(rows * 6, dtype=np.float32).reshape(rows, 6)),
+                      "label": pa.array(np.arange(rows))})
+    nullable = change.pop("nullable", False)
+    table = table.cast(pa.schema([field.with_nullable(nullable) for field in table.schema]))
+    options = {"compression": "none", "use_dictionary": False, "max_rows_per_page": group, **change}
+    path = str(tmp_path / "part.parquet")
+    pq.write_table(table, path, row_group_size=group, data_page_size=1 << 30, **options)
+    columns = [((6,), "float32"), ((), "int64")]
+    assert (map_partition(path, columns, group) is None) == bool(change or nullable)

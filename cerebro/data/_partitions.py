@@ -77,10 +77,14 @@ def partition_file(data_dir: str, split: str, partition: int) -> str:
 
 
 def write_table(table: pa.Table, data_dir: str, split: str, partition: int, rows_per_group: int) -> None:
+    """Write a partition's rows so that a streaming worker can read fixed-width columns in
+    place (:mod:`._mapped`): required, plain, uncompressed, one data page per row group.
+    Numbers and encoded images barely compress, and rows are all distinct (a dictionary
+    would hold each once more and cost a gather per row group)."""
+    table = table.cast(pa.schema([field.with_nullable(False) for field in table.schema]))
     with files.open_file(partition_file(data_dir, split, partition), "wb") as f:
-        # Features uncompressed: numbers and encoded images barely compress, and a streaming
-        # worker then reads them at the speed of a copy.
-        pq.write_table(table, f, row_group_size=rows_per_group, compression={"features": "none", "label": "snappy"})
+        pq.write_table(table, f, row_group_size=rows_per_group, compression="none", use_dictionary=False,
+                       write_statistics=False, data_page_size=1 << 40, max_rows_per_page=max(rows_per_group, 1))
 
 
 def column(array: np.ndarray) -> pa.Array:

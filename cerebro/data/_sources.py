@@ -9,10 +9,12 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..store import _files as files
-from ._partitions import PartitionLayout, arrays, partition_file
+from ._mapped import MappedPartition, MappedRows, map_partition
+from ._partitions import BYTES, PartitionLayout, arrays, partition_file
 from ._sample_order import SampleScheme, sample_order, windows
 
-Part = tuple[np.ndarray, np.ndarray, np.ndarray]      # features, label, positions to yield in order
+Rows = np.ndarray | MappedRows                       # a window's rows, taken by their positions
+Part = tuple[Rows, Rows, np.ndarray]                   # features, label, positions to yield in order
 Batch = tuple[np.ndarray, np.ndarray]
 
 
@@ -57,8 +59,10 @@ class InMemoryPartition(PartitionSource):
 
 class StreamedPartition(PartitionSource):
     """A partition read from its Parquet file a window of row groups at a time, so a worker
-    holds about two windows of it (the one it yields and the next, read ahead by its
-    prefetch thread), whatever the partition's size."""
+    holds about one window of it (two while its prefetch thread starts on the next),
+    whatever the partition's size. Files in the form Cerebro writes are mapped and each
+    batch gathered from the page cache in place (:mod:`._mapped`); others (written before,
+    or bytes features) are read and decoded by Arrow."""
 
     def __init__(self, layout: PartitionLayout, path: str, rows: int) -> None:
         if layout.sample_order is SampleScheme.PERMUTATION or layout.row_group_rows is None:
@@ -66,24 +70,64 @@ class StreamedPartition(PartitionSource):
                              "hold them in memory (in_memory=True)")
         super().__init__(layout, rows)
         self.path = path
+        self._opened = False
+        self._mapped: MappedPartition | None = None
         self._parquet: pq.ParquetFile | None = None      # opened once: its footer lists every row group
 
-    def _read(self, groups: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        if self._parquet is None:
-            self._parquet = pq.ParquetFile(files.open_file(self.path))
-        # One thread: the worker's cores are busy training; this runs on its prefetch thread.
-        return arrays(self._parquet.read_row_groups(groups, use_threads=False), self.layout)
+    @property
+    def mapped(self) -> bool:
+        """Whether the file is read in place (known once a sub-epoch has started reading it)."""
+        return self._mapped is not None
 
     def _train_parts(self, seed: int) -> Iterator[Part]:
-        for window in windows(seed, self.rows, self.layout.row_group_rows, self.layout.window):
-            features, label = self._read(window.groups)
-            yield features, label, window.shuffle
+        order = windows(seed, self.rows, self.layout.row_group_rows, self.layout.window)
+        return self._parts((w.groups, w.rows, w.shuffle) for w in order)
 
     def _eval_parts(self) -> Iterator[Part]:
-        groups = -(-self.rows // self.layout.row_group_rows)
-        for start in range(0, groups, self.layout.window):
-            features, label = self._read(list(range(start, min(start + self.layout.window, groups))))
-            yield features, label, np.arange(len(label))
+        group_rows, window = self.layout.row_group_rows, self.layout.window
+        groups = -(-self.rows // group_rows)
+
+        def in_stored_order() -> Iterator[tuple[list[int], np.ndarray, np.ndarray]]:
+            for start in range(0, groups, window):
+                rows = np.arange(start * group_rows, min((start + window) * group_rows, self.rows))
+                yield list(range(start, min(start + window, groups))), rows, np.arange(len(rows))
+        return self._parts(in_stored_order())
+
+    def _parts(self, order: Iterator[tuple[list[int], np.ndarray, np.ndarray]]) -> Iterator[Part]:
+        """Each window ``(row groups, their rows, positions to yield)`` as a part."""
+        self._open()
+        if self._mapped is None:
+            for groups, _, positions in order:
+                yield *self._read(groups), positions
+            return
+        mapped = self._mapped
+        ahead = next(order, None)
+        if ahead is not None:
+            mapped.will_need(ahead[0])
+        while ahead is not None:
+            groups, rows, positions = ahead
+            ahead = next(order, None)
+            if ahead is not None:
+                mapped.will_need(ahead[0])     # the kernel reads it while this window is batched
+            try:
+                yield *mapped.rows(rows), positions
+            finally:
+                mapped.done_with(groups)
+
+    def _open(self) -> None:
+        if self._opened:
+            return
+        layout = self.layout
+        if layout.feature_dtype != BYTES:
+            columns = [(layout.feature_shape, layout.feature_dtype), (layout.label_shape, layout.label_dtype)]
+            self._mapped = map_partition(self.path, columns, layout.row_group_rows)
+        if self._mapped is None:
+            self._parquet = pq.ParquetFile(files.open_file(self.path))
+        self._opened = True
+
+    def _read(self, groups: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        # One thread: the worker's cores are busy training; this runs on its prefetch thread.
+        return arrays(self._parquet.read_row_groups(groups, use_threads=False), self.layout)
 
 
 def batched(parts: Iterator[Part], batch_size: int) -> Iterator[Batch]:
