@@ -16,7 +16,7 @@ workers that hold them.
    the epochs and trials; without the cache each training sub-epoch would read its
    partition from the store.
 
-    .venv/bin/python benchmarks/data_scale.py [--gb 4.5] [--fits-mb 400] [--repeats 3]
+    .venv/bin/python benchmarks/data_scale.py [--gb 4.5] [--fits-mb 400] [--repeats 5]
         [--out benchmarks/results/data_scale.json]
 """
 from __future__ import annotations
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gb", type=float, default=4.5, help="size of the streamed dataset on disk")
     parser.add_argument("--fits-mb", type=float, default=400, help="size of the dataset held in memory")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scratch", default=None, help="where the run directories go (default: a temp dir)")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "data_scale.json"))
     args = parser.parse_args(argv)
