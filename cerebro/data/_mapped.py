@@ -17,7 +17,7 @@ Example:
     >>> table = pa.table({"features": pa.array(np.arange(6, dtype=np.float32)), "label": pa.array(np.arange(6))})
     >>> write_table(table, directory, "train", 0, rows_per_group=4)
     >>> mapped = map_partition(os.path.join(directory, "train", "part-00000.parquet"),
-    ...                        [((), "float32"), ((), "int64")], row_group_rows=4)
+    ...                        [((), "float32"), ((), "int64")], rows=6, row_group_rows=4)
     >>> features, label = mapped.rows(np.array([1, 2, 5]))
     >>> features[np.array([2, 0])].tolist(), label[np.array([1])].tolist()
     ([5.0, 1.0], [2])
@@ -26,13 +26,15 @@ from __future__ import annotations
 
 import mmap
 import os
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow.parquet as pq
 from numpy.lib.stride_tricks import as_strided
 
-_PLAIN_ENCODINGS = {"PLAIN", "RLE", "BIT_PACKED"}     # RLE and BIT_PACKED: levels, none for required columns
-_DATA_PAGES = (0, 3)                                   # Thrift PageType DATA_PAGE, DATA_PAGE_V2
+_SCALAR_TYPES = {"int64": "INT64", "float32": "FLOAT"}   # how write_table stores one-number labels
+_DATA_PAGE, _DATA_PAGE_V2, _PLAIN = 0, 3, 0               # Parquet's PageType and Encoding values
+_HEADER_BYTES = 256                                       # longer page headers (statistics): decoded instead
 
 
 class MappedRows:
@@ -89,29 +91,28 @@ class MappedPartition:
             self._file.madvise(advice, low, high - low)
 
 
-def map_partition(path: str, columns: list[tuple[tuple[int, ...], str]],
+def map_partition(path: str, columns: list[tuple[tuple[int, ...], str]], rows: int,
                   row_group_rows: int) -> MappedPartition | None:
     """``path`` mapped, its columns (each ``(shape, dtype)`` per row, in file order) located;
-    ``None`` where the file is not in the form that allows it (see the module's docstring)."""
+    ``None`` where the file is not in the form that allows it (see the module's docstring)
+    or does not hold ``rows`` rows in row groups of ``row_group_rows``."""
     if "://" in path or not os.path.isfile(path):
         return None
     metadata = pq.ParquetFile(path).metadata
-    schema = metadata.schema
     sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
-    if metadata.num_columns != len(columns) or metadata.num_rows == 0 or any(
-            rows != row_group_rows for rows in sizes[:-1]) or any(
-            schema.column(c).max_definition_level or schema.column(c).max_repetition_level
-            for c in range(len(columns))):
+    widths = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in columns]
+    if (metadata.num_columns != len(columns) or rows == 0 or metadata.num_rows != rows
+            or any(size != row_group_rows for size in sizes[:-1]) or sizes[-1] > row_group_rows
+            or not all(_stored_as_written(metadata.schema.column(c), shape, dtype, width)
+                       for c, ((shape, dtype), width) in enumerate(zip(columns, widths)))):
         return None
     starts: list[list[int]] = [[] for _ in columns]
     spans = np.zeros((metadata.num_row_groups, 2), np.int64)
     with open(path, "rb") as f:
-        for g in range(metadata.num_row_groups):
-            group = metadata.row_group(g)
-            chunks = [group.column(c) for c in range(len(columns))]
-            for chunk, at, (shape, dtype) in zip(chunks, starts, columns):
-                size = group.num_rows * int(np.prod(shape)) * np.dtype(dtype).itemsize
-                start = _values_start(f.fileno(), chunk, size)
+        for g, size in enumerate(sizes):
+            chunks = [metadata.row_group(g).column(c) for c in range(len(columns))]
+            for chunk, at, width in zip(chunks, starts, widths):
+                start = _values_start(f.fileno(), chunk, size, width)
                 if start is None:
                     return None
                 at.append(start)
@@ -121,38 +122,124 @@ def map_partition(path: str, columns: list[tuple[tuple[int, ...], str]],
     return MappedPartition(file, [np.array(s, np.int64) for s in starts], columns, spans, row_group_rows)
 
 
-def _values_start(fd: int, chunk: pq.ColumnChunkMetaData, size: int) -> int | None:
-    """Where the ``size`` bytes of a column chunk's values begin, if they are stored plain,
-    uncompressed and in one data page; else ``None``."""
-    if (chunk.compression != "UNCOMPRESSED" or chunk.has_dictionary_page
-            or not set(chunk.encodings) <= _PLAIN_ENCODINGS):
+def _stored_as_written(column: pq.ColumnSchema, shape: tuple[int, ...], dtype: str, width: int) -> bool:
+    """Whether ``column`` holds values of ``shape`` and ``dtype`` as :func:`write_table` stores
+    them: one number (int64 or float32), or each row's bytes as fixed-size binary; required."""
+    if column.max_definition_level or column.max_repetition_level or column.logical_type.type != "NONE":
+        return False
+    if shape == ():
+        return column.physical_type == _SCALAR_TYPES.get(np.dtype(dtype).name)
+    return column.physical_type == "FIXED_LEN_BYTE_ARRAY" and column.length == width
+
+
+def _values_start(fd: int, chunk: pq.ColumnChunkMetaData, rows: int, width: int) -> int | None:
+    """Where the ``rows x width`` bytes of a column chunk's values begin, if the chunk is one
+    uncompressed data page of them, plain; else ``None``."""
+    if chunk.compression != "UNCOMPRESSED" or chunk.has_dictionary_page:
         return None
-    header = _page_header(os.pread(fd, 64, chunk.data_page_offset))     # read, not mapped: no page stays
+    header = _page_header(os.pread(fd, _HEADER_BYTES, chunk.data_page_offset))  # read, not mapped: no page stays
     if header is None:
         return None
-    page_type, uncompressed, compressed, header_bytes = header
-    start = chunk.data_page_offset + chunk.total_compressed_size - size
-    one_page = chunk.total_compressed_size - compressed >= header_bytes and compressed == uncompressed == size
-    return start if page_type in _DATA_PAGES and one_page else None
+    size = rows * width
+    page = header.compressed == header.uncompressed == size and header.num_values == rows
+    alone = header.length + header.compressed == chunk.total_compressed_size
+    return chunk.data_page_offset + header.length if page and alone and header.plain else None
 
 
-def _page_header(data: bytes) -> tuple[int, int, int, int] | None:
-    """A Parquet page header's first three fields (type, uncompressed and compressed size:
-    Thrift compact i32s, in that order), and the bytes they take (the header is at least that)."""
-    values, at = [], 0
-    for _ in range(3):
-        if at >= len(data) or data[at] != 0x15:      # field id delta 1, type i32
-            return None
-        at += 1
+@dataclass(frozen=True)
+class _PageHeader:
+    uncompressed: int
+    compressed: int
+    num_values: int
+    plain: bool         # values PLAIN-encoded, no level bytes before them
+    length: int         # bytes of the header itself
+
+
+def _page_header(data: bytes) -> _PageHeader | None:
+    """A Parquet data page's header (Thrift compact protocol), or ``None`` if ``data`` does not
+    start with a whole one."""
+    reader = _Compact(data)
+    try:
+        header = reader.struct()
+    except (IndexError, ValueError):
+        return None
+    kind = header.get(1)
+    fields = header.get(5) if kind == _DATA_PAGE else header.get(8) if kind == _DATA_PAGE_V2 else None
+    if reader.at > len(data) or not isinstance(fields, dict):
+        return None
+    if kind == _DATA_PAGE:
+        plain = fields.get(2) == _PLAIN
+    else:       # V2: no level bytes (required columns have none)
+        plain = fields.get(4) == _PLAIN and not fields.get(5) and not fields.get(6)
+    return _PageHeader(header.get(2, -1), header.get(3, -1), fields.get(1, -1), plain, reader.at)
+
+
+class _Compact:
+    """Just enough of Thrift's compact protocol to read a struct: numbers and nested
+    structs by field id; strings, doubles, lists and maps skipped."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def struct(self) -> dict[int, object]:
+        fields: dict[int, object] = {}
+        field = 0
+        while (head := self._byte()) != 0:
+            delta, kind = head >> 4, head & 0x0F
+            field = field + delta if delta else self._zigzag()
+            fields[field] = self._value(kind)
+        return fields
+
+    def _value(self, kind: int) -> object:
+        if kind in (1, 2):                        # booleans live in the field header
+            return kind == 1
+        if kind == 3:
+            return self._byte()
+        if kind in (4, 5, 6):
+            return self._zigzag()
+        if kind == 7:
+            self.at += 8
+        elif kind == 8:
+            size = self._varint()        # read first: "self.at +=" would take self.at before it
+            self.at += size
+        elif kind in (9, 10):
+            head = self._byte()
+            size = head >> 4 if head >> 4 != 15 else self._varint()
+            for _ in range(size):
+                self._element(head & 0x0F)
+        elif kind == 11:
+            size = self._varint()
+            types = self._byte() if size else 0
+            for _ in range(size):
+                self._element(types >> 4)
+                self._element(types & 0x0F)
+        elif kind == 12:
+            return self.struct()
+        else:
+            raise ValueError(f"Thrift compact type {kind}")
+        return None
+
+    def _element(self, kind: int) -> None:
+        """An element of a list or map (booleans there take a byte of their own)."""
+        if kind in (1, 2):
+            self._byte()
+        else:
+            self._value(kind)
+
+    def _byte(self) -> int:
+        value = self.data[self.at]
+        self.at += 1
+        return value
+
+    def _varint(self) -> int:
         value = shift = 0
         while True:
-            if at >= len(data):
-                return None
-            byte = data[at]
-            at += 1
+            byte = self._byte()
             value |= (byte & 0x7F) << shift
             shift += 7
             if not byte & 0x80:
-                break
-        values.append((value >> 1) ^ -(value & 1))   # zigzag
-    return values[0], values[1], values[2], at
+                return value
+
+    def _zigzag(self) -> int:
+        value = self._varint()
+        return (value >> 1) ^ -(value & 1)

@@ -120,7 +120,7 @@ class StreamedPartition(PartitionSource):
         layout = self.layout
         if layout.feature_dtype != BYTES:
             columns = [(layout.feature_shape, layout.feature_dtype), (layout.label_shape, layout.label_dtype)]
-            self._mapped = map_partition(self.path, columns, layout.row_group_rows)
+            self._mapped = map_partition(self.path, columns, self.rows, layout.row_group_rows)
         if self._mapped is None:
             self._parquet = pq.ParquetFile(files.open_file(self.path))
         self._opened = True
