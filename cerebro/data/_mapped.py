@@ -6,9 +6,10 @@ and fresh pages for each; 0.77x the in-memory throughput on 2 cores, 0.99x mappe
 Partitions are written so that this works (:func:`~cerebro.data._partitions.write_table`):
 every column holds fixed-width values (a number, or a fixed-size binary row of any dtype and
 shape), required, plain, uncompressed, one data page per row group. Then the values of row
-group *g* are ``rows x width`` bytes ending where its column chunk ends. A file in any other
-form (written before, or bytes features) is read by Arrow instead; :func:`map_partition`
-says which by returning ``None``.
+group *g* are ``rows x width`` bytes right after the page header of its column chunk. A file
+in any other form (written before, or bytes features), or not of the rows and types the
+layout says, is read by Arrow instead: :func:`map_partition` checks the footer and every
+page header, and says so by returning ``None``.
 
 Example:
     >>> import numpy as np, pyarrow as pa, tempfile, os
