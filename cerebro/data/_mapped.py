@@ -44,9 +44,6 @@ class MappedRows:
     def __init__(self, by_offset: np.ndarray, offsets: np.ndarray, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         self._by_offset, self._offsets, self._dtype, self._shape = by_offset, offsets, dtype, shape
 
-    def __len__(self) -> int:
-        return len(self._offsets)
-
     def __getitem__(self, positions: np.ndarray) -> np.ndarray:
         rows = self._by_offset[self._offsets[positions]]           # a copy: the batch owns its rows
         return rows.view(self._dtype).reshape((len(rows), *self._shape))
@@ -64,7 +61,7 @@ class MappedPartition:
         data = np.frombuffer(file, np.uint8)
         self._columns = []
         for (shape, dtype) in columns:
-            width = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            width = _width(shape, dtype)
             # Every byte offset as the start of a row: fancy indexing by offsets then copies whole rows.
             by_offset = as_strided(data, shape=(len(data) - width + 1, width), strides=(1, 1), writeable=False)
             self._columns.append((by_offset, width, np.dtype(dtype), shape))
@@ -101,7 +98,7 @@ def map_partition(path: str, columns: list[tuple[tuple[int, ...], str]], rows: i
         return None
     metadata = pq.ParquetFile(path).metadata
     sizes = [metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)]
-    widths = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in columns]
+    widths = [_width(shape, dtype) for shape, dtype in columns]
     if (metadata.num_columns != len(columns) or rows == 0 or metadata.num_rows != rows
             or any(size != row_group_rows for size in sizes[:-1]) or sizes[-1] > row_group_rows
             or not all(_stored_as_written(metadata.schema.column(c), shape, dtype, width)
@@ -121,6 +118,11 @@ def map_partition(path: str, columns: list[tuple[tuple[int, ...], str]], rows: i
                         max(c.data_page_offset + c.total_compressed_size for c in chunks))
         file = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return MappedPartition(file, [np.array(s, np.int64) for s in starts], columns, spans, row_group_rows)
+
+
+def _width(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes a row of ``shape`` and ``dtype`` takes."""
+    return int(np.prod(shape)) * np.dtype(dtype).itemsize
 
 
 def _stored_as_written(column: pq.ColumnSchema, shape: tuple[int, ...], dtype: str, width: int) -> bool:

@@ -70,8 +70,7 @@ class StreamedPartition(PartitionSource):
                              "hold them in memory (in_memory=True)")
         super().__init__(layout, rows)
         self.path = path
-        self._opened = False
-        self._mapped: MappedPartition | None = None
+        self._mapped: MappedPartition | None = None      # or, for files not in that form:
         self._parquet: pq.ParquetFile | None = None      # opened once: its footer lists every row group
 
     @property
@@ -115,7 +114,7 @@ class StreamedPartition(PartitionSource):
                 mapped.done_with(groups)
 
     def _open(self) -> None:
-        if self._opened:
+        if self._mapped is not None or self._parquet is not None:
             return
         layout = self.layout
         if layout.feature_dtype != BYTES:
@@ -123,7 +122,6 @@ class StreamedPartition(PartitionSource):
             self._mapped = map_partition(self.path, columns, self.rows, layout.row_group_rows)
         if self._mapped is None:
             self._parquet = pq.ParquetFile(files.open_file(self.path))
-        self._opened = True
 
     def _read(self, groups: list[int]) -> tuple[np.ndarray, np.ndarray]:
         # One thread: the worker's cores are busy training; this runs on its prefetch thread.
