@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cerebro.engine import visit_order
-from cerebro.engine._scheduler import EVAL, TRAIN, MOPScheduler, Task
+from cerebro.engine._scheduler import EVAL, TRAIN, MOPScheduler, Task, _Epoch
 
 # --------------------------------------------------------------------------------------------
 # plain unit tests
@@ -732,21 +732,20 @@ def test_steps_waiting_on_a_moved_partition_run_on_its_new_holder():
     assert [scheduler.complete(t) for t in evals] == [False, True]
 
 
-def test_decisions_do_not_scan_every_trial():
+def test_decisions_do_not_scan_every_trial(monkeypatch):
     """A thousand trials waiting on one worker's partition: each assign looks at a heap top."""
     scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=False)
     for i in range(1000):
         scheduler.start_epoch(f"t{i:04d}", 1, [0, 1])
     visited = []
-    original = scheduler._epochs.__class__.get
+    original = _Epoch.waits_on
 
-    class Counting(dict):
-        def get(self, key, default=None):
-            visited.append(key)
-            return original(self, key, default)
-    scheduler._epochs = Counting(scheduler._epochs)
+    def counting(state, partition):
+        visited.append(state.trial_id)
+        return original(state, partition)
+    monkeypatch.setattr(_Epoch, "waits_on", counting)
     [task] = scheduler.assign([0, 1])
-    assert task == Task("t0000", TRAIN, 1, 0, 0) and len(visited) == 1
+    assert task == Task("t0000", TRAIN, 1, 0, 0) and visited == ["t0000"]
 
 
 @pytest.mark.parametrize("ending", ["complete", "abort", "remove"])

@@ -48,10 +48,14 @@ class _Epoch:
     training: bool = False
     eval_todo: set[int] = field(default_factory=set)
     evaluating: set[int] = field(default_factory=set)
+    overlap_evals: bool = False    # the next epoch may start while these evals run
+    dropped: bool = False          # the trial was removed
+
+    def trained_all(self) -> bool:
+        return self.trained == len(self.order) and not self.training
 
     def finished(self) -> bool:
-        return (self.trained == len(self.order) and not self.training
-                and not self.eval_todo and not self.evaluating)
+        return self.trained_all() and not self.eval_todo and not self.evaluating
 
     def waits_on(self, partition: int) -> TaskKind | None:
         """The kind of step that could start on ``partition`` now, if any."""
@@ -61,8 +65,9 @@ class _Epoch:
 
 
 # A waiting step in a worker's heap: (epoch, steps trained, trial id, push count, kind,
-# partition, state); the trial furthest behind comes first. Entries are never removed in
-# place: one whose trial moved on is skipped when it surfaces.
+# partition, state); the trial furthest behind comes first. Overlapping eval visits rank as
+# the last steps of the next epoch. Entries are never removed in place: one whose trial
+# moved on is skipped when it surfaces.
 _Entry = tuple[int, int, str, int, TaskKind, int, _Epoch]
 
 
@@ -95,7 +100,8 @@ class MOPScheduler:
             raise ValueError(f"partitions {sorted(self._owner)} must be 0..{len(self._owner) - 1}")
         self.num_partitions = len(self._owner)
         self._evaluate = evaluate
-        self._epochs: dict[str, _Epoch] = {}
+        self._epochs: dict[str, _Epoch] = {}             # trial -> the epoch it trains in
+        self._evaluating: dict[str, list[_Epoch]] = {}   # trial -> earlier epochs whose evals run
         self._partitions: dict[int, set[int]] = {}       # worker -> the partitions it holds
         for partition, worker in self._owner.items():
             self._partitions.setdefault(worker, set()).add(partition)
@@ -103,26 +109,43 @@ class MOPScheduler:
         self._pushes = 0
         self._held_for: dict[int, dict[str, int]] = {}   # partition -> {training trial visiting it next: epoch}
 
-    def start_epoch(self, trial_id: str, epoch: int, order: list[int]) -> None:
-        """Schedule ``trial_id``'s next epoch, training on partitions in ``order``."""
+    def start_epoch(self, trial_id: str, epoch: int, order: list[int], overlap_evals: bool = False) -> None:
+        """Schedule ``trial_id``'s next epoch, training on partitions in ``order``.
+
+        With ``overlap_evals`` the epoch after this one may start once this one's training
+        ends, while its eval visits still run (they read the state the training ended with).
+        """
         if sorted(order) != list(range(self.num_partitions)):
             raise ValueError(f"order {order} must visit each of the {self.num_partitions} partitions once")
         current = self._epochs.get(trial_id)
         if current is not None and not current.finished():
-            raise ValueError(f"{trial_id} is still in epoch {current.number}")
-        state = _Epoch(trial_id, epoch, list(order))
+            if not (current.overlap_evals and current.trained_all()):
+                raise ValueError(f"{trial_id} is still in epoch {current.number}")
+            self._evaluating.setdefault(trial_id, []).append(current)
+        state = _Epoch(trial_id, epoch, list(order), overlap_evals=overlap_evals)
         self._epochs[trial_id] = state
         self._push(state, TRAIN, state.order[0])
 
     def remove(self, trial_id: str) -> None:
         """Forget a trial (stopped, failed or done); its running sub-epochs are ignored."""
-        state = self._epochs.pop(trial_id, None)
-        if state is not None and state.training:
-            self._release(state)
+        for state in [self._epochs.pop(trial_id, None), *self._evaluating.pop(trial_id, ())]:
+            if state is not None:
+                state.dropped = True
+                if state.training:
+                    self._release(state)
 
     def unfinished(self) -> list[str]:
         """The trials whose epoch has sub-epochs left to run or running."""
-        return sorted(trial_id for trial_id, state in self._epochs.items() if not state.finished())
+        return sorted({trial_id for trial_id, state in self._epochs.items() if not state.finished()}
+                      | set(self._evaluating))
+
+    def may_start_next(self, trial_id: str) -> bool:
+        """Whether ``trial_id``'s next epoch may start: its current one has finished, or has
+        finished training with its evals overlapping and no earlier epoch's evals still running."""
+        state = self._epochs.get(trial_id)
+        if state is None or not state.trained_all():
+            return False
+        return state.finished() or (state.overlap_evals and trial_id not in self._evaluating)
 
     def partitions_of(self, worker: int) -> list[int]:
         return sorted(self._partitions.get(worker, ()))
@@ -142,7 +165,7 @@ class MOPScheduler:
         # is rebuilt without them (moves are rare: a lost or replaced worker).
         self._waiting[previous] = [e for e in self._waiting[previous] if e[5] != partition]
         heapq.heapify(self._waiting[previous])
-        for state in self._epochs.values():
+        for state in [*self._epochs.values(), *(s for states in self._evaluating.values() for s in states)]:
             kind = state.waits_on(partition)
             if kind is not None:
                 self._push(state, kind, partition)
@@ -158,8 +181,8 @@ class MOPScheduler:
 
     def complete(self, task: Task) -> bool:
         """Record that ``task`` finished; True when it was the last sub-epoch of its trial's epoch."""
-        state = self._epochs.get(task.trial_id)
-        if state is None or state.number != task.epoch:
+        state = self._state_of(task)
+        if state is None:
             return False
         if task.kind == TRAIN:
             self._release(state)
@@ -173,12 +196,17 @@ class MOPScheduler:
                     self._push(state, EVAL, partition)
         else:
             state.evaluating.discard(task.partition)
+            if state.finished() and state is not self._epochs.get(task.trial_id):
+                earlier = self._evaluating[task.trial_id]
+                earlier.remove(state)
+                if not earlier:
+                    del self._evaluating[task.trial_id]
         return state.finished()
 
     def abort(self, task: Task) -> None:
         """``task`` will not finish (its worker was lost): it is to be assigned again."""
-        state = self._epochs.get(task.trial_id)
-        if state is None or state.number != task.epoch:
+        state = self._state_of(task)
+        if state is None:
             return
         if task.kind == TRAIN:
             if state.training:
@@ -190,9 +218,17 @@ class MOPScheduler:
             state.eval_todo.add(task.partition)
             self._push(state, EVAL, task.partition)
 
+    def _state_of(self, task: Task) -> _Epoch | None:
+        """The epoch ``task`` belongs to, if its trial is still in it."""
+        current = self._epochs.get(task.trial_id)
+        if current is not None and current.number == task.epoch:
+            return current
+        return next((s for s in self._evaluating.get(task.trial_id, ()) if s.number == task.epoch), None)
+
     def _push(self, state: _Epoch, kind: TaskKind, partition: int) -> None:
         self._pushes += 1
-        entry = (state.number, state.trained, state.trial_id, self._pushes, kind, partition, state)
+        epoch = state.number + (kind == EVAL and state.overlap_evals)
+        entry = (epoch, state.trained, state.trial_id, self._pushes, kind, partition, state)
         heapq.heappush(self._waiting[self._owner[partition]], entry)
 
     def _pop(self, worker: int) -> Task | None:
@@ -202,7 +238,7 @@ class MOPScheduler:
         while heap:
             entry = heapq.heappop(heap)
             epoch, _, trial_id, _, kind, partition, state = entry
-            if self._epochs.get(trial_id) is not state or state.waits_on(partition) != kind:
+            if state.dropped or state.waits_on(partition) != kind:
                 continue                           # the trial ended, or moved on meanwhile
             holders = self._held_for.get(partition)
             if holders and min(holders.values()) < epoch:
