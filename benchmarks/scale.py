@@ -7,7 +7,11 @@ when a sub-epoch's simulated end comes), over one partition per worker unless
 log-uniform over [1, spread]; an eval sub-epoch costs ``eval_cost * c_i``. For each case
 and cost draw it compares, side by side:
 
-- ``latin``: the visit order runs use now (seeded Latin-square rotation, the default);
+- ``latin``: the visit order runs use now (seeded Latin-square rotation, the default), with
+  each epoch's eval visits alongside the trial's next epoch, as the driver runs trials whose
+  searcher goes on whatever the metrics (grid and random search, ASHA and TPE between rungs);
+- ``latin-barrier``: the same order with each epoch's evals ending before the next epoch
+  starts, as for trials the searcher decides on at that epoch (Hyperband, PBT, rungs);
 - ``random``: the order of runs made before (a seeded permutation per trial and epoch);
 - ``dynamic``: the paper's randomized scheduler (Cerebro, VLDB 2020, Algorithm 2): an idle
   worker takes a random idle trial that has not yet visited its partition this epoch. It
@@ -15,7 +19,7 @@ and cost draw it compares, side by side:
 
 efficiency = lower bound / makespan, where lower bound = max(total work / workers, the
 longest trial's own work), a trial's own work counting its eval visits as running in
-parallel. utilization = busy time / (workers x makespan). decision time = wall time of
+parallel and only its last epoch's as following its training (one bound for every scheme). utilization = busy time / (workers x makespan). decision time = wall time of
 ``complete`` + ``start_epoch`` + ``assign`` per completed sub-epoch (median and p99).
 
 It also asks when the driver's link, rather than the workers, bounds a run: every train
@@ -53,7 +57,7 @@ import numpy as np
 
 from cerebro.engine import EVAL, TRAIN, MOPScheduler, Task, VisitScheme, trial_name, visit_order
 
-SCHEMES = ("latin", "random", "dynamic")
+SCHEMES = ("latin", "latin-barrier", "random", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,9 @@ class Case:
         costs, P, W = self.costs(), self.partitions, self.workers
         evals = P if self.evaluate else 0
         total = sum(self.epochs * c * (P + evals * self.eval_cost) for c in costs)
-        own = max(self.epochs * c * (P + math.ceil(evals / W) * self.eval_cost) for c in costs)
+        # Its eval visits run in parallel, and only the last epoch's need follow its training
+        # (earlier ones may overlap the next epoch): a bound for every scheme.
+        own = max(c * (self.epochs * P + math.ceil(evals / W) * self.eval_cost) for c in costs)
         return max(total / W, own)
 
 
@@ -113,8 +119,10 @@ class DynamicScheduler:
         self._slot: dict[str, int] = {}
         self._freed: list[str] = []                # trials freed since the last assign
         self._idle_workers: set[int] = set()       # idle workers already matched against
+        self._finished: set[str] = set()           # trials whose epoch ended
 
     def start_epoch(self, trial_id: str, epoch: int) -> None:
+        self._finished.discard(trial_id)
         self._epoch[trial_id], self._kind[trial_id] = epoch, TRAIN
         self._todo[trial_id] = set(range(self.num_partitions))
         self._running[trial_id] = 0
@@ -136,7 +144,12 @@ class DynamicScheduler:
             self._kind[trial], self._todo[trial] = EVAL, set(range(self.num_partitions))
             self._set_idle(trial, True)
             return False
+        if self._running[trial] == 0:
+            self._finished.add(trial)
         return self._running[trial] == 0
+
+    def may_start_next(self, trial_id: str) -> bool:
+        return trial_id in self._finished
 
     def assign(self, idle_workers: Iterable[int]) -> list[Task]:
         idle = set(idle_workers)
@@ -198,15 +211,20 @@ def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completion
     W, P = case.workers, case.partitions
     layout = {w: [p for p in range(P) if p % W == w] for w in range(W)}
     costs = case.costs()
+    epoch_of: dict[str, int] = {}
     if scheme == "dynamic":
         scheduler = DynamicScheduler(layout, case.evaluate, seed=case.draw)
-        start = scheduler.start_epoch
     else:
         scheduler = MOPScheduler(layout, evaluate=case.evaluate)
-        visit = VisitScheme(scheme)
+        visit = VisitScheme(scheme.removesuffix("-barrier"))
+        overlap = scheme == "latin"      # as the driver runs grid and random search
 
-        def start(trial_id: str, epoch: int) -> None:
-            scheduler.start_epoch(trial_id, epoch, visit_order(case.draw, trial_id, epoch, P, visit))
+    def start(trial_id: str, epoch: int) -> None:
+        epoch_of[trial_id] = epoch
+        if scheme == "dynamic":
+            scheduler.start_epoch(trial_id, epoch)
+        else:
+            scheduler.start_epoch(trial_id, epoch, visit_order(case.draw, trial_id, epoch, P, visit), overlap)
     out = Outcome(rows=[] if keep_rows else None)
     events: list[tuple[float, int, int, Task]] = []
     idle = set(range(W))
@@ -232,11 +250,11 @@ def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completion
         if out.rows is not None:
             out.rows.append((task.trial_id, task.epoch, task.partition, worker, task.kind, end - cost, end))
         began = time.perf_counter_ns()
-        if scheduler.complete(task):
-            if task.epoch < case.epochs:
-                start(task.trial_id, task.epoch + 1)
-            else:
-                scheduler.remove(task.trial_id)
+        ended = scheduler.complete(task)
+        if ended and task.epoch == case.epochs:
+            scheduler.remove(task.trial_id)
+        elif epoch_of[task.trial_id] < case.epochs and scheduler.may_start_next(task.trial_id):
+            start(task.trial_id, epoch_of[task.trial_id] + 1)
         idle.add(worker)
         tasks = scheduler.assign(idle)
         out.decisions_ns.append(time.perf_counter_ns() - began)

@@ -85,8 +85,11 @@ class Timing:
         self.rng = np.random.default_rng(timing_seed)
         self.due: set[str] = set()
 
-    def start_epoch(self, trial_id: str, epoch: int, order: list[int]) -> None:
+    def start_epoch(self, trial_id: str, epoch: int, order: list[int], overlap_evals: bool = False) -> None:
         self.due.add(trial_id)
+
+    def may_start_next(self, trial_id: str) -> bool:
+        return False        # each epoch ends with its eval: no overlap to model here
 
     def remove(self, trial_id: str) -> None:
         self.due.discard(trial_id)

@@ -40,20 +40,25 @@ def check_invariant_1(case: Case, scheme: str, rows: list[tuple]) -> None:
     for runs in by_worker.values():                    # one sub-epoch at a time per worker
         runs.sort()
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(runs, runs[1:]))
+    overlap = scheme == "latin"    # an epoch's evals run alongside the next epoch's training
     for i in range(case.trials):
-        trial_id, previous_end = trial_name(i), 0.0
+        trial_id, ends = trial_name(i), [(0.0, 0.0), (0.0, 0.0)]   # (training, all) ends of past epochs
         for epoch in range(1, case.epochs + 1):
             train = sorted(trains[trial_id, epoch])
             assert sorted(p for _, _, p in train) == list(range(case.partitions)), "not every partition once"
             assert all(a[1] <= b[0] + 1e-9 for a, b in zip(train, train[1:])), "a trial on two workers at once"
             if scheme != "dynamic":
                 assert [p for _, _, p in train] == visit_order(case.draw, trial_id, epoch, case.partitions,
-                                                               VisitScheme(scheme))
+                                                               VisitScheme(scheme.removesuffix("-barrier")))
             evaluated = sorted(evals[trial_id, epoch])
             assert sorted(p for _, _, p in evaluated) == (list(range(case.partitions)) if case.evaluate else [])
             assert all(s >= train[-1][1] - 1e-9 for s, _, _ in evaluated), "evaluated before training ended"
-            assert train[0][0] >= previous_end - 1e-9, "an epoch began before the last one ended"
-            previous_end = max(e for _, e, _ in train + evaluated)
+            if overlap:
+                assert train[0][0] >= ends[-1][0] - 1e-9, "an epoch began training before the last one's ended"
+                assert train[0][0] >= ends[-2][1] - 1e-9, "evals of two earlier epochs ran at once"
+            else:
+                assert train[0][0] >= ends[-1][1] - 1e-9, "an epoch began before the last one ended"
+            ends.append((train[-1][1], max(e for _, e, _ in train + evaluated)))
 
 
 @settings(max_examples=150, deadline=None)

@@ -139,16 +139,22 @@ class Driver:
         self._handle_pool_events()
 
     def _send_task(self, worker: Worker, task_id: int, task: Task, trial: Trial) -> None:
-        """Send ``task``, leaving the state out where the worker already holds this version."""
-        held = worker.index in trial.holders
+        """Send ``task``, leaving the state out where the worker already holds this version
+        (an eval visit of an earlier epoch takes the state that epoch's training left)."""
+        source = trial.evaluations.get(task.epoch, trial)
+        held = worker.index in source.holders
         seed = self.settings.seed
         sent = self.pool.send(worker, RunSubEpoch(
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(seed, trial.trial_id), subepoch_seed(seed, trial.trial_id, task.epoch, task.partition),
-            trial.version, None if held else trial.state, trial.retune and task.kind == TRAIN,
+            source.version, None if held else source.state, trial.retune and task.kind == TRAIN,
             self.settings.limits.trial_timeout))
-        if sent:
-            trial.holders.add(worker.index)
+        if sent:     # a worker holds one version of a trial: this one
+            for holding in (trial, *trial.evaluations.values()):
+                if holding.version == source.version:
+                    holding.holders.add(worker.index)
+                else:
+                    holding.holders.discard(worker.index)
 
     def _resend_with_state(self, worker: Worker) -> None:
         """``worker`` no longer held the state its task needs: send the task again with it."""
@@ -163,7 +169,8 @@ class Driver:
             worker.running = None
             self.recorder.emit(_told(SubEpochAborted, task))
             return
-        trial.holders.discard(worker.index)
+        for holding in (trial, *trial.evaluations.values()):
+            holding.holders.discard(worker.index)
         self._send_task(worker, worker.running[0], task, trial)
 
     def _finish_task(self, worker: Worker, message: SubEpochDone | SubEpochFailed) -> None:

@@ -65,6 +65,11 @@ class SearchPolicy(Protocol):
     def decide(self) -> dict[str, Decision | Exploit]:
         """Decisions for paused trials that can now be decided (CONTINUE, STOP or Exploit)."""
 
+    def continues_after(self, trial_id: str, epoch: int) -> bool:
+        """Whether ``report`` answers CONTINUE after ``epoch`` whatever the metrics. Optional
+        (a policy without it is taken to need them); where True, ``trial_id``'s next epoch
+        starts as soon as this one's training ends, while its eval visits still run."""
+
     def trial_ended(self, trial_id: str, status: str) -> None:
         """``trial_id`` ended as ``status`` (completed, stopped, failed or diverged)."""
 

@@ -134,6 +134,14 @@ class MOPScheduler:
                 if state.training:
                     self._release(state)
 
+    def stop_training(self, trial_id: str) -> None:
+        """``trial_id`` trains no further; the eval visits of its earlier epochs still run."""
+        state = self._epochs.pop(trial_id, None)
+        if state is not None:
+            state.dropped = True
+            if state.training:
+                self._release(state)
+
     def unfinished(self) -> list[str]:
         """The trials whose epoch has sub-epochs left to run or running."""
         return sorted({trial_id for trial_id, state in self._epochs.items() if not state.finished()}

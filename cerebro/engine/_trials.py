@@ -4,6 +4,10 @@ A trial is created from the searcher's request, trains epoch after epoch (the sc
 plans its sub-epochs), and at each epoch end its metrics are the row-weighted means of its
 sub-epochs'; the searcher then says whether it goes on, stops, or waits for a decision
 (:meth:`TrialBook.apply_decisions`), possibly an exploit of another trial's state (PBT).
+Where the searcher goes on whatever the metrics (``continues_after``), the next epoch starts
+as soon as the training ends, and the eval visits run alongside it on the state the
+training ended with (an :class:`Evaluation`): evals then never hold up the trial, and
+nothing it computes changes.
 A trial ends completed, stopped, failed, diverged or timeout; failures count against
 ``max_failures``. Everything it decides goes out through ``recorder`` as typed events.
 """
@@ -50,6 +54,17 @@ class Recorder(Protocol):
 
 
 @dataclass
+class Evaluation:
+    """An epoch whose eval visits still run while the trial trains its next epoch."""
+
+    state: object                 # as the epoch's training left it
+    version: int
+    holders: set[int]
+    train_sums: dict[int, Sums]
+    eval_sums: dict[int, Sums]
+
+
+@dataclass
 class Trial:
     """A live trial: its configuration, where it stands, and the state the driver holds."""
 
@@ -65,6 +80,10 @@ class Trial:
     lost_with: list[str] = field(default_factory=list)      # workers lost while running it
     train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
     eval_sums: dict[int, Sums] = field(default_factory=dict)
+    overlap: bool = False         # this epoch's evals may run alongside the next epoch
+    evaluations: dict[int, Evaluation] = field(default_factory=dict)   # earlier epochs, by number
+    ending: tuple[TrialStatus, str | None] | None = None   # once the earlier epochs' evals are in
+    epoch_waits: bool = False     # this epoch is done; it is reported after the earlier ones
     # Resume: epochs up to ``catch_up`` ran before the crash and are redone silently; then
     # the trial goes on as ``recovered`` (a ``_resume.RecoveredTrial``) says.
     catch_up: int = 0
@@ -114,10 +133,13 @@ class TrialBook:
     def start_epoch(self, trial: Trial) -> None:
         """Schedule ``trial``'s next epoch in its visit order (from the seed, never timing)."""
         trial.epoch += 1
-        trial.train_sums, trial.eval_sums = {}, {}
+        trial.train_sums, trial.eval_sums, trial.epoch_waits = {}, {}, False
+        continues = getattr(self.policy, "continues_after", None)
+        trial.overlap = (self.settings.evaluate and trial.catch_up < trial.epoch < trial.max_epochs
+                         and continues is not None and continues(trial.trial_id, trial.epoch))
         self.scheduler.start_epoch(trial.trial_id, trial.epoch, visit_order(
             self.settings.seed, trial.trial_id, trial.epoch, self.settings.num_partitions,
-            self.settings.visit_scheme))
+            self.settings.visit_scheme), trial.overlap)
 
     # --- sub-epochs ---------------------------------------------------------------------
     def sub_epoch_done(self, task: Task, worker: int, sums: Sums, state: object) -> None:
@@ -125,8 +147,12 @@ class TrialBook:
         trial = self.live.get(task.trial_id)
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
+        if trial.ending is not None and task.epoch == trial.epoch:
+            return             # it ends once its earlier epochs' evals are in
         if task.kind == TRAIN:
             trial.state, trial.version, trial.holders = state, trial.version + 1, {worker}
+            for evaluation in trial.evaluations.values():
+                evaluation.holders.discard(worker)
             trial.retune = False
             trial.train_sums[task.partition] = sums
             if not math.isfinite(sums.loss):
@@ -134,9 +160,19 @@ class TrialBook:
                                                       f"in epoch {task.epoch} on partition {task.partition}")
                 return
         else:
-            trial.eval_sums[task.partition] = sums
+            evaluation = trial.evaluations.get(task.epoch)
+            (trial.eval_sums if evaluation is None else evaluation.eval_sums)[task.partition] = sums
         if self.scheduler.complete(task):
-            self._end_epoch(trial)
+            if task.epoch == trial.epoch and trial.evaluations:
+                trial.epoch_waits = True       # epochs are reported in order
+            else:
+                self._end_epoch(trial, task.epoch)
+        if trial.trial_id in self.live and trial.overlap and not trial.epoch_waits and \
+                self.scheduler.may_start_next(trial.trial_id):
+            # Training done, evals to run: they go on alongside the next epoch.
+            trial.evaluations[trial.epoch] = Evaluation(trial.state, trial.version, set(trial.holders),
+                                                        trial.train_sums, trial.eval_sums)
+            self.start_epoch(trial)
 
     def worker_lost(self, task: Task, reason: str) -> bool:
         """``task`` will not finish: its worker was lost. A trial whose sub-epochs were on
@@ -158,15 +194,19 @@ class TrialBook:
         of any trial): it was lost, restarted, or evicted them from its cache."""
         trials = self.live.values() if trial_ids is None else filter(None, map(self.live.get, trial_ids))
         for trial in trials:
-            if worker is None:
-                trial.holders.clear()
-            else:
-                trial.holders.discard(worker)
+            for holding in (trial, *trial.evaluations.values()):
+                if worker is None:
+                    holding.holders.clear()
+                else:
+                    holding.holders.discard(worker)
 
     # --- epoch ends and decisions -------------------------------------------------------
-    def _end_epoch(self, trial: Trial) -> None:
-        """Every sub-epoch of ``trial``'s epoch is done: checkpoint it, journal its metrics and
-        ask the searcher (epochs redone after a resume only checkpoint and go on)."""
+    def _end_epoch(self, trial: Trial, epoch: int) -> None:
+        """Every sub-epoch of ``trial``'s ``epoch`` is done: checkpoint it, journal its metrics
+        and ask the searcher (epochs redone after a resume only checkpoint and go on)."""
+        if epoch < trial.epoch:
+            self._end_evaluation(trial, epoch)
+            return
         if trial.epoch <= trial.catch_up:      # resume: journaled and reported before the crash
             self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch)
             if trial.epoch < trial.catch_up:
@@ -190,6 +230,31 @@ class TrialBook:
             trial.paused = True
         else:
             self.go_on(trial, decision)
+
+    def _end_evaluation(self, trial: Trial, epoch: int) -> None:
+        """The evals of ``epoch`` ended while ``trial`` trains a later epoch. The searcher said
+        it goes on whatever the metrics, but they may have diverged, or it may stop it anyway."""
+        evaluation = trial.evaluations.pop(epoch)
+        metrics = {**mean_metrics("train", evaluation.train_sums), **mean_metrics("val", evaluation.eval_sums)}
+        self.recorder.write_checkpoint(trial.trial_id, evaluation.state, epoch)
+        self.recorder.emit(EpochEnd(trial.trial_id, epoch, metrics, self.recorder.now()))
+        self.suggest_due = True
+        bad = diverged(metrics)
+        if bad:
+            self.end(trial, TrialStatus.DIVERGED, f"{bad} is {metrics[bad]} after epoch {epoch}")
+            return
+        decision = self.policy.report(trial.trial_id, epoch, metrics)
+        self.recorder.emit(Decided(trial.trial_id, epoch, decision.value))
+        self.decide_due = True
+        if decision is Decision.STOP:
+            self.end(trial, TrialStatus.STOPPED, self.policy.stop_reason(trial.trial_id))
+        elif decision is not Decision.CONTINUE:
+            raise RuntimeError(f"{type(self.policy).__name__} answered {decision!r} for {trial.trial_id} after "
+                               f"epoch {epoch}, where its continues_after promised CONTINUE or STOP")
+        elif trial.ending is not None:
+            self.end(trial, *trial.ending)
+        elif trial.epoch_waits:
+            self._end_epoch(trial, trial.epoch)
 
     def carry_on(self, trial: Trial, resumed: Any) -> None:
         """Do what the crashed driver had decided, or was deciding, after ``trial.epoch``;
@@ -273,7 +338,14 @@ class TrialBook:
 
     # --- ends ---------------------------------------------------------------------------
     def end(self, trial: Trial, status: TrialStatus, reason: str | None) -> None:
-        """``trial`` ends as ``status``; too many failures stop the run (``max_failures``)."""
+        """``trial`` ends as ``status``; too many failures stop the run (``max_failures``).
+        One that fails in an epoch while an earlier epoch's evals run ends once they are in,
+        as it would have without the overlap."""
+        if trial.evaluations and status.is_failure:
+            if trial.ending is None:
+                trial.ending = (status, reason)
+                self.scheduler.stop_training(trial.trial_id)
+            return
         del self.live[trial.trial_id]
         self.scheduler.remove(trial.trial_id)
         self.suggest_due = self.decide_due = True

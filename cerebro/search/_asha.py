@@ -81,6 +81,10 @@ class ASHA(Searcher):
         """Decisions for waiting trials whose older peers have all reached the rung or ended."""
         return self._rungs.decide()
 
+    def continues_after(self, trial_id: str, epoch: int) -> bool:
+        """Between rungs a trial goes on whatever its metrics."""
+        return epoch not in self._rungs.epochs
+
     def trial_ended(self, trial_id: str, status: str) -> None:
         """A trial that ended no longer holds up younger ones at its next rung."""
         self._rungs.ended(trial_index(trial_id))

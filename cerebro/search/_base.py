@@ -75,6 +75,11 @@ class Searcher(ABC):
         """Decisions for trials ``report`` paused; the default never pauses."""
         return {}
 
+    def continues_after(self, trial_id: str, epoch: int) -> bool:
+        """Whether ``report`` goes on after ``epoch`` whatever the metrics: true of the default
+        ``report``; a subclass that overrides ``report`` must say so itself."""
+        return type(self).report is Searcher.report
+
     def trial_ended(self, trial_id: str, status: str) -> None:
         """``trial_id`` ended as ``status``; the default ignores it."""
 

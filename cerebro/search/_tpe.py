@@ -167,6 +167,10 @@ class TPESearch(Searcher):
         """Decisions for trials waiting at a rung whose older peers have all reached it or ended."""
         return self._rungs.decide()
 
+    def continues_after(self, trial_id: str, epoch: int) -> bool:
+        """Between rungs a trial goes on whatever its metrics."""
+        return epoch not in self._rungs.epochs
+
     def trial_ended(self, trial_id: str, status: str) -> None:
         """Hold the ended trial's ``status`` until its turn to be told, in id order."""
         index = trial_index(trial_id)
