@@ -19,7 +19,8 @@ and cost draw it compares, side by side:
 
 efficiency = lower bound / makespan, where lower bound = max(total work / workers, the
 longest trial's own work), a trial's own work counting its eval visits as running in
-parallel and only its last epoch's as following its training (one bound for every scheme). utilization = busy time / (workers x makespan). decision time = wall time of
+parallel and only its last epoch's as following its training (one bound for every
+scheme). utilization = busy time / (workers x makespan). decision time = wall time of
 ``complete`` + ``start_epoch`` + ``assign`` per completed sub-epoch (median and p99).
 
 It also asks when the driver's link, rather than the workers, bounds a run: every train
