@@ -23,11 +23,19 @@ SPACE = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.choice([1e-2, 3e-3]
 EPOCHS = 3
 
 
+class BarrierGridSearch(cb.GridSearch):
+    """Grid search whose every epoch ends with its evals, as for a searcher that needs them."""
+
+    def continues_after(self, trial_id: str, epoch: int) -> bool:
+        return False
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, cb.Result]:
-    search = cb.GridSearch(build, SPACE, epochs=EPOCHS, metric="val_accuracy", mode="max")
     out = {}
-    for name, workers in (("1", 1), ("2", 2), ("4", 4), ("2-rerun", 2)):
+    for name, workers in (("1", 1), ("2", 2), ("4", 4), ("2-rerun", 2), ("2-barrier", 2)):
+        searcher = BarrierGridSearch if name.endswith("barrier") else cb.GridSearch
+        search = searcher(build, SPACE, epochs=EPOCHS, metric="val_accuracy", mode="max")
         # Convolutions add up in a thread-count dependent order, so threads stay equal.
         backend = cb.LocalBackend(workers=workers, threads_per_worker=1)
         out[name] = search.fit(digits(partitions=4), backend=backend, seed=SEED, verbose=0,
@@ -47,10 +55,10 @@ def test_every_trial_trains_on_every_partition_once_per_epoch_in_seeded_order(ru
         assert rows.sort_values("start").partition.tolist() == visit_order(SEED, trial_id, epoch, 4)
 
 
-@pytest.mark.parametrize("name", ["1", "2", "4"])
+@pytest.mark.parametrize("name", ["1", "2", "4", "2-barrier"])
 def test_no_worker_runs_two_sub_epochs_and_no_trial_is_on_two_workers(runs, name):
     schedule = runs[name].schedule()
-    workers = int(name)
+    workers = int(name[0])
     assert (schedule.worker == schedule.partition % workers).all()  # data never moves
     for _, rows in schedule.groupby("worker"):
         rows = rows.sort_values("start")
@@ -60,15 +68,31 @@ def test_no_worker_runs_two_sub_epochs_and_no_trial_is_on_two_workers(runs, name
         for i, a in rows.iterrows():
             for _, b in rows.iloc[i + 1:].iterrows():
                 overlap = a.start < b.end and b.start < a.end
-                # only eval visits of one trial, with frozen weights, may run side by side
-                assert not overlap or (a.kind == b.kind == "eval"), (trial_id, a.to_dict(), b.to_dict())
-        # an epoch's evals come after its training, and the next epoch after its evals
+                # a trial trains on one worker at a time; its eval visits read a frozen state
+                assert not overlap or "eval" in (a.kind, b.kind), (trial_id, a.to_dict(), b.to_dict())
+        # An epoch's evals come after its training. Grid search goes on whatever the metrics,
+        # so they run alongside the next epoch (the one after waits for them); with a
+        # searcher that needs them, the next epoch waits.
         for epoch in range(1, EPOCHS + 1):
             train = rows[(rows.epoch == epoch) & (rows.kind == "train")]
             evals = rows[(rows.epoch == epoch) & (rows.kind == "eval")]
-            later = rows[rows.epoch == epoch + 1]
+            later = rows[(rows.epoch == epoch + 1) & (rows.kind == "train")]
             assert train.end.max() <= evals.start.min()
-            assert later.empty or evals.end.max() <= later.start.min()
+            assert later.empty or train.end.max() <= later.start.min()
+            if name.endswith("barrier"):
+                assert later.empty or evals.end.max() <= later.start.min()
+            elif not later.empty:
+                assert evals.start.max() >= later.start.min()       # they overlapped
+                assert (rows[rows.epoch == epoch + 2].start >= evals.end.max()).all()
+
+
+def test_evals_alongside_the_next_epoch_change_no_result(runs):
+    """Overlapping an epoch's evals with the next epoch changes when they run, not what."""
+    overlapped, barrier = runs["2"], runs["2-barrier"]
+    pd.testing.assert_frame_equal(overlapped.history(), barrier.history(), check_exact=True)
+    for a, b in zip(overlapped.trials, barrier.trials):
+        state_a, state_b = a.state_dict(), b.state_dict()
+        assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
 
 
 @pytest.mark.parametrize("other", ["2", "4", "2-rerun"])

@@ -204,3 +204,96 @@ def test_max_trial_losses_must_be_a_positive_integer():
     for bad in (0, -1, 2.5, "3", None):
         with pytest.raises((ValueError, TypeError), match=rf"^max_trial_losses={bad!r} must be a positive integer"):
             Limits(max_trial_losses=bad)
+
+
+class StateRecorder(Recorder):
+    """Also keeps the state each checkpoint was written with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: dict[tuple[str, int], object] = {}
+
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
+        super().write_checkpoint(trial_id, state, epoch, exploit)
+        self.states[trial_id, epoch] = state
+
+
+def overlapping_book(searcher) -> tuple[TrialBook, MOPScheduler, StateRecorder]:
+    """One trial, two partitions on two workers, each epoch evaluated."""
+    recorder = StateRecorder()
+    scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=True)
+    book = TrialBook(searcher, scheduler, RunSettings(seed=3, num_partitions=2, evaluate=True), recorder)
+    searcher.start(3)
+    book.add_trials()
+    return book, scheduler, recorder
+
+
+def finish(book: TrialBook, task, loss: float = 1.0) -> None:
+    """``task`` ran; a train sub-epoch leaves the state (epoch, partition)."""
+    book.sub_epoch_done(task, task.worker, Sums(rows=10, loss=10 * loss, metrics={}),
+                        state=(task.epoch, task.partition))
+
+
+class NeedsMetrics(cb.GridSearch):
+    def continues_after(self, trial_id: str, epoch: int) -> bool:
+        return False
+
+
+def test_evals_run_alongside_the_next_epoch_on_the_state_its_training_left():
+    searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=3, metric="val_loss")
+    book, scheduler, recorder = overlapping_book(searcher)
+    for _ in range(2):                                      # epoch 1's training
+        [task] = scheduler.assign([0, 1])
+        finish(book, task)
+    last = (1, task.partition)
+    trial = book.live["t0000"]
+    assert trial.epoch == 2 and trial.evaluations[1].state == last and trial.evaluations[1].version == 2
+    started = scheduler.assign([0, 1])
+    # The next epoch's first step goes first on its worker; an eval of epoch 1 on the other.
+    assert sorted((t.kind.value, t.epoch) for t in started) == [("eval", 1), ("train", 2)]
+    for task in started:
+        finish(book, task, loss=2.0)
+    assert recorder.events("epoch_end") == []              # one eval of epoch 1 is still to run
+    evaluation, train = sorted(scheduler.assign([0, 1]), key=lambda t: t.kind.value)
+    assert (evaluation.kind.value, evaluation.epoch, train.kind.value, train.epoch) == ("eval", 1, "train", 2)
+    finish(book, train)
+    finish(book, evaluation, loss=3.0)
+    [end] = recorder.events("epoch_end")
+    assert end["epoch"] == 1 and end["metrics"] == {"train_loss": 1.0, "val_loss": 2.5}
+    assert recorder.states["t0000", 1] == last and trial.state != last   # the epoch's own state
+    while book.live:
+        for task in scheduler.assign([0, 1]):
+            finish(book, task)
+    assert [e["epoch"] for e in recorder.events("epoch_end")] == [1, 2, 3]
+    assert [recorder.states["t0000", e][0] for e in (1, 2, 3)] == [1, 2, 3]
+    assert [e["status"] for e in recorder.events("trial_ended")] == [TrialStatus.COMPLETED]
+
+
+def test_a_searcher_that_needs_the_metrics_gets_them_before_the_next_epoch():
+    book, scheduler, recorder = overlapping_book(NeedsMetrics(build, {"lr": 0.01, "hidden": 8}, epochs=2,
+                                                              metric="val_loss"))
+    for _ in range(2):
+        [task] = scheduler.assign([0, 1])
+        finish(book, task)
+    assert book.live["t0000"].epoch == 1 and not book.live["t0000"].evaluations
+    evals = scheduler.assign([0, 1])
+    assert sorted((t.kind.value, t.epoch) for t in evals) == [("eval", 1), ("eval", 1)]
+
+
+def test_a_trial_that_diverges_while_its_last_epoch_is_evaluated_ends_after_that_epoch_is_reported():
+    searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=3, metric="val_loss")
+    book, scheduler, recorder = overlapping_book(searcher)
+    for _ in range(2):
+        [task] = scheduler.assign([0, 1])
+        finish(book, task)
+    train, evaluation = sorted(scheduler.assign([0, 1]), key=lambda t: t.kind.value != "train")
+    finish(book, train, loss=math.nan)                      # epoch 2 diverges
+    assert "t0000" in book.live and recorder.events("trial_ended") == []
+    [last_eval] = scheduler.assign([0, 1])                  # it trains no further
+    assert (last_eval.kind.value, last_eval.epoch) == ("eval", 1)
+    finish(book, evaluation)
+    finish(book, last_eval)
+    assert [e["epoch"] for e in recorder.events("epoch_end")] == [1]
+    [ended] = recorder.events("trial_ended")
+    assert ended["status"] == TrialStatus.DIVERGED and "in epoch 2" in ended["reason"]
+    assert book.live == {} and scheduler.unfinished() == []
