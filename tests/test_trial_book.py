@@ -297,3 +297,16 @@ def test_a_trial_that_diverges_while_its_last_epoch_is_evaluated_ends_after_that
     [ended] = recorder.events("trial_ended")
     assert ended["status"] == TrialStatus.DIVERGED and "in epoch 2" in ended["reason"]
     assert book.live == {} and scheduler.unfinished() == []
+
+
+def test_a_failed_eval_of_the_epoch_before_ends_the_trial_at_once():
+    searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=3, metric="val_loss")
+    book, scheduler, recorder = overlapping_book(searcher)
+    for _ in range(2):
+        [task] = scheduler.assign([0, 1])
+        finish(book, task)
+    evaluation = next(t for t in scheduler.assign([0, 1]) if t.kind.value == "eval")
+    book.end(book.live["t0000"], TrialStatus.FAILED, "its eval crashed", evaluation.epoch)
+    assert book.live == {} and scheduler.unfinished() == []
+    assert [(e["status"], e["reason"]) for e in recorder.events("trial_ended")] == [
+        (TrialStatus.FAILED, "its eval crashed")]

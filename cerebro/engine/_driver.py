@@ -191,9 +191,9 @@ class Driver:
         elif message.timed_out:
             self.book.end(trial, TrialStatus.TIMEOUT, f"its {task.kind} sub-epoch of epoch {task.epoch} on "
                                                       f"partition {task.partition} took more than trial_timeout="
-                                                      f"{self.settings.limits.trial_timeout} s")
+                                                      f"{self.settings.limits.trial_timeout} s", task.epoch)
         else:
-            self.book.end(trial, TrialStatus.FAILED, message.error)
+            self.book.end(trial, TrialStatus.FAILED, message.error, task.epoch)
 
     # --- workers lost and regained ------------------------------------------------------
     def _check_health(self) -> None:
@@ -217,7 +217,7 @@ class Driver:
             self.book.end(trial, TrialStatus.TIMEOUT, (
                 f"its {task.kind} sub-epoch of epoch {task.epoch} on partition {task.partition} ran past "
                 f"trial_timeout={self.settings.limits.trial_timeout} s and {self.pool.heartbeat_timeout:.0f} s "
-                f"more inside one batch; its worker was given up"))
+                f"more inside one batch; its worker was given up"), task.epoch)
         self.pool.lose(worker, f"was stuck in a batch of {task.trial_id}")
 
     def _handle_pool_events(self) -> None:

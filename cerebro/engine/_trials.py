@@ -156,8 +156,8 @@ class TrialBook:
             trial.retune = False
             trial.train_sums[task.partition] = sums
             if not math.isfinite(sums.loss):
-                self.end(trial, TrialStatus.DIVERGED, f"train loss became {sums.loss / max(sums.rows, 1)} "
-                                                      f"in epoch {task.epoch} on partition {task.partition}")
+                self.end(trial, TrialStatus.DIVERGED, f"train loss became {sums.loss / max(sums.rows, 1)} in "
+                                                      f"epoch {task.epoch} on partition {task.partition}", task.epoch)
                 return
         else:
             evaluation = trial.evaluations.get(task.epoch)
@@ -186,7 +186,7 @@ class TrialBook:
         if len(trial.lost_with) < self.settings.limits.max_trial_losses:
             return False
         self.end(trial, TrialStatus.FAILED, f"lost the {len(trial.lost_with)} workers that ran it: "
-                                            + "; ".join(trial.lost_with))
+                                            + "; ".join(trial.lost_with), task.epoch)
         return True
 
     def forget_holders(self, worker: int | None = None, trial_ids: Iterable[str] | None = None) -> None:
@@ -337,11 +337,11 @@ class TrialBook:
         self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch, True)
 
     # --- ends ---------------------------------------------------------------------------
-    def end(self, trial: Trial, status: TrialStatus, reason: str | None) -> None:
+    def end(self, trial: Trial, status: TrialStatus, reason: str | None, epoch: int | None = None) -> None:
         """``trial`` ends as ``status``; too many failures stop the run (``max_failures``).
-        One that fails in an epoch while an earlier epoch's evals run ends once they are in,
-        as it would have without the overlap."""
-        if trial.evaluations and status.is_failure:
+        A failure in ``epoch``, the one it trains in, while an earlier epoch's evals still run
+        ends it once they are in and reported, as it would have without the overlap."""
+        if epoch == trial.epoch and trial.evaluations and status.is_failure:
             if trial.ending is None:
                 trial.ending = (status, reason)
                 self.scheduler.stop_training(trial.trial_id)
