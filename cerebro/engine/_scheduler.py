@@ -6,6 +6,14 @@ a worker runs one sub-epoch at a time; a trial trains on one worker at a time. A
 training sub-epochs, a trial is evaluated on every partition where that partition lies;
 these eval visits may run on several workers at once, as the weights do not change.
 
+A trial started with ``overlap_evals`` (its searcher goes on whatever the metrics) may begin
+its next epoch as soon as its training ends, its eval visits running alongside on the state
+that training left; they rank as the last steps of the next epoch. Without that, each epoch
+ends with a flood of every trial's evals at once (trials paced by the slowest one end their
+epochs together), and the slowest trials wait in it: 5-7 % of the makespan with two trials
+per worker and 10x cost spread (``benchmarks/scale.py``). A trial has at most one earlier
+epoch's evals running; the epoch after waits for them.
+
 An idle worker takes, of the steps waiting on its partitions, the one of the trial furthest
 behind (oldest epoch, then fewest steps, then creation order), so trials progress evenly.
 A partition is also *held* for a trial of an older epoch that is training elsewhere and
