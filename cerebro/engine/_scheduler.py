@@ -20,9 +20,11 @@ A partition is also *held* for a trial of an older epoch that is training elsewh
 visits it next: a trial of a later epoch does not start there meanwhile, as the older one
 would then wait for it on arrival (trials that finished their epoch early follow the next
 epoch's ring and would otherwise cut across the slow ones still in theirs). Which waiting
-trial goes first changes when things run, never what they compute. Each worker keeps its
-waiting steps in a heap, so a decision costs O(log n) whatever the number of trials and
-workers (``benchmarks/scale.py`` measures both). It does no I/O and keeps no clocks.
+trial goes first changes when things run, never what they compute. Each partition keeps its
+waiting steps in a heap, ordered so that where its first step is held all the rest are too,
+so a decision looks at one heap top per partition of the worker: O(log n) whatever the
+number of trials and workers (``benchmarks/scale.py`` measures both). It does no I/O and
+keeps no clocks.
 """
 from __future__ import annotations
 
@@ -72,10 +74,10 @@ class _Epoch:
         return EVAL if partition in self.eval_todo else None
 
 
-# A waiting step in a worker's heap: (epoch, steps trained, trial id, push count, kind,
+# A waiting step in a partition's heap: (epoch, steps trained, trial id, push count, kind,
 # partition, state); the trial furthest behind comes first. Overlapping eval visits rank as
 # the last steps of the next epoch. Entries are never removed in place: one whose trial
-# moved on is skipped when it surfaces.
+# moved on is dropped when it surfaces.
 _Entry = tuple[int, int, str, int, TaskKind, int, _Epoch]
 
 
@@ -113,7 +115,7 @@ class MOPScheduler:
         self._partitions: dict[int, set[int]] = {}       # worker -> the partitions it holds
         for partition, worker in self._owner.items():
             self._partitions.setdefault(worker, set()).add(partition)
-        self._waiting: dict[int, list[_Entry]] = {worker: [] for worker in self._partitions}
+        self._waiting: dict[int, list[_Entry]] = {partition: [] for partition in self._owner}
         self._pushes = 0
         self._held_for: dict[int, dict[str, int]] = {}   # partition -> {training trial visiting it next: epoch}
 
@@ -173,23 +175,14 @@ class MOPScheduler:
         previous = self._owner[partition]
         if previous == worker:
             return
-        self._owner[partition] = worker
+        self._owner[partition] = worker       # its waiting steps go with it
         self._partitions[previous].discard(partition)
         self._partitions.setdefault(worker, set()).add(partition)
-        self._waiting.setdefault(worker, [])
-        # Steps waiting on the partition now wait on its new holder; the old holder's heap
-        # is rebuilt without them (moves are rare: a lost or replaced worker).
-        self._waiting[previous] = [e for e in self._waiting[previous] if e[5] != partition]
-        heapq.heapify(self._waiting[previous])
-        for state in [*self._epochs.values(), *(s for states in self._evaluating.values() for s in states)]:
-            kind = state.waits_on(partition)
-            if kind is not None:
-                self._push(state, kind, partition)
 
     def assign(self, idle_workers: Iterable[int]) -> list[Task]:
         """Sub-epochs to start now on ``idle_workers``, at most one per worker."""
         tasks = []
-        for worker in sorted(w for w in idle_workers if self._waiting.get(w)):
+        for worker in sorted(w for w in idle_workers if any(self._waiting[p] for p in self._partitions.get(w, ()))):
             task = self._pop(worker)
             if task is not None:
                 tasks.append(task)
@@ -245,33 +238,37 @@ class MOPScheduler:
         self._pushes += 1
         epoch = state.number + (kind == EVAL and state.overlap_evals)
         entry = (epoch, state.trained, state.trial_id, self._pushes, kind, partition, state)
-        heapq.heappush(self._waiting[self._owner[partition]], entry)
+        heapq.heappush(self._waiting[partition], entry)
+
+    def _first(self, partition: int) -> _Entry | None:
+        """The first step waiting on ``partition`` that may start now, if any."""
+        heap = self._waiting[partition]
+        while heap:
+            epoch, _, _, _, kind, _, state = heap[0]
+            if state.dropped or state.waits_on(partition) != kind:
+                heapq.heappop(heap)                # the trial ended, or moved on meanwhile
+                continue
+            holders = self._held_for.get(partition)
+            if holders and min(holders.values()) < epoch:
+                return None      # kept for an older trial on its way here; all behind it too
+            return heap[0]
+        return None
 
     def _pop(self, worker: int) -> Task | None:
         """The first waiting step of ``worker`` that may start now, marked started."""
-        heap, held = self._waiting[worker], []
-        task = None
-        while heap:
-            entry = heapq.heappop(heap)
-            epoch, _, trial_id, _, kind, partition, state = entry
-            if state.dropped or state.waits_on(partition) != kind:
-                continue                           # the trial ended, or moved on meanwhile
-            holders = self._held_for.get(partition)
-            if holders and min(holders.values()) < epoch:
-                held.append(entry)                 # kept for an older trial on its way here
-                continue
-            if kind == TRAIN:
-                state.training = True
-                if state.trained + 1 < len(state.order):
-                    self._held_for.setdefault(state.order[state.trained + 1], {})[trial_id] = epoch
-            else:
-                state.eval_todo.discard(partition)
-                state.evaluating.add(partition)
-            task = Task(trial_id, kind, state.number, partition, worker)
-            break
-        for entry in held:
-            heapq.heappush(heap, entry)
-        return task
+        firsts = [entry for partition in self._partitions[worker] if (entry := self._first(partition))]
+        if not firsts:
+            return None
+        epoch, _, trial_id, _, kind, partition, state = min(firsts)
+        heapq.heappop(self._waiting[partition])
+        if kind == TRAIN:
+            state.training = True
+            if state.trained + 1 < len(state.order):
+                self._held_for.setdefault(state.order[state.trained + 1], {})[trial_id] = epoch
+        else:
+            state.eval_todo.discard(partition)
+            state.evaluating.add(partition)
+        return Task(trial_id, kind, state.number, partition, worker)
 
     def _release(self, state: _Epoch) -> None:
         """``state``'s train sub-epoch ended: the partition it visits next is no longer held."""
