@@ -225,7 +225,8 @@ def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completion
         if scheme == "dynamic":
             scheduler.start_epoch(trial_id, epoch)
         else:
-            scheduler.start_epoch(trial_id, epoch, visit_order(case.draw, trial_id, epoch, P, visit), overlap)
+            then = visit_order(case.draw, trial_id, epoch + 1, P, visit)[0] if epoch < case.epochs else None
+            scheduler.start_epoch(trial_id, epoch, visit_order(case.draw, trial_id, epoch, P, visit), overlap, then)
     out = Outcome(rows=[] if keep_rows else None)
     events: list[tuple[float, int, int, Task]] = []
     idle = set(range(W))

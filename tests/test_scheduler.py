@@ -764,3 +764,21 @@ def test_a_partition_is_held_for_an_older_trial_training_its_way(ending):
     else:
         getattr(scheduler, ending)(slow if ending == "abort" else "t0000")
         assert scheduler.assign([1]) == [Task("t0001", TRAIN, 2, 1, 1)]
+
+
+@pytest.mark.parametrize("then", [1, None])
+def test_a_partition_is_held_for_a_trial_that_starts_its_next_epoch_there(then):
+    """A trial of a later epoch does not cut in where an older one starts its next epoch."""
+    scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=False)
+    scheduler.start_epoch("t0000", 1, [1, 0], then=then)
+    [first] = scheduler.assign([0, 1])
+    scheduler.complete(first)
+    [last] = scheduler.assign([0, 1])                   # its last step, on partition 0
+    assert last == Task("t0000", TRAIN, 1, 0, 0)
+    scheduler.start_epoch("t0001", 2, [1, 0])
+    cut_in = scheduler.assign([1])
+    assert cut_in == ([] if then == 1 else [Task("t0001", TRAIN, 2, 1, 1)])
+    assert scheduler.complete(last) is True
+    scheduler.start_epoch("t0000", 2, [1, 0])
+    if then == 1:                                      # worker 1 is still free: it goes first
+        assert scheduler.assign([1]) == [Task("t0000", TRAIN, 2, 1, 1)]

@@ -17,9 +17,10 @@ epoch's evals running; the epoch after waits for them.
 An idle worker takes, of the steps waiting on its partitions, the one of the trial furthest
 behind (oldest epoch, then fewest steps, then creation order), so trials progress evenly.
 A partition is also *held* for a trial of an older epoch that is training elsewhere and
-visits it next: a trial of a later epoch does not start there meanwhile, as the older one
-would then wait for it on arrival (trials that finished their epoch early follow the next
-epoch's ring and would otherwise cut across the slow ones still in theirs). Which waiting
+visits it next, in this epoch or (``then``) as the first of the next: a trial of a later
+epoch does not start there meanwhile, as the older one would then wait for it on arrival
+(trials that finished their epoch early follow the next epoch's ring and would otherwise
+cut across the slow ones still in theirs). Which waiting
 trial goes first changes when things run, never what they compute. Each partition keeps its
 waiting steps in a heap, ordered so that where its first step is held all the rest are too,
 so a decision looks at one heap top per partition of the worker: O(log n) whatever the
@@ -59,6 +60,7 @@ class _Epoch:
     eval_todo: set[int] = field(default_factory=set)
     evaluating: set[int] = field(default_factory=set)
     overlap_evals: bool = False    # the next epoch may start while these evals run
+    then: int | None = None        # the partition the next epoch starts on, if known
     dropped: bool = False          # the trial was removed
 
     def trained_all(self) -> bool:
@@ -119,11 +121,13 @@ class MOPScheduler:
         self._pushes = 0
         self._held_for: dict[int, dict[str, int]] = {}   # partition -> {training trial visiting it next: epoch}
 
-    def start_epoch(self, trial_id: str, epoch: int, order: list[int], overlap_evals: bool = False) -> None:
+    def start_epoch(self, trial_id: str, epoch: int, order: list[int], overlap_evals: bool = False,
+                    then: int | None = None) -> None:
         """Schedule ``trial_id``'s next epoch, training on partitions in ``order``.
 
         With ``overlap_evals`` the epoch after this one may start once this one's training
         ends, while its eval visits still run (they read the state the training ended with).
+        ``then``: the partition the trial's next epoch starts on, if it has one.
         """
         if sorted(order) != list(range(self.num_partitions)):
             raise ValueError(f"order {order} must visit each of the {self.num_partitions} partitions once")
@@ -132,7 +136,7 @@ class MOPScheduler:
             if not (current.overlap_evals and current.trained_all()):
                 raise ValueError(f"{trial_id} is still in epoch {current.number}")
             self._evaluating.setdefault(trial_id, []).append(current)
-        state = _Epoch(trial_id, epoch, list(order), overlap_evals=overlap_evals)
+        state = _Epoch(trial_id, epoch, list(order), overlap_evals=overlap_evals, then=then)
         self._epochs[trial_id] = state
         self._push(state, TRAIN, state.order[0])
 
@@ -263,17 +267,24 @@ class MOPScheduler:
         heapq.heappop(self._waiting[partition])
         if kind == TRAIN:
             state.training = True
-            if state.trained + 1 < len(state.order):
-                self._held_for.setdefault(state.order[state.trained + 1], {})[trial_id] = epoch
+            heading = self._heading(state)
+            if heading is not None:
+                self._held_for.setdefault(heading, {})[trial_id] = epoch
         else:
             state.eval_todo.discard(partition)
             state.evaluating.add(partition)
         return Task(trial_id, kind, state.number, partition, worker)
 
+    @staticmethod
+    def _heading(state: _Epoch) -> int | None:
+        """The partition ``state``'s trial trains on after its current step, if known."""
+        return state.order[state.trained + 1] if state.trained + 1 < len(state.order) else state.then
+
     def _release(self, state: _Epoch) -> None:
         """``state``'s train sub-epoch ended: the partition it visits next is no longer held."""
-        if state.trained + 1 < len(state.order):
-            holders = self._held_for[state.order[state.trained + 1]]
+        heading = self._heading(state)
+        if heading is not None:
+            holders = self._held_for[heading]
             del holders[state.trial_id]
             if not holders:
-                del self._held_for[state.order[state.trained + 1]]
+                del self._held_for[heading]

@@ -13,6 +13,7 @@ A trial ends completed, stopped, failed, diverged or timeout; failures count aga
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -137,9 +138,10 @@ class TrialBook:
         continues = getattr(self.policy, "continues_after", None)
         trial.overlap = (self.settings.evaluate and trial.catch_up < trial.epoch < trial.max_epochs
                          and continues is not None and continues(trial.trial_id, trial.epoch))
-        self.scheduler.start_epoch(trial.trial_id, trial.epoch, visit_order(
-            self.settings.seed, trial.trial_id, trial.epoch, self.settings.num_partitions,
-            self.settings.visit_scheme), trial.overlap)
+        order = functools.partial(visit_order, self.settings.seed, trial.trial_id,
+                                  num_partitions=self.settings.num_partitions, scheme=self.settings.visit_scheme)
+        then = order(trial.epoch + 1)[0] if trial.epoch < trial.max_epochs else None
+        self.scheduler.start_epoch(trial.trial_id, trial.epoch, order(trial.epoch), trial.overlap, then)
 
     # --- sub-epochs ---------------------------------------------------------------------
     def sub_epoch_done(self, task: Task, worker: int, sums: Sums, state: object) -> None:
