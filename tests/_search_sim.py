@@ -85,7 +85,8 @@ class Timing:
         self.rng = np.random.default_rng(timing_seed)
         self.due: set[str] = set()
 
-    def start_epoch(self, trial_id: str, epoch: int, order: list[int], overlap_evals: bool = False) -> None:
+    def start_epoch(self, trial_id: str, epoch: int, order: list[int], overlap_evals: bool = False,
+                    then: int | None = None) -> None:
         self.due.add(trial_id)
 
     def may_start_next(self, trial_id: str) -> bool:

@@ -217,46 +217,44 @@ class TrialBook:
                 trial.catch_up = 0
                 self.carry_on(trial, trial.recovered)
             return
-        metrics = {**mean_metrics("train", trial.train_sums), **mean_metrics("val", trial.eval_sums)}
-        self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch)
-        self.recorder.emit(EpochEnd(trial.trial_id, trial.epoch, metrics, self.recorder.now()))
-        self.suggest_due = True
-        bad = diverged(metrics)
-        if bad:
-            self.end(trial, TrialStatus.DIVERGED, f"{bad} is {metrics[bad]} after epoch {trial.epoch}")
-            return
-        decision = self.policy.report(trial.trial_id, trial.epoch, metrics)
-        self.recorder.emit(Decided(trial.trial_id, trial.epoch, decision.value))
-        self.decide_due = True
+        decision = self._report(trial, trial.epoch, trial.state, trial.train_sums, trial.eval_sums)
         if decision is Decision.PAUSE:
             trial.paused = True
-        else:
+        elif decision is not None:
             self.go_on(trial, decision)
 
     def _end_evaluation(self, trial: Trial, epoch: int) -> None:
         """The evals of ``epoch`` ended while ``trial`` trains a later epoch. The searcher said
         it goes on whatever the metrics, but they may have diverged, or it may stop it anyway."""
         evaluation = trial.evaluations.pop(epoch)
-        metrics = {**mean_metrics("train", evaluation.train_sums), **mean_metrics("val", evaluation.eval_sums)}
-        self.recorder.write_checkpoint(trial.trial_id, evaluation.state, epoch)
+        decision = self._report(trial, epoch, evaluation.state, evaluation.train_sums, evaluation.eval_sums)
+        if decision is Decision.STOP:
+            self.end(trial, TrialStatus.STOPPED, self.policy.stop_reason(trial.trial_id))
+        elif decision is Decision.PAUSE:
+            raise RuntimeError(f"{type(self.policy).__name__} paused {trial.trial_id} after epoch {epoch}, "
+                               f"where its continues_after promised CONTINUE whatever the metrics")
+        elif decision is None:
+            pass                               # diverged: ended
+        elif trial.ending is not None:
+            self.end(trial, *trial.ending)
+        elif trial.epoch_waits:
+            self._end_epoch(trial, trial.epoch)
+
+    def _report(self, trial: Trial, epoch: int, state: object, train_sums: dict[int, Sums],
+                eval_sums: dict[int, Sums]) -> Decision | None:
+        """Checkpoint and journal ``epoch`` and ask the searcher; None where it diverged (ended)."""
+        metrics = {**mean_metrics("train", train_sums), **mean_metrics("val", eval_sums)}
+        self.recorder.write_checkpoint(trial.trial_id, state, epoch)
         self.recorder.emit(EpochEnd(trial.trial_id, epoch, metrics, self.recorder.now()))
         self.suggest_due = True
         bad = diverged(metrics)
         if bad:
             self.end(trial, TrialStatus.DIVERGED, f"{bad} is {metrics[bad]} after epoch {epoch}")
-            return
+            return None
         decision = self.policy.report(trial.trial_id, epoch, metrics)
         self.recorder.emit(Decided(trial.trial_id, epoch, decision.value))
         self.decide_due = True
-        if decision is Decision.STOP:
-            self.end(trial, TrialStatus.STOPPED, self.policy.stop_reason(trial.trial_id))
-        elif decision is not Decision.CONTINUE:
-            raise RuntimeError(f"{type(self.policy).__name__} answered {decision!r} for {trial.trial_id} after "
-                               f"epoch {epoch}, where its continues_after promised CONTINUE or STOP")
-        elif trial.ending is not None:
-            self.end(trial, *trial.ending)
-        elif trial.epoch_waits:
-            self._end_epoch(trial, trial.epoch)
+        return decision
 
     def carry_on(self, trial: Trial, resumed: Any) -> None:
         """Do what the crashed driver had decided, or was deciding, after ``trial.epoch``;
