@@ -218,14 +218,20 @@ class StateRecorder(Recorder):
         self.states[trial_id, epoch] = state
 
 
-def overlapping_book(searcher) -> tuple[TrialBook, MOPScheduler, StateRecorder]:
-    """One trial, two partitions on two workers, each epoch evaluated."""
+def trained_one_epoch(searcher=None):
+    """One trial (of ``searcher``; a grid search of 3 epochs by default), two partitions on
+    two workers, each epoch evaluated, once it has trained its first epoch."""
+    if searcher is None:
+        searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=3, metric="val_loss")
     recorder = StateRecorder()
     scheduler = MOPScheduler({0: [0], 1: [1]}, evaluate=True)
     book = TrialBook(searcher, scheduler, RunSettings(seed=3, num_partitions=2, evaluate=True), recorder)
     searcher.start(3)
     book.add_trials()
-    return book, scheduler, recorder
+    for _ in range(2):
+        [task] = scheduler.assign([0, 1])
+        finish(book, task)
+    return book, scheduler, recorder, task
 
 
 def finish(book: TrialBook, task, loss: float = 1.0) -> None:
@@ -240,11 +246,7 @@ class NeedsMetrics(cb.GridSearch):
 
 
 def test_evals_run_alongside_the_next_epoch_on_the_state_its_training_left():
-    searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=3, metric="val_loss")
-    book, scheduler, recorder = overlapping_book(searcher)
-    for _ in range(2):                                      # epoch 1's training
-        [task] = scheduler.assign([0, 1])
-        finish(book, task)
+    book, scheduler, recorder, task = trained_one_epoch()
     last = (1, task.partition)
     trial = book.live["t0000"]
     assert trial.epoch == 2 and trial.evaluations[1].state == last and trial.evaluations[1].version == 2
@@ -270,22 +272,15 @@ def test_evals_run_alongside_the_next_epoch_on_the_state_its_training_left():
 
 
 def test_a_searcher_that_needs_the_metrics_gets_them_before_the_next_epoch():
-    book, scheduler, recorder = overlapping_book(NeedsMetrics(build, {"lr": 0.01, "hidden": 8}, epochs=2,
-                                                              metric="val_loss"))
-    for _ in range(2):
-        [task] = scheduler.assign([0, 1])
-        finish(book, task)
+    book, scheduler, _, _ = trained_one_epoch(NeedsMetrics(build, {"lr": 0.01, "hidden": 8}, epochs=2,
+                                                           metric="val_loss"))
     assert book.live["t0000"].epoch == 1 and not book.live["t0000"].evaluations
     evals = scheduler.assign([0, 1])
     assert sorted((t.kind.value, t.epoch) for t in evals) == [("eval", 1), ("eval", 1)]
 
 
 def test_a_trial_that_diverges_while_its_last_epoch_is_evaluated_ends_after_that_epoch_is_reported():
-    searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=3, metric="val_loss")
-    book, scheduler, recorder = overlapping_book(searcher)
-    for _ in range(2):
-        [task] = scheduler.assign([0, 1])
-        finish(book, task)
+    book, scheduler, recorder, _ = trained_one_epoch()
     train, evaluation = sorted(scheduler.assign([0, 1]), key=lambda t: t.kind.value != "train")
     finish(book, train, loss=math.nan)                      # epoch 2 diverges
     assert "t0000" in book.live and recorder.events("trial_ended") == []
@@ -300,11 +295,7 @@ def test_a_trial_that_diverges_while_its_last_epoch_is_evaluated_ends_after_that
 
 
 def test_a_failed_eval_of_the_epoch_before_ends_the_trial_at_once():
-    searcher = cb.GridSearch(build, {"lr": 0.01, "hidden": 8}, epochs=3, metric="val_loss")
-    book, scheduler, recorder = overlapping_book(searcher)
-    for _ in range(2):
-        [task] = scheduler.assign([0, 1])
-        finish(book, task)
+    book, scheduler, recorder, _ = trained_one_epoch()
     evaluation = next(t for t in scheduler.assign([0, 1]) if t.kind.value == "eval")
     book.end(book.live["t0000"], TrialStatus.FAILED, "its eval crashed", evaluation.epoch)
     assert book.live == {} and scheduler.unfinished() == []
