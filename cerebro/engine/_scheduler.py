@@ -30,6 +30,7 @@ keeps no clocks.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -118,6 +119,7 @@ class MOPScheduler:
         for partition, worker in self._owner.items():
             self._partitions.setdefault(worker, set()).add(partition)
         self._waiting: dict[int, list[_Entry]] = {partition: [] for partition in self._owner}
+        self._queued: Counter[int] = Counter()           # worker -> entries in its partitions' heaps
         self._pushes = 0
         self._held_for: dict[int, dict[str, int]] = {}   # partition -> {training trial visiting it next: epoch}
 
@@ -180,13 +182,15 @@ class MOPScheduler:
         if previous == worker:
             return
         self._owner[partition] = worker       # its waiting steps go with it
+        self._queued[previous] -= len(self._waiting[partition])
+        self._queued[worker] += len(self._waiting[partition])
         self._partitions[previous].discard(partition)
         self._partitions.setdefault(worker, set()).add(partition)
 
     def assign(self, idle_workers: Iterable[int]) -> list[Task]:
         """Sub-epochs to start now on ``idle_workers``, at most one per worker."""
         tasks = []
-        for worker in sorted(w for w in idle_workers if any(self._waiting[p] for p in self._partitions.get(w, ()))):
+        for worker in sorted(w for w in idle_workers if self._queued[w]):
             task = self._pop(worker)
             if task is not None:
                 tasks.append(task)
@@ -243,6 +247,7 @@ class MOPScheduler:
         epoch = state.number + (kind == EVAL and state.overlap_evals)
         entry = (epoch, state.trained, state.trial_id, self._pushes, kind, partition, state)
         heapq.heappush(self._waiting[partition], entry)
+        self._queued[self._owner[partition]] += 1
 
     def _first(self, partition: int) -> _Entry | None:
         """The first step waiting on ``partition`` that may start now, if any."""
@@ -251,6 +256,7 @@ class MOPScheduler:
             epoch, _, _, _, kind, _, state = heap[0]
             if state.dropped or state.waits_on(partition) != kind:
                 heapq.heappop(heap)                # the trial ended, or moved on meanwhile
+                self._queued[self._owner[partition]] -= 1
                 continue
             holders = self._held_for.get(partition)
             if holders and min(holders.values()) < epoch:
@@ -265,6 +271,7 @@ class MOPScheduler:
             return None
         epoch, _, trial_id, _, kind, partition, state = min(firsts)
         heapq.heappop(self._waiting[partition])
+        self._queued[worker] -= 1
         if kind == TRAIN:
             state.training = True
             heading = self._heading(state)
