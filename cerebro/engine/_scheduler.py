@@ -21,11 +21,12 @@ visits it next, in this epoch or (``then``) as the first of the next: a trial of
 epoch does not start there meanwhile, as the older one would then wait for it on arrival
 (trials that finished their epoch early follow the next epoch's ring and would otherwise
 cut across the slow ones still in theirs). Which waiting
-trial goes first changes when things run, never what they compute. Each partition keeps its
-waiting steps in a heap, ordered so that where its first step is held all the rest are too,
-so a decision looks at one heap top per partition of the worker: O(log n) whatever the
-number of trials and workers (``benchmarks/scale.py`` measures both). It does no I/O and
-keeps no clocks.
+trial goes first changes when things run, never what they compute. An eval visit is never
+held: it changes no state, and a worker that held it would idle (real runs lost 3 % so). Each
+partition keeps its waiting train steps and eval visits in a heap each, ordered so that
+where its first train step is held all the rest are too, so a decision looks at two heap
+tops per partition of the worker: O(log n) whatever the number of trials and workers
+(``benchmarks/scale.py`` measures both). It does no I/O and keeps no clocks.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ class _Epoch:
         return EVAL if partition in self.eval_todo else None
 
 
-# A waiting step in a partition's heap: (epoch, steps trained, trial id, push count, kind,
+# A waiting step in one of a partition's heaps: (epoch, steps trained, trial id, push count, kind,
 # partition, state); the trial furthest behind comes first. Overlapping eval visits rank as
 # the last steps of the next epoch. Entries are never removed in place: one whose trial
 # moved on is dropped when it surfaces.
@@ -118,7 +119,8 @@ class MOPScheduler:
         self._partitions: dict[int, set[int]] = {}       # worker -> the partitions it holds
         for partition, worker in self._owner.items():
             self._partitions.setdefault(worker, set()).add(partition)
-        self._waiting: dict[int, list[_Entry]] = {partition: [] for partition in self._owner}
+        self._waiting: dict[tuple[int, TaskKind], list[_Entry]] = {  # (partition, kind) -> heap
+            (partition, kind): [] for partition in self._owner for kind in (TRAIN, EVAL)}
         self._queued: Counter[int] = Counter()           # worker -> entries in its partitions' heaps
         self._pushes = 0
         self._held_for: dict[int, dict[str, int]] = {}   # partition -> {training trial visiting it next: epoch}
@@ -182,8 +184,9 @@ class MOPScheduler:
         if previous == worker:
             return
         self._owner[partition] = worker       # its waiting steps go with it
-        self._queued[previous] -= len(self._waiting[partition])
-        self._queued[worker] += len(self._waiting[partition])
+        n = len(self._waiting[partition, TRAIN]) + len(self._waiting[partition, EVAL])
+        self._queued[previous] -= n
+        self._queued[worker] += n
         self._partitions[previous].discard(partition)
         self._partitions.setdefault(worker, set()).add(partition)
 
@@ -246,31 +249,32 @@ class MOPScheduler:
         self._pushes += 1
         epoch = state.number + (kind == EVAL and state.overlap_evals)
         entry = (epoch, state.trained, state.trial_id, self._pushes, kind, partition, state)
-        heapq.heappush(self._waiting[partition], entry)
+        heapq.heappush(self._waiting[partition, kind], entry)
         self._queued[self._owner[partition]] += 1
 
-    def _first(self, partition: int) -> _Entry | None:
-        """The first step waiting on ``partition`` that may start now, if any."""
-        heap = self._waiting[partition]
+    def _first(self, partition: int, kind: TaskKind) -> _Entry | None:
+        """The first step of ``kind`` waiting on ``partition`` that may start now, if any."""
+        heap = self._waiting[partition, kind]
         while heap:
-            epoch, _, _, _, kind, _, state = heap[0]
+            epoch, _, _, _, _, _, state = heap[0]
             if state.dropped or state.waits_on(partition) != kind:
                 heapq.heappop(heap)                # the trial ended, or moved on meanwhile
                 self._queued[self._owner[partition]] -= 1
                 continue
             holders = self._held_for.get(partition)
-            if holders and min(holders.values()) < epoch:
+            if kind == TRAIN and holders and min(holders.values()) < epoch:
                 return None      # kept for an older trial on its way here; all behind it too
             return heap[0]
         return None
 
     def _pop(self, worker: int) -> Task | None:
         """The first waiting step of ``worker`` that may start now, marked started."""
-        firsts = [entry for partition in self._partitions[worker] if (entry := self._first(partition))]
+        firsts = [entry for partition in self._partitions[worker] for kind in (TRAIN, EVAL)
+                  if (entry := self._first(partition, kind))]
         if not firsts:
             return None
         epoch, _, trial_id, _, kind, partition, state = min(firsts)
-        heapq.heappop(self._waiting[partition])
+        heapq.heappop(self._waiting[partition, kind])
         self._queued[worker] -= 1
         if kind == TRAIN:
             state.training = True
