@@ -20,13 +20,13 @@ A partition is also *held* for a trial of an older epoch that is training elsewh
 visits it next, in this epoch or (``then``) as the first of the next: a trial of a later
 epoch does not start there meanwhile, as the older one would then wait for it on arrival
 (trials that finished their epoch early follow the next epoch's ring and would otherwise
-cut across the slow ones still in theirs). Which waiting
-trial goes first changes when things run, never what they compute. An eval visit is never
-held: it changes no state, and a worker that held it would idle (real runs lost 3 % so). Each
-partition keeps its waiting train steps and eval visits in a heap each, ordered so that
-where its first train step is held all the rest are too, so a decision looks at two heap
-tops per partition of the worker: O(log n) whatever the number of trials and workers
-(``benchmarks/scale.py`` measures both). It does no I/O and keeps no clocks.
+cut across the slow ones still in theirs). An eval visit is never held: it changes no
+state, and a worker that held it would idle for the older trial's arrival. Which waiting
+trial goes first changes when things run, never what they compute. Each partition keeps its
+waiting train steps and eval visits in a heap each, ordered so that where its first train
+step is held all the rest are too, so a decision looks at two heap tops per partition of
+the worker: O(log n) whatever the number of trials and workers (``benchmarks/scale.py``
+measures both). It does no I/O and keeps no clocks.
 """
 from __future__ import annotations
 
