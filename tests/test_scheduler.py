@@ -367,13 +367,15 @@ def simulate(case: Case, *, shuffle_seed: int | None = None, max_events: int = 2
 
 def _check_assignment(case: Case, live: dict[str, _Model], idle: list[int], tasks: list[Task]) -> None:
     """assign() answers only with steps that are due, and leaves a worker idle only where
-    every step it could run is of a later epoch than a trial training elsewhere that visits
-    that partition next (the partition is held for it)."""
+    every step it could run is a train step of a later epoch than a trial training elsewhere
+    that visits that partition next (the partition is held for it; eval visits never are)."""
     assert len({t.worker for t in tasks}) == len(tasks), f"two tasks for one worker: {tasks}"
     assert {t.worker for t in tasks} <= set(idle), f"a task for a busy worker: {tasks} (idle {idle})"
     task_of = {t.worker: t for t in tasks}
 
     def allowed(tid: str, step: tuple[str, int]) -> bool:
+        if step[0] == EVAL:
+            return True
         held = [m.epoch for m in live.values()
                 if m.training and m.trained + 1 < case.partitions and m.order[m.trained + 1] == step[1]]
         return not held or min(held) >= live[tid].epoch
