@@ -150,7 +150,7 @@ class Driver:
             source.version, None if held else source.state, trial.retune and task.kind == TRAIN,
             self.settings.limits.trial_timeout))
         if sent:     # a worker holds one version of a trial: this one
-            for holding in (trial, *trial.evaluations.values()):
+            for holding in trial.holdings():
                 if holding.version == source.version:
                     holding.holders.add(worker.index)
                 else:
@@ -169,7 +169,7 @@ class Driver:
             worker.running = None
             self.recorder.emit(_told(SubEpochAborted, task))
             return
-        for holding in (trial, *trial.evaluations.values()):
+        for holding in trial.holdings():
             holding.holders.discard(worker.index)
         self._send_task(worker, worker.running[0], task, trial)
 

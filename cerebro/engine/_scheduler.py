@@ -68,6 +68,10 @@ class _Epoch:
     def trained_all(self) -> bool:
         return self.trained == len(self.order) and not self.training
 
+    def heading(self) -> int | None:
+        """The partition the trial trains on after its current step, if known."""
+        return self.order[self.trained + 1] if self.trained + 1 < len(self.order) else self.then
+
     def finished(self) -> bool:
         return self.trained_all() and not self.eval_todo and not self.evaluating
 
@@ -146,11 +150,9 @@ class MOPScheduler:
 
     def remove(self, trial_id: str) -> None:
         """Forget a trial (stopped, failed or done); its running sub-epochs are ignored."""
-        for state in [self._epochs.pop(trial_id, None), *self._evaluating.pop(trial_id, ())]:
-            if state is not None:
-                state.dropped = True
-                if state.training:
-                    self._release(state)
+        self.stop_training(trial_id)
+        for state in self._evaluating.pop(trial_id, ()):
+            state.dropped = True
 
     def stop_training(self, trial_id: str) -> None:
         """``trial_id`` trains no further; the eval visits of its earlier epochs still run."""
@@ -278,7 +280,7 @@ class MOPScheduler:
         self._queued[worker] -= 1
         if kind == TRAIN:
             state.training = True
-            heading = self._heading(state)
+            heading = state.heading()
             if heading is not None:
                 self._held_for.setdefault(heading, {})[trial_id] = epoch
         else:
@@ -286,14 +288,9 @@ class MOPScheduler:
             state.evaluating.add(partition)
         return Task(trial_id, kind, state.number, partition, worker)
 
-    @staticmethod
-    def _heading(state: _Epoch) -> int | None:
-        """The partition ``state``'s trial trains on after its current step, if known."""
-        return state.order[state.trained + 1] if state.trained + 1 < len(state.order) else state.then
-
     def _release(self, state: _Epoch) -> None:
         """``state``'s train sub-epoch ended: the partition it visits next is no longer held."""
-        heading = self._heading(state)
+        heading = state.heading()
         if heading is not None:
             holders = self._held_for[heading]
             del holders[state.trial_id]

@@ -90,6 +90,11 @@ class Trial:
     catch_up: int = 0
     recovered: Any = None
 
+    def holdings(self) -> list[Trial | Evaluation]:
+        """The states the driver holds for it, each with its version and holders: the latest,
+        and that of each epoch whose evals still run."""
+        return [self, *self.evaluations.values()]
+
 
 class TrialBook:
     """The live trials of a run, and what happens to them at each epoch end."""
@@ -152,9 +157,9 @@ class TrialBook:
         if trial.ending is not None and task.epoch == trial.epoch:
             return             # it ends once its earlier epochs' evals are in
         if task.kind == TRAIN:
+            for holding in trial.holdings():
+                holding.holders.discard(worker)
             trial.state, trial.version, trial.holders = state, trial.version + 1, {worker}
-            for evaluation in trial.evaluations.values():
-                evaluation.holders.discard(worker)
             trial.retune = False
             trial.train_sums[task.partition] = sums
             if not math.isfinite(sums.loss):
@@ -196,7 +201,7 @@ class TrialBook:
         of any trial): it was lost, restarted, or evicted them from its cache."""
         trials = self.live.values() if trial_ids is None else filter(None, map(self.live.get, trial_ids))
         for trial in trials:
-            for holding in (trial, *trial.evaluations.values()):
+            for holding in trial.holdings():
                 if worker is None:
                     holding.holders.clear()
                 else:
