@@ -20,6 +20,7 @@ import select
 import signal
 import socket
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -29,9 +30,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from recovery import epochs_journaled
 
 import cerebro as cb
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+from _faults import epochs_journaled, striking  # noqa: E402
 
 SPACE = {"lr": cb.choice([3e-2, 1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
 EPOCHS = 60
@@ -103,21 +107,12 @@ def build(config: dict) -> cb.TorchTrainable:
 
 
 def killing_build(build: Callable[[dict], cb.TorchTrainable], store: str, marker: str, after: int = 2):
-    """``build`` whose worker SIGKILLs itself once, mid sub-epoch, once ``after`` epochs are
-    journaled in ``store``; the ``marker`` file, created exclusively, lets one worker only die."""
+    """``build`` whose worker SIGKILLs itself once, mid training sub-epoch, once ``after``
+    epochs are journaled in ``store``; the ``marker`` file, claimed atomically, lets one worker only die."""
     def build_that_kills(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
-        loss = trainable.loss
-
-        def loss_that_kills(outputs, targets):
-            if not os.path.exists(marker) and epochs_journaled(store) >= after:
-                try:
-                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                except FileExistsError:
-                    return loss(outputs, targets)
-                os.kill(os.getpid(), signal.SIGKILL)
-            return loss(outputs, targets)
-        trainable.loss = loss_that_kills
+        trainable.loss = striking(trainable.loss, lambda: os.kill(os.getpid(), signal.SIGKILL), marker=marker,
+                                  when=lambda: epochs_journaled(store) >= after)
         return trainable
     return build_that_kills
 

@@ -31,6 +31,10 @@ import torch
 
 import cerebro as cb
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+from _faults import epochs_journaled, striking  # noqa: E402
+
 HEARTBEAT_TIMEOUT = 5.0
 EPOCHS = 12
 SPACE = {"hidden": cb.choice([64, 256]), "lr": cb.choice([1e-3, 3e-3]), "batch_size": cb.choice([32, 64])}
@@ -51,28 +55,15 @@ def build(config: dict) -> cb.TorchTrainable:
 
 
 def disturbing(store: str, marker: str, how: str):
-    """``build`` whose worker is killed or frozen once, mid sub-epoch, after 8 journaled epochs."""
+    """``build`` whose worker is killed or frozen once, mid training sub-epoch, after 8
+    journaled epochs; the marker, claimed atomically, holds the time it happened."""
     def disturbing_build(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
-        loss = trainable.loss
-
-        def disturbing_loss(outputs, targets):
-            if not os.path.exists(marker) and epochs_journaled(store) >= 8:
-                with open(marker, "w") as f:
-                    f.write(repr(time.monotonic()))
-                os.kill(os.getpid(), signal.SIGSTOP if how == "sigstop" else signal.SIGKILL)
-            return loss(outputs, targets)
-        trainable.loss = disturbing_loss
+        trainable.loss = striking(
+            trainable.loss, lambda: os.kill(os.getpid(), signal.SIGSTOP if how == "sigstop" else signal.SIGKILL),
+            marker=marker, when=lambda: epochs_journaled(store) >= 8, note=lambda: repr(time.monotonic()))
         return trainable
     return disturbing_build
-
-
-def epochs_journaled(store: str) -> int:
-    try:
-        with open(os.path.join(store, "journal.jsonl"), "rb") as f:
-            return f.read().count(b'"event": "epoch_end"')
-    except FileNotFoundError:
-        return 0
 
 
 def run(data: cb.Dataset, scratch: str, name: str, how: str | None) -> dict[str, Any]:

@@ -1,13 +1,13 @@
 """A search whose driver is killed with SIGKILL at a chosen point, for the resume tests.
 
 ``python _crash.py STORE POINT`` runs it; POINT is ``mid-epoch`` (a worker kills its driver
-in the middle of a sub-epoch once 3 epochs are journaled), ``after-checkpoint`` (at the first
-loss after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside its first decision
+in the middle of a training sub-epoch once 3 epochs are journaled), ``after-checkpoint`` (at the
+first training batch after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside its first decision
 that stops or promotes a trial, in ``report`` or in ``decide``: which of the two makes it depends
 on timing, that one is made does not), ``scheduled`` (as mid-epoch, for trials with a
 learning-rate schedule and clipping, stepped per epoch or per batch) or ``long`` or
 ``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
-The kill happens once: a marker file next to the store remembers it, so the resumed run,
+The kill happens once: a marker file next to the store, claimed atomically, remembers it, so the resumed run,
 which unpickles the same build and searcher, goes on undisturbed.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
+from _faults import claim, epochs_journaled, striking  # noqa: E402
 from _models import build, digits, scheduled  # noqa: E402
 
 import cerebro as cb  # noqa: E402
@@ -29,25 +30,12 @@ SPACE = {"lr": cb.choice([3e-2, 1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
 SCHEDULED_SPACE = {"lr": cb.choice([0.1, 0.05]), "step": cb.choice(["epoch", "batch"])}
 
 
-def epochs_journaled(store: str) -> int:
-    try:
-        with open(os.path.join(store, "journal.jsonl"), "rb") as f:
-            return f.read().count(b'"event": "epoch_end"')
-    except FileNotFoundError:
-        return 0
-
-
 def killing_build(store: str, after: int, marker: str, base=build):
+    """``base``, whose first training batch once ``after`` epochs are journaled kills the driver."""
     def build_that_kills(config: dict) -> cb.TorchTrainable:
         trainable = base(config)
-        loss = trainable.loss
-
-        def loss_that_kills(outputs, targets):
-            if not os.path.exists(marker) and epochs_journaled(store) >= after:
-                open(marker, "w").close()
-                os.kill(os.getppid(), signal.SIGKILL)     # the driver
-            return loss(outputs, targets)
-        trainable.loss = loss_that_kills
+        trainable.loss = striking(trainable.loss, lambda: os.kill(os.getppid(), signal.SIGKILL), marker=marker,
+                                  when=lambda: epochs_journaled(store) >= after)
         return trainable
     return build_that_kills
 
@@ -70,8 +58,7 @@ class KillingASHA(cb.ASHA):
         return decisions
 
     def _die(self) -> None:
-        if not os.path.exists(self.marker):
-            open(self.marker, "w").close()
+        if claim(self.marker):
             os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import torch
+from _faults import striking
 from sklearn.datasets import load_digits
 
 import cerebro as cb
@@ -65,23 +66,17 @@ def scheduled(config: dict) -> cb.TorchTrainable:
 
 
 def crashing_once(marker: str, how: str = "exit"):
-    """``build``, except that the first loss computed anywhere kills its Python worker
-    (``os._exit``, a real SIGKILL, or SIGSTOP: a hang); the marker file records that it
-    happened, so every later loss is computed as usual."""
+    """``build``, except that the first training batch computed anywhere kills its Python
+    worker (``os._exit``, a real SIGKILL, or SIGSTOP: a hang); the marker file, claimed
+    atomically, records that it happened, so every later loss is computed as usual."""
+    def crash() -> None:
+        if how in ("sigkill", "sigstop"):
+            os.kill(os.getpid(), getattr(signal, how.upper()))
+        os._exit(1)
+
     def crash_once_build(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
-        loss = trainable.loss
-
-        def crash_once(outputs, targets):
-            try:    # O_EXCL: of two workers reaching here at once, only one crashes
-                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-            except FileExistsError:
-                return loss(outputs, targets)
-            if how in ("sigkill", "sigstop"):
-                os.kill(os.getpid(), getattr(signal, how.upper()))
-            os._exit(1)
-
-        trainable.loss = crash_once
+        trainable.loss = striking(trainable.loss, crash, marker=marker)
         return trainable
     return crash_once_build
 

@@ -1,4 +1,4 @@
-"""The layers of DESIGN.md hold (the import-linter contracts in pyproject.toml), no module
+"""The layers of DESIGN.md hold (the import-linter contracts in pyproject.toml), ruff finds nothing, no module
 imports itself through others, and a worker process loads none of the driver's side."""
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ def test_the_layer_contracts_are_kept():
     run = subprocess.run([lint, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "0 broken" in run.stdout
+
+
+def test_ruff_finds_nothing():
+    ruff = os.path.join(os.path.dirname(sys.executable), "ruff")
+    run = subprocess.run([ruff, "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
 
 def cycles(graph: grimp.ImportGraph) -> list[list[str]]:

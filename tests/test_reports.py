@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import torch
 from _crafted import Payload
+from _faults import claim
 from _models import build, digits
 from click.testing import CliRunner
 from safetensors import safe_open
@@ -216,8 +217,7 @@ class InterruptedOnce(cb.GridSearch):
         self.marker = marker
 
     def report(self, trial_id, epoch, metrics):
-        if not os.path.exists(self.marker):
-            open(self.marker, "w").close()
+        if claim(self.marker):
             raise KeyboardInterrupt
         return super().report(trial_id, epoch, metrics)
 

@@ -16,7 +16,8 @@ import psutil
 import pytest
 import torch
 from _crafted import craft_checkpoint, pickled_payload
-from _crash import assert_same_results, epochs_journaled, reference
+from _crash import assert_same_results, reference
+from _faults import epochs_journaled
 from _models import build, digits, failing_after
 
 import cerebro as cb

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pandas as pd
 import pytest
 import torch
+from _faults import epochs_journaled
 from _models import build, crashing_once, digits
 from _spark import session, standalone_cluster
 from test_resume import assert_same_results as assert_same_results_as_uninterrupted
@@ -21,7 +22,6 @@ import cerebro as cb
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
 from port_flood import killing_build  # noqa: E402
-from recovery import epochs_journaled  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

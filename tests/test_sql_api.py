@@ -293,7 +293,7 @@ def test_a_session_killed_mid_run_resumes_it_when_called_again_with_the_same_bit
     import signal
     import time
 
-    from _crash import epochs_journaled
+    from _faults import epochs_journaled
     from _postgres import server_directory
     sql(database, "CREATE TABLE mst_two AS SELECT * FROM mst WHERE mst_key IN (2, 7)",
         "CREATE TABLE mst_two_summary AS SELECT * FROM mst_summary")

@@ -13,7 +13,8 @@ import time
 import pandas as pd
 import pytest
 import torch
-from _crash import assert_same_results, epochs_journaled
+from _crash import assert_same_results
+from _faults import epochs_journaled, striking
 from _models import build, crashing_once, digits
 from click.testing import CliRunner
 
@@ -235,18 +236,12 @@ class LosingEveryWorkerAtOnce(cb.LocalBackend):
 
 
 def hanging_once_on_worker_1(marker: str):
-    """``build``, except that the first loss computed on worker 1 creates ``marker`` and
-    never returns: worker 1 is in the middle of a sub-epoch when every worker dies."""
+    """``build``, except that the first training batch on worker 1 claims ``marker`` and never
+    returns: worker 1 is in the middle of a sub-epoch when every worker dies."""
     def build_hanging(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
-        loss = trainable.loss
-
-        def hang_once(outputs, targets):
-            if sys.argv[-1] == "1" and not os.path.exists(marker):    # python -m cerebro.worker HOST PORT 1
-                open(marker, "w").close()
-                threading.Event().wait()
-            return loss(outputs, targets)
-        trainable.loss = hang_once
+        trainable.loss = striking(trainable.loss, threading.Event().wait, marker=marker,
+                                  when=lambda: sys.argv[-1] == "1")    # python -m cerebro.worker HOST PORT 1
         return trainable
     return build_hanging
 
@@ -361,17 +356,10 @@ def killed_twice(store: str, markers: str, victim: float):
     after 1 journaled epoch and once more after 2: two losses that are not the trial's fault."""
     def build_with_bad_luck(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
-        loss = trainable.loss
-
-        def unlucky(outputs, targets):
-            if config["lr"] == victim:
-                for number in (1, 2):
-                    marker = f"{markers}.{number}"
-                    if epochs_journaled(store) >= number and not os.path.exists(marker):
-                        open(marker, "w").close()
-                        os.kill(os.getpid(), signal.SIGKILL)
-            return loss(outputs, targets)
-        trainable.loss = unlucky
+        for number in (2, 1):        # the outer one, after 1 epoch, is asked first
+            trainable.loss = striking(trainable.loss, lambda: os.kill(os.getpid(), signal.SIGKILL),
+                                      marker=f"{markers}.{number}",
+                                      when=lambda n=number: config["lr"] == victim and epochs_journaled(store) >= n)
         return trainable
     return build_with_bad_luck
 

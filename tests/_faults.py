@@ -1,0 +1,77 @@
+"""Fault injection for the tests and benchmarks: a fault hits exactly once, and only where it
+is meant to.
+
+A fault is injected from inside a trial's ``loss``, which runs in every worker process, in
+training and in evaluation, and, since an epoch's eval visits run alongside the trial's next
+epoch, in two workers at the same moment. So "once" cannot be "if the marker file is absent,
+create it and strike": two workers can both see it absent. :func:`claim` is one atomic step
+(``open`` with ``O_CREAT | O_EXCL``): of any number of processes, exactly one gets ``True``.
+And "while training" is checked, not assumed: :func:`training` tells a training batch (torch
+computes gradients) from an eval batch (the trainer evaluates under ``torch.no_grad``).
+
+Example::
+
+    def build_that_kills(config):
+        trainable = build(config)
+        trainable.loss = striking(trainable.loss, lambda: os.kill(os.getpid(), signal.SIGKILL),
+                                  marker="/tmp/killed", when=lambda: epochs_journaled(store) >= 2)
+        return trainable
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+TRAIN, EVAL, ANY = "train", "eval", "any"
+
+
+def claim(marker: str, note: str = "") -> bool:
+    """Creates ``marker`` holding ``note`` and returns True, or returns False where it exists:
+    True for exactly one caller, in any process, however many try at once."""
+    try:
+        descriptor = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "w") as f:
+        f.write(note)
+    return True
+
+
+def training() -> bool:
+    """Whether the loss being computed is a training batch's (gradients on), not an eval
+    visit's (the trainer evaluates under ``torch.no_grad``)."""
+    return torch.is_grad_enabled()
+
+
+def in_phase(phase: str) -> bool:
+    if phase not in (TRAIN, EVAL, ANY):
+        raise ValueError(f"phase={phase!r} must be {TRAIN!r}, {EVAL!r} or {ANY!r}")
+    return phase == ANY or training() == (phase == TRAIN)
+
+
+def striking(loss: Callable[..., Any], strike: Callable[[], Any], *, marker: str,
+             when: Callable[[], bool] = lambda: True, phase: str = TRAIN,
+             note: Callable[[], str] = str) -> Callable[..., Any]:
+    """``loss``, except that the first call in ``phase`` for which ``when()`` holds, in any
+    process, claims ``marker`` (writing ``note()`` in it) and calls ``strike()`` (kill, stop,
+    raise) before computing the loss. ``when`` is asked first, so a marker is only claimed by
+    a call that strikes."""
+    in_phase(phase)      # a bad phase fails where the build is written, not in a worker
+
+    def loss_that_strikes(outputs, targets):
+        if in_phase(phase) and when() and claim(marker, note()):
+            strike()
+        return loss(outputs, targets)
+    return loss_that_strikes
+
+
+def epochs_journaled(store: str) -> int:
+    """How many ``epoch_end`` events the run in ``store`` has journaled (0 before its journal)."""
+    try:
+        with open(os.path.join(store, "journal.jsonl"), "rb") as f:
+            return f.read().count(b'"event": "epoch_end"')
+    except FileNotFoundError:
+        return 0
