@@ -101,7 +101,7 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
                            "cerebro_again"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cerebro ")
-    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 8
+    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 11
 
 
 def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):

@@ -66,6 +66,17 @@ def _as_label(label: Any) -> np.ndarray:
                     f"got dtype {array.dtype}")
 
 
+def in_content_order(features: Any, label: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A table's rows, which come in no particular order, as a dataset stores them, in an
+    order fixed by their content as stored (so real and double precision columns of the
+    same values agree): the same rows give the same run however they were read."""
+    from ._sql import canonical_order
+
+    features, label = _as_features(features), _as_label(label)
+    order = canonical_order(features, label)
+    return features[order], label[order]
+
+
 def _check_finite(name: str, array: np.ndarray) -> None:
     if np.issubdtype(array.dtype, np.floating) and array.size:
         bad = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
@@ -141,14 +152,10 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
                  validation: Validation = 0.2, partitions: int | None = None, seed: int = 0,
                  in_memory: bool | str = "auto", cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
         """See :meth:`cerebro.Dataset.from_sql`."""
-        from ._sql import canonical_order, read_sql
+        from ._sql import read_sql
 
-        feature_array, label_array = read_sql(dsn, table_or_query, features, label)
-        # A table's rows come in no particular order: put them in one fixed by their content
-        # as stored (so real and double precision columns of the same values agree).
-        feature_array, label_array = _as_features(feature_array), _as_label(label_array)
-        order = canonical_order(feature_array, label_array)
-        return cls(feature_array[order], label_array[order], validation=validation, partitions=partitions,
+        feature_array, label_array = in_content_order(*read_sql(dsn, table_or_query, features, label))
+        return cls(feature_array, label_array, validation=validation, partitions=partitions,
                    seed=seed, in_memory=in_memory, cache_dir=cache_dir)
 
     # --- the split ----------------------------------------------------------------------

@@ -56,10 +56,7 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
             raise ValueError(f"cannot read {table_or_query!r}: {_first_line(error)}") from None
         wanted = _feature_columns(schema.names, features, label, table_or_query)
         arrays = {c for c in [*wanted, label] if _is_list(schema.field(c).type)}
-        # Arrays come in PostgreSQL's binary array format and numpy decodes them all at once:
-        # the driver's decoding of one element at a time would take most of the time.
-        selected = ", ".join(f"array_send({_quote(c)}) AS {_quote(c)}" if c in arrays else _quote(c)
-                             for c in [*wanted, label])
+        selected = select_list(wanted, label, arrays)
         pieces = [f"SELECT * FROM {table_name} WHERE {where}" for where in _page_ranges(cursor, table_name)] \
             if table_name else [source]
         queries = [f"SELECT {selected} FROM ({piece}\n) AS cerebro_rows" for piece in pieces]  # \n: ends a -- comment
@@ -68,6 +65,20 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
             table = cursor.fetch_arrow_table()
         else:
             table = _read_in_parallel(dbapi, dsn, cursor, queries)
+    return table_arrays(table, wanted, label, arrays, table_or_query)
+
+
+def select_list(wanted: Sequence[str], label: str, arrays: set[str]) -> str:
+    """The columns to select, array columns in PostgreSQL's binary array format: numpy
+    decodes them all at once, where a driver would decode one element at a time. The
+    function is schema-qualified, so no ``array_send`` of the caller's can take its place."""
+    return ", ".join(f"pg_catalog.array_send({_quote(c)}) AS {_quote(c)}" if c in arrays else _quote(c)
+                     for c in [*wanted, label])
+
+
+def table_arrays(table: pa.Table, wanted: Sequence[str], label: str, arrays: set[str],
+                 table_or_query: str) -> tuple[np.ndarray, np.ndarray]:
+    """(features, label) of the columns of ``table`` read with :func:`select_list`."""
     if table.num_rows == 0:
         raise ValueError(f"{table_or_query!r} has no rows; a dataset needs at least one")
     if _is_binary(table.column(label).type):
@@ -120,8 +131,9 @@ def _connect(dbapi: Any, dsn: str) -> Any:
 def _page_ranges(cursor: Any, table_name: str) -> list[str]:
     """Conditions that split a plain table (or materialized view) into ranges of its pages,
     one per connection of the read (TID range scans); ``["true"]`` for anything else."""
-    cursor.execute(f"SELECT relkind, pg_relation_size(oid) / current_setting('block_size')::bigint AS pages "
-                   f"FROM pg_class WHERE oid = '{table_name}'::regclass")
+    cursor.execute(f"SELECT relkind, pg_catalog.pg_relation_size(oid) / "
+                   f"pg_catalog.current_setting('block_size')::bigint AS pages "
+                   f"FROM pg_catalog.pg_class WHERE oid = '{table_name}'::regclass")
     kind, pages = cursor.fetchone()
     connections = min(MAX_CONNECTIONS, pages // PAGES_PER_CONNECTION) if kind in ("r", "m") else 1
     if connections < 2:
@@ -139,7 +151,7 @@ def _read_in_parallel(dbapi: Any, dsn: str, cursor: Any, queries: list[str]) -> 
     and those the server refuses (its ``max_connections``, say) leave theirs to the rest."""
     import pyarrow as pa
 
-    cursor.execute("SELECT pg_export_snapshot()")
+    cursor.execute("SELECT pg_catalog.pg_export_snapshot()")
     snapshot = cursor.fetchone()[0]
     unread = queue.SimpleQueue()
     for index, query in enumerate(queries):

@@ -1,15 +1,22 @@
-"""The database a SQL function runs in, through PL/Python's ``plpy``: names checked and
-quoted, tables described, the function's settings read.
+"""The database a SQL function runs in, through PL/Python's ``plpy``, with no more rights than
+the calling role (DESIGN invariant 8).
 
-Settings are PostgreSQL's custom parameters, e.g. ``SET cerebro.workers = 4``:
+- Rows are read through SPI in the calling session, so PostgreSQL checks the caller's
+  privileges; no second connection, no DSN a caller could point at another role.
+- The caller's ``search_path`` is used for one thing only: finding the tables the caller
+  names (as PostgreSQL would for them). Everything else runs with ``search_path`` pinned to
+  ``pg_catalog, pg_temp`` and every function schema-qualified, so no function, operator or
+  type of the caller's takes the place of PostgreSQL's.
+- What reaches files or processes (where run directories live, how many workers a call may
+  start) is fixed by the DBA at install (:class:`Installation`, written into each function's
+  body); the session settings below only choose within it:
 
 ========================  ==============================================================
-``cerebro.workers``       worker processes (default: the server's CPU count)
+``cerebro.workers``       worker processes (default: the server's CPU count, at most the
+                          installation's ``max_workers``)
 ``cerebro.seed``          the run seed (default 0: rerunning gives the same models)
-``cerebro.store``         the run directory (default ``~/cerebro_runs/<db>/<output table>``
-                          in the server's OS user's home)
-``cerebro.dsn``           how the run reads tables (default: this server's socket, as the
-                          session's user)
+``cerebro.store``         a run directory of the superuser's choosing (superusers only;
+                          others get ``<store_root>/<db>/<role>/<table>/<call digest>``)
 ``cerebro.keras_backend`` tensorflow, jax or torch (default: KERAS_BACKEND or tensorflow)
 ========================  ==============================================================
 """
@@ -19,19 +26,51 @@ import importlib
 import os
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from ..worker._keras import driver_keras_backend
+import numpy as np
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?")
+PINNED_PATH = "pg_catalog, pg_temp"
+# The first key of Cerebro's advisory locks ('cerb'), so they never meet a user's own.
+_LOCK_CLASS = 0x63657262
+_FETCH_ROWS = 10_000
+KERAS_BACKENDS = ("tensorflow", "jax", "torch")
+
+
+@dataclass(frozen=True)
+class Installation:
+    """What the DBA chose with ``cerebro sql install``: the directory run directories go
+    under (None: ``~/cerebro_runs`` of the server's OS user) and the most workers one call
+    may start (None: the server's CPU count)."""
+
+    store_root: str | None = None
+    max_workers: int | None = None
+
+    def worker_limit(self) -> int:
+        return self.max_workers or os.cpu_count() or 1
+
+    def root(self) -> str:
+        return self.store_root or os.path.join(os.path.expanduser("~"), "cerebro_runs")
 
 
 class Database:
-    """This session's database, seen from a PL/Python function."""
+    """This session's database, seen from a PL/Python function; :meth:`close` gives the
+    caller back their ``search_path``."""
 
-    def __init__(self) -> None:
+    def __init__(self, installation: Installation = Installation()) -> None:
         self._plpy = importlib.import_module("plpy")    # exists only inside PostgreSQL
+        self.installation = installation
+        self._callers_path = self.query("SELECT pg_catalog.current_setting('search_path') AS path")[0]["path"]
+        self._set_path(PINNED_PATH)
+
+    def close(self) -> None:
+        self._set_path(self._callers_path)
+
+    def _set_path(self, path: str) -> None:
+        self.query("SELECT pg_catalog.set_config('search_path', $1, true)", [path], ["text"])
 
     def query(self, sql: str, args: Sequence[Any] = (), types: Sequence[str] = ()) -> list[dict[str, Any]]:
         """The rows of ``sql`` with ``$1, $2, ...`` bound to ``args`` of PostgreSQL ``types``."""
@@ -42,6 +81,11 @@ class Database:
     def notice(self, message: str) -> None:
         self._plpy.notice(message)
 
+    def sleep(self, seconds: float) -> None:
+        """Wait in PostgreSQL's own ``pg_sleep``, which answers a cancel, a terminate or a
+        shutdown at once: a cancel raises here, a terminate ends the backend."""
+        self.query("SELECT pg_catalog.pg_sleep($1)", [seconds], ["float8"])
+
     # --- names -------------------------------------------------------------------------
     def quoted(self, name: str, argument: str) -> str:
         """``name`` (``table`` or ``schema.table``) quoted for SQL, folded to lower case as
@@ -51,27 +95,48 @@ class Database:
                              f"digits, _ and $)")
         return ".".join(self._plpy.quote_ident(part.lower()) for part in name.split("."))
 
+    def qualified(self, name: str, argument: str) -> str:
+        """``name`` quoted and schema-qualified as the caller means it: the schema of the
+        table their ``search_path`` finds, else the one ``CREATE TABLE`` would put it in."""
+        quoted = self.quoted(name, argument)
+        if "." in name:
+            return quoted
+        self._set_path(self._callers_path)
+        try:
+            row = self.query(
+                "SELECT (SELECT n.nspname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                "ON n.oid OPERATOR(pg_catalog.=) c.relnamespace "
+                "WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass($1)) AS found, "
+                "pg_catalog.current_schema() AS here", [quoted], ["text"])[0]
+        finally:
+            self._set_path(PINNED_PATH)
+        schema = row["found"] or row["here"]
+        if schema is None:
+            raise ValueError(f"{argument}={name!r}: no schema on the search_path to create it in; name it as "
+                             f"'schema.table'")
+        return f"{self._plpy.quote_ident(schema)}.{quoted}"
+
     def exists(self, name: str, argument: str) -> bool:
-        return self.query("SELECT to_regclass($1) IS NOT NULL AS found", [self.quoted(name, argument)],
+        return self.query("SELECT pg_catalog.to_regclass($1) IS NOT NULL AS found", [self.qualified(name, argument)],
                           ["text"])[0]["found"]
 
     def require(self, name: str, argument: str) -> str:
-        """The quoted name of an existing table; else an error naming it."""
+        """The qualified name of an existing table; else an error naming it."""
         if not self.exists(name, argument):
             raise ValueError(f"{argument} {name!r} does not exist")
-        return self.quoted(name, argument)
+        return self.qualified(name, argument)
 
     def require_absent(self, name: str, argument: str) -> str:
-        """The quoted name of a table that does not exist yet; else an error naming it."""
+        """The qualified name of a table that does not exist yet; else an error naming it."""
         if self.exists(name, argument):
             raise ValueError(f"{argument} {name!r} already exists; drop it or choose another name")
-        return self.quoted(name, argument)
+        return self.qualified(name, argument)
 
     def columns(self, name: str, argument: str) -> dict[str, str]:
         """The columns of table ``name`` and their types."""
-        rows = self.query("SELECT attname, format_type(atttypid, atttypmod) AS type FROM pg_attribute "
-                          "WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-                          [self.require(name, argument)], ["text"])
+        rows = self.query("SELECT attname, pg_catalog.format_type(atttypid, atttypmod) AS type "
+                          "FROM pg_catalog.pg_attribute WHERE attrelid = pg_catalog.to_regclass($1) AND attnum > 0 "
+                          "AND NOT attisdropped ORDER BY attnum", [self.require(name, argument)], ["text"])
         return {row["attname"]: row["type"] for row in rows}
 
     def require_columns(self, name: str, argument: str, wanted: Sequence[str]) -> None:
@@ -81,44 +146,82 @@ class Database:
             raise ValueError(f"{argument} {name!r} has no column {', '.join(map(repr, missing))}; its columns are "
                              f"{', '.join(have)}")
 
+    def lock_output(self, name: str, argument: str) -> None:
+        """Hold the output table ``name`` for this call's transaction; a second call writing
+        it at the same time is refused before it trains."""
+        table = self.qualified(name, argument)
+        got = self.query("SELECT pg_catalog.pg_try_advisory_xact_lock($1, pg_catalog.hashtext($2)) AS got",
+                         [_LOCK_CLASS, table], ["integer", "text"])[0]["got"]
+        if not got:
+            raise ValueError(f"{argument} {name!r} is being written by another call right now; wait for it to "
+                             f"end, or choose another name")
+
+    # --- rows ----------------------------------------------------------------------------
+    def read(self, name: str, argument: str, features: Sequence[str], label: str) -> tuple[np.ndarray, np.ndarray]:
+        """(features, label) of table ``name``, read through SPI as the calling role, with the
+        columns ``Dataset.from_sql`` takes."""
+        import pyarrow as pa
+
+        from ..data import select_list, table_arrays
+
+        types = self.columns(name, argument)
+        arrays = {c for c in [*features, label] if types[c].endswith("[]")}
+        cursor = self._plpy.cursor(f"SELECT {select_list(features, label, arrays)} FROM {self.require(name, argument)}")
+        values: dict[str, list[Any]] = {c: [] for c in [*features, label]}
+        while rows := cursor.fetch(_FETCH_ROWS):
+            for column, kept in values.items():
+                kept.extend(row[column] for row in rows)
+        cursor.close()
+        table = pa.table({c: pa.array(v, type=pa.binary() if c in arrays or types[c] == "bytea" else None)
+                          for c, v in values.items()})
+        return table_arrays(table, list(features), label, arrays, name)
+
     # --- settings ----------------------------------------------------------------------
     def setting(self, name: str) -> str | None:
         """The custom parameter ``cerebro.<name>``, or None where it is not set."""
-        value = self.query("SELECT current_setting($1, true) AS value", [f"cerebro.{name}"], ["text"])[0]["value"]
+        value = self.query("SELECT pg_catalog.current_setting($1, true) AS value", [f"cerebro.{name}"],
+                           ["text"])[0]["value"]
         return value or None
 
-    def integer_setting(self, name: str, default: int, low: int) -> int:
+    def integer_setting(self, name: str, default: int, low: int, high: int | None = None) -> int:
         value = self.setting(name)
         if value is None:
-            return default
+            return default if high is None else min(default, high)
         if not re.fullmatch(r"\d+", value.strip()) or int(value) < low:
             raise ValueError(f"cerebro.{name}={value!r} must be an integer >= {low}")
+        if high is not None and int(value) > high:
+            raise ValueError(f"cerebro.{name}={value!r} is above this installation's limit of {high} (the DBA sets "
+                             f"it with cerebro sql install --max-workers)")
         return int(value)
 
-    def dsn(self) -> str:
-        """A ``postgresql://`` URI back to this database, for reading tables as Arrow."""
-        given = self.setting("dsn")
-        if given:
-            return given
-        row = self.query("SELECT current_database() AS db, session_user AS who, current_setting('port') AS port, "
-                         "split_part(current_setting('unix_socket_directories'), ',', 1) AS socket")[0]
-        host = row["socket"].strip() or "localhost"
-        return (f"postgresql:///{quote(row['db'])}?host={quote(host)}&port={row['port']}"
-                f"&user={quote(row['who'])}")
+    def workers(self) -> int:
+        limit = self.installation.worker_limit()
+        return self.integer_setting("workers", os.cpu_count() or 1, 1, limit)
+
+    def superuser(self) -> bool:
+        return self.query("SELECT pg_catalog.current_setting('is_superuser') AS value")[0]["value"] == "on"
 
     def store(self, output_table: str) -> str:
+        """The directory the run of a call writing ``output_table`` goes under: the
+        installation's root, one directory per database, role and table (a superuser may
+        choose another with ``cerebro.store``)."""
         given = self.setting("store")
         if given:
+            if not self.superuser():
+                raise ValueError(f"cerebro.store={given!r}: only a superuser may choose the run directory; unset it "
+                                 f"(RESET cerebro.store) and runs go under {self.installation.root()}")
             return given
-        database = self.query("SELECT current_database() AS db")[0]["db"]
-        return os.path.join(os.path.expanduser("~"), "cerebro_runs", database, output_table)
+        row = self.query("SELECT pg_catalog.current_database() AS db, current_user AS who")[0]
+        table = self.qualified(output_table, "model_output_table").replace('"', "")
+        return os.path.join(self.installation.root(), *(_path_part(p) for p in (row["db"], row["who"], table)))
 
-    def use_keras_backend(self) -> None:
-        """Choose Keras's backend for this session before anything imports Keras."""
+    def keras_backend(self) -> str | None:
         backend = self.setting("keras_backend")
-        if backend is not None:
-            loaded = driver_keras_backend()
-            if loaded not in (None, backend):
-                raise ValueError(f"cerebro.keras_backend={backend!r}, but this session already runs Keras on "
-                                 f"{loaded!r}; set it in a new session")
-            os.environ["KERAS_BACKEND"] = backend
+        if backend is not None and backend not in KERAS_BACKENDS:
+            raise ValueError(f"cerebro.keras_backend={backend!r} must be one of {', '.join(KERAS_BACKENDS)}")
+        return backend
+
+
+def _path_part(name: str) -> str:
+    """A database, role or table name as one directory name: no ``/``, never ``.`` or ``..``."""
+    return quote(name, safe="").replace(".", "%2E") if name in (".", "..") else quote(name, safe="")

@@ -1,13 +1,14 @@
 """What the installed SQL functions call: one entry per function, each given the session's
 database. The function bodies (see :mod:`._install`) only put this installation's packages
-on PL/Python's path and call :func:`call`."""
+on PL/Python's path and call :func:`call` with the settings the DBA installed them with."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
 from .._version import __version__
-from ._database import Database
+from ._database import Database, Installation
 from ._fit_multiple import automl, fit_multiple_model
 from ._model_tables import generate_model_configs, load_model_arch, load_model_selection_table
 from ._predict import predict
@@ -23,8 +24,13 @@ ENTRIES = {function.__name__: function for function in (
     predict)}
 
 
-def call(entry: str, /, **arguments: Any) -> Any:
-    """Run the entry of a SQL function with its SQL arguments (one is ``name``, hence ``/``)."""
-    db = Database()
-    db.use_keras_backend()
-    return ENTRIES[entry](db, **arguments)
+def call(entry: str, installation: dict[str, Any], /, **arguments: Any) -> Any:
+    """Run the entry of a SQL function with its SQL arguments (one is ``name``, hence ``/``)
+    under the DBA's ``installation`` (see :class:`Installation`)."""
+    db = Database(Installation(**installation))
+    try:
+        return ENTRIES[entry](db, **arguments)
+    finally:
+        # After an error the transaction may be aborted: it ends, and the path with it.
+        with contextlib.suppress(Exception):
+            db.close()

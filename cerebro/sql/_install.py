@@ -11,7 +11,9 @@ import os
 import re
 import site
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+
+from ._database import Installation
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]*")
 _TABLE_ARGS = ("source_table varchar", "model_output_table varchar")
@@ -19,6 +21,9 @@ _RUN_ARGS = ("use_gpus boolean DEFAULT false", "validation_table varchar DEFAULT
              "metrics_compute_frequency integer DEFAULT NULL")
 _COLUMNS = ("independent_varname varchar DEFAULT 'independent_var'",
             "dependent_varname varchar DEFAULT 'dependent_var'")
+_PREDICT_ARGS = ("model_table varchar", "test_table varchar", "id_col varchar", "independent_varname varchar",
+                 "output_table varchar", "pred_type varchar DEFAULT 'response'", "use_gpus boolean DEFAULT false",
+                 "mst_key integer DEFAULT NULL")
 _ARCH_ARGS = ("model_arch_table varchar", "model_arch json", "model_weights bytea DEFAULT NULL",
               "name varchar DEFAULT NULL", "description varchar DEFAULT NULL", "model_id integer DEFAULT NULL")
 
@@ -56,11 +61,13 @@ FUNCTIONS = (
         "automl_params varchar DEFAULT NULL", "random_state integer DEFAULT NULL",
         "object_table varchar DEFAULT NULL", *_RUN_ARGS, "name varchar DEFAULT NULL",
         "description varchar DEFAULT NULL", *_COLUMNS), "void", "automl"),
-    SqlFunction("predict", (
-        "model_table varchar", "test_table varchar", "id_col varchar", "independent_varname varchar",
-        "output_table varchar", "pred_type varchar DEFAULT 'response'", "use_gpus boolean DEFAULT false",
-        "mst_key integer DEFAULT NULL"), "void", "predict"),
+    SqlFunction("predict", _PREDICT_ARGS, "void", "predict"),
 )
+# MADlib's names of the same functions, so a MADlib notebook runs with madlib. -> cerebro.
+MADLIB_NAMES = {"fit_multiple_model": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl",
+                "predict": "madlib_keras_predict"}
+FUNCTIONS += tuple(SqlFunction(MADLIB_NAMES[f.name], f.arguments, f.returns, f.entry)
+                   for f in FUNCTIONS if f.name in MADLIB_NAMES)
 
 
 def package_paths() -> tuple[list[str], list[str]]:
@@ -73,10 +80,12 @@ def package_paths() -> tuple[list[str], list[str]]:
     return sites, [] if in_site else [root]
 
 
-def function_sql(schema: str, function: SqlFunction, sites: list[str], extra: list[str]) -> str:
-    """``CREATE OR REPLACE FUNCTION`` for ``function`` in ``schema``."""
+def function_sql(schema: str, function: SqlFunction, sites: list[str], extra: list[str],
+                 installation: Installation) -> str:
+    """``CREATE OR REPLACE FUNCTION`` for ``function`` in ``schema``; ``installation`` is
+    written into its body, where no session setting reaches it."""
     names = [argument.split()[0] for argument in function.arguments]
-    call = ", ".join([repr(function.entry), *(f"{n}={n}" for n in names)])
+    call = ", ".join([repr(function.entry), repr(asdict(installation)), *(f"{n}={n}" for n in names)])
     body = "\n".join([
         "import site, sys",
         "if 'cerebro.sql._functions' not in sys.modules:",
@@ -91,24 +100,46 @@ def function_sql(schema: str, function: SqlFunction, sites: list[str], extra: li
             f"RETURNS {function.returns} AS $cerebro$\n{body}\n$cerebro$ LANGUAGE plpython3u")
 
 
-def install(dsn: str, schema: str = "cerebro") -> str:
+def check_installation(store_root: str | None, max_workers: int | None) -> Installation:
+    """The DBA's choices, refused unless ``store_root`` is an absolute path and
+    ``max_workers`` a positive integer."""
+    if store_root is not None and not (isinstance(store_root, str) and os.path.isabs(store_root)
+                                       and "$" not in store_root and "\n" not in store_root):
+        raise ValueError(f"store_root={store_root!r} must be an absolute directory path (without $ or newlines) "
+                         f"the server's OS user may write")
+    if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
+                                    or max_workers < 1):
+        raise ValueError(f"max_workers={max_workers!r} must be a positive integer")
+    return Installation(store_root, max_workers)
+
+
+def install(dsn: str, schema: str = "cerebro", *, store_root: str | None = None,
+            max_workers: int | None = None) -> str:
     """Create ``schema`` with Cerebro's SQL functions in the database at ``dsn`` (a
     ``postgresql://`` URI of a superuser: ``plpython3u`` is an untrusted language), and
-    return what ``version()`` answers from the server.
+    return what ``version()`` answers from the server. Run directories go under
+    ``store_root`` (default ``~/cerebro_runs`` of the server's OS user), one directory per
+    database, role and output table; one call starts at most ``max_workers`` workers
+    (default: the server's CPU count). No role but the installer may run the functions
+    until it is granted: ``GRANT USAGE ON SCHEMA cerebro TO analyst; GRANT EXECUTE ON ALL
+    FUNCTIONS IN SCHEMA cerebro TO analyst``.
 
-    Example:
-        >>> cb.sql.install("postgresql:///mydb?host=/var/run/postgresql")   # or: cerebro sql install --dsn ...
+    Example (a fragment: it needs a running server):
+        >>> cb.sql.install("postgresql:///mydb?host=/var/run/postgresql", store_root="/srv/cerebro")
         'cerebro 0.1.0 on Python 3.11.2 (/usr/bin/python3)'
     """
     if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
         raise ValueError(f"schema={schema!r} must be a lower-case SQL name (letters, digits and _)")
+    installation = check_installation(store_root, max_workers)
     try:
         from adbc_driver_postgresql import dbapi
     except ImportError:
         raise ImportError("cerebro sql install needs ADBC's PostgreSQL driver: pip install 'cerebro[sql]'") from None
     sites, extra = package_paths()
     statements = ["CREATE EXTENSION IF NOT EXISTS plpython3u", f"CREATE SCHEMA IF NOT EXISTS {schema}",
-                  *(function_sql(schema, f, sites, extra) for f in FUNCTIONS)]
+                  *(function_sql(schema, f, sites, extra, installation) for f in FUNCTIONS),
+                  # PostgreSQL grants EXECUTE on new functions to PUBLIC: the DBA grants it instead.
+                  f"REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} FROM PUBLIC"]
     with dbapi.connect(dsn) as connection, connection.cursor() as cursor:
         try:
             for statement in statements:

@@ -25,7 +25,7 @@ def load_model_arch(db: Database, model_arch_table: str, model_arch: str, model_
         json.loads(model_arch)
     except (TypeError, ValueError) as error:
         raise ValueError(f"model_arch is not JSON ({error}); give keras.Model.to_json()") from None
-    table = db.quoted(model_arch_table, "model_arch_table")
+    table = db.qualified(model_arch_table, "model_arch_table")
     if not db.exists(model_arch_table, "model_arch_table"):
         db.query(f"CREATE TABLE {table} (model_id SERIAL PRIMARY KEY, model_arch JSON NOT NULL, "
                  f"model_weights BYTEA, name TEXT, description TEXT)")
@@ -132,7 +132,7 @@ def read_model_selection(db: Database, model_selection_table: str) -> tuple[str,
     if not db.exists(summary, "model_selection_table's summary"):
         raise ValueError(f"{summary!r} does not exist: it names the model architecture table; make the model "
                          f"selection table with load_model_selection_table or generate_model_configs")
-    named = db.query(f"SELECT model_arch_table FROM {db.quoted(summary, 'summary')}")
+    named = db.query(f"SELECT model_arch_table FROM {db.qualified(summary, 'summary')}")
     if len(named) != 1 or named[0]["model_arch_table"] is None:
         raise ValueError(f"{summary!r} must hold one row naming the model architecture table")
     model_arch_table = named[0]["model_arch_table"]

@@ -5,6 +5,7 @@ configuration: its key, architecture, parameters and trained weights), ``<out>_i
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,11 +45,48 @@ def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
     return sorted({*range(frequency, num_iterations + 1, frequency), num_iterations})
 
 
-def write_outputs(db: Database, output_table: str, result: Result, by_trial: Mapping[str, ModelSpec],
-                  run: RunDescription) -> None:
-    """Replace ``output_table`` and its ``_info`` and ``_summary`` tables with ``result``'s
-    trials; ``by_trial`` gives each trial's model selection row."""
-    names = {suffix: db.quoted(f"{output_table}{suffix}", "model_output_table") for suffix in ("", "_info", "_summary")}
+def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescription,
+                weights_dir: str) -> dict[str, Any]:
+    """The rows of ``<out>`` and ``<out>_info`` for ``result``'s trials, as plain data (each
+    trial's weights in a file of ``weights_dir``), and the best trial's key: what the child
+    process that trained (see :mod:`._job`) hands back to the session for
+    :func:`write_outputs`. ``by_trial`` gives each trial's model selection row."""
+    iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
+    history = result.history()
+    ends = result.schedule().groupby(["trial_id", "epoch"])["end"].max().to_dict()
+    # A model selection table's trial carries its key; an AutoML trial's key is its place.
+    keys = {t.trial_id: t.config.get("mst_key", position + 1) for position, t in enumerate(result.trials)}
+    models, info = [], []
+    for trial in result.trials:
+        spec, key = by_trial[trial.trial_id], keys[trial.trial_id]
+        weights = flat_weights(trial.state_dict()) if trial.epochs else None
+        if weights is not None:
+            with open(os.path.join(weights_dir, f"{key}.weights"), "wb") as f:
+                f.write(weights)
+        models.append([key, spec.model_id, spec.model_arch, spec.compile_params, spec.fit_params, weights is not None])
+        rows = history[history["trial_id"] == trial.trial_id] if len(history) else history
+        # A trial stopped early (Hyperband, a failure) keeps its last epoch: the _final values.
+        rows = rows[rows["epoch"].isin(iterations) | (rows["epoch"] == trial.epochs)] if len(rows) else rows
+        metric = _first_metric(spec)
+        training, validation = _column(rows, f"train_{metric}"), _column(rows, f"val_{metric}")
+        training_loss, validation_loss = _column(rows, "train_loss"), _column(rows, "val_loss")
+        info.append([key, spec.model_id, spec.compile_params, spec.fit_params,
+                     len(weights) / 1024 if weights else None,
+                     [ends.get((trial.trial_id, int(e))) for e in rows["epoch"]] if len(rows) else [],
+                     [metric] if metric else [], _loss_name(spec),
+                     _last(training), _last(training_loss), training, training_loss,
+                     _last(validation), _last(validation_loss), validation, validation_loss,
+                     trial.status.value, trial.reason or trial.error, trial.epochs, trial.trial_id])
+    return {"models": models, "info": info, "best": _best_key(result, keys), "store": result.store.path,
+            "ended": time.time()}
+
+
+def write_outputs(db: Database, output_table: str, rows: Mapping[str, Any], run: RunDescription,
+                  weights_dir: str) -> None:
+    """Replace ``output_table`` and its ``_info`` and ``_summary`` tables with ``rows`` (see
+    :func:`output_rows`)."""
+    names = {suffix: db.qualified(f"{output_table}{suffix}", "model_output_table")
+             for suffix in ("", "_info", "_summary")}
     for suffix, table in names.items():
         if db.exists(f"{output_table}{suffix}", "model_output_table"):      # warm_start replaces them
             db.query(f"DROP TABLE {table}")
@@ -62,50 +100,39 @@ def write_outputs(db: Database, output_table: str, result: Result, by_trial: Map
              f"validation_metrics_final DOUBLE PRECISION, validation_loss_final DOUBLE PRECISION, "
              f"validation_metrics DOUBLE PRECISION[], validation_loss DOUBLE PRECISION[], "
              f"status VARCHAR, reason VARCHAR, iterations INTEGER, trial_id VARCHAR)")
-    iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
-    history = result.history()
-    ends = result.schedule().groupby(["trial_id", "epoch"])["end"].max().to_dict()
-    # A model selection table's trial carries its key; an AutoML trial's key is its place.
-    keys = {t.trial_id: t.config.get("mst_key", position + 1) for position, t in enumerate(result.trials)}
-    for trial in result.trials:
-        spec = by_trial[trial.trial_id]
-        weights = flat_weights(trial.state_dict()) if trial.epochs else None
+    for key, model_id, model_arch, compile_params, fit_params, trained in rows["models"]:
+        weights = None
+        if trained:
+            with open(os.path.join(weights_dir, f"{key}.weights"), "rb") as f:
+                weights = f.read()
         db.query(f"INSERT INTO {names['']} VALUES ($1, $2, $3, $4, $5, $6)",
-                 [keys[trial.trial_id], spec.model_id, spec.model_arch,
-                  spec.compile_params, spec.fit_params, weights],
+                 [key, model_id, model_arch, compile_params, fit_params, weights],
                  ["integer", "integer", "json", "text", "text", "bytea"])
-        rows = history[history["trial_id"] == trial.trial_id] if len(history) else history
-        # A trial stopped early (Hyperband, a failure) keeps its last epoch: the _final values.
-        rows = rows[rows["epoch"].isin(iterations) | (rows["epoch"] == trial.epochs)] if len(rows) else rows
-        metric = _first_metric(spec)
-
-        training, validation = _column(rows, f"train_{metric}"), _column(rows, f"val_{metric}")
-        training_loss, validation_loss = _column(rows, "train_loss"), _column(rows, "val_loss")
+    for values in rows["info"]:
         db.query(f"INSERT INTO {names['_info']} VALUES ($1, $2, $3, $4, 'keras', $5, $6, $7, $8, $9, $10, $11, $12, "
-                 f"$13, $14, $15, $16, $17, $18, $19, $20)",
-                 [keys[trial.trial_id], spec.model_id, spec.compile_params, spec.fit_params,
-                  len(weights) / 1024 if weights else None,
-                  [ends.get((trial.trial_id, int(e))) for e in rows["epoch"]] if len(rows) else [],
-                  [metric] if metric else [], _loss_name(spec),
-                  _last(training), _last(training_loss), training, training_loss,
-                  _last(validation), _last(validation_loss), validation, validation_loss,
-                  trial.status.value, trial.reason or trial.error, trial.epochs, trial.trial_id],
+                 f"$13, $14, $15, $16, $17, $18, $19, $20)", values,
                  ["integer", "integer", "text", "text", "float8", "float8[]", "text[]", "text", "float8", "float8",
                   "float8[]", "float8[]", "float8", "float8", "float8[]", "float8[]", "text", "text", "integer",
                   "text"])
-    db.query(f"CREATE TABLE {names['_summary']} (source_table VARCHAR, validation_table VARCHAR, model VARCHAR, "
+    _write_summary(db, names["_summary"], output_table, rows, run)
+
+
+def _write_summary(db: Database, table: str, output_table: str, rows: Mapping[str, Any],
+                   run: RunDescription) -> None:
+    db.query(f"CREATE TABLE {table} (source_table VARCHAR, validation_table VARCHAR, model VARCHAR, "
              f"model_info VARCHAR, dependent_varname VARCHAR, independent_varname VARCHAR, model_arch_table VARCHAR, "
              f"model_selection_table VARCHAR, automl_method VARCHAR, num_iterations INTEGER, "
              f"metrics_compute_frequency INTEGER, warm_start BOOLEAN, name VARCHAR, description VARCHAR, "
              f"start_training_time TIMESTAMPTZ, end_training_time TIMESTAMPTZ, metrics_iters INTEGER[], "
              f"best_mst_key INTEGER, store VARCHAR, seed INTEGER, workers INTEGER, cerebro_version VARCHAR)")
-    best = _best_key(result, keys)
-    db.query(f"INSERT INTO {names['_summary']} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
+    iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
+    db.query(f"INSERT INTO {table} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
              f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22)",
              [run.source_table, run.validation_table, output_table, f"{output_table}_info", run.dependent_varname,
               run.independent_varname, run.model_arch_table, run.model_selection_table, run.method,
               run.num_iterations, run.metrics_compute_frequency, run.warm_start, run.name, run.description,
-              run.started, time.time(), iterations, best, run.store, run.seed, run.workers, __version__],
+              run.started, rows["ended"], iterations, rows["best"], rows["store"], run.seed, run.workers,
+              __version__],
              ["text", "text", "text", "text", "text", "text", "text", "text", "text", "integer", "integer", "boolean",
               "text", "text", "float8", "float8", "integer[]", "integer", "text", "integer", "integer", "text"])
 

@@ -1,13 +1,15 @@
 """``predict``: MADlib's ``madlib_keras_predict`` for a model a model selection trained."""
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import numpy as np
 
-from ..data._sql import read_sql
 from ._database import Database
-from ._keras_model import keras_model, load_flat_weights
+from ._job import run_job
 
-_BATCH = 1024
 _ID_TYPES = ("smallint", "integer", "bigint")
 
 
@@ -40,11 +42,18 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
                          + (f" with mst_key {mst_key}" if mst_key is not None else "; choose one with mst_key"))
     if rows[0]["model_weights"] is None:
         raise ValueError(f"model_table {model_table!r}, mst_key {rows[0]['mst_key']}: the trial trained no weights")
-    model = keras_model(rows[0]["model_arch"], rows[0]["compile_params"], one_hot=True)
-    load_flat_weights(model, bytes(rows[0]["model_weights"]))
-    inputs, ids = read_sql(db.dsn(), test_table, features, id_col)
-    outputs = np.concatenate([np.asarray(model.predict_on_batch(inputs[i:i + _BATCH]))
-                              for i in range(0, len(inputs), _BATCH)]).reshape(len(inputs), -1)
+    inputs, ids = db.read(test_table, "test_table", features, id_col)
+    job_dir = tempfile.mkdtemp(prefix="cerebro-predict-")
+    try:
+        np.save(os.path.join(job_dir, "inputs.npy"), inputs, allow_pickle=False)
+        with open(os.path.join(job_dir, "model.weights"), "wb") as f:
+            f.write(bytes(rows[0]["model_weights"]))
+        run_job(db, job_dir, {"kind": "predict", "model_arch": rows[0]["model_arch"],
+                              "compile_params": rows[0]["compile_params"]},
+                keras_backend=db.keras_backend(), use_gpus=False)
+        outputs = np.load(os.path.join(job_dir, "outputs.npy"), allow_pickle=False)
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
     quoted_id = db.quoted(id_col, "id_col")
     if pred_type == "response":
         # One output is a sigmoid's probability of class 1; more are one per class.

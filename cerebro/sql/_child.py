@@ -1,0 +1,147 @@
+"""``python -m cerebro.sql._child JOB_DIR PARENT_PID``: what a SQL function's session hands
+to a child process (see :mod:`._job`): training a model selection, or predicting with a
+trained model. It reads ``job.json`` and ``.npy`` arrays (never pickles) from ``JOB_DIR``,
+writes its files and ``answer.json`` there, and ends with the session's backend.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import signal
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..backends import LocalBackend
+from ..data import Dataset
+from ..engine import resume
+from ..report import Result
+from ..search import GridSearch, Hyperband, Searcher, TPESearch, choice
+from ._grid import ConfigGrid
+from ._keras_model import GridBuild, ModelSpec, SelectionBuild, keras_model, load_flat_weights
+from ._output import RunDescription, output_rows
+
+_PR_SET_PDEATHSIG = 1
+_PREDICT_BATCH = 1024
+
+
+def main(job_dir: str, parent: int) -> int:
+    _end_with(parent)
+    with open(os.path.join(job_dir, "job.json")) as f:
+        job = json.load(f)
+    try:
+        answer: dict[str, Any] = {"result": (train if job["kind"] == "fit" else predict)(job_dir, job)}
+    except Exception as error:      # handed to the session, which raises it as the SQL error
+        answer = {"error": {"type": type(error).__name__, "message": str(error)}}
+    written = os.path.join(job_dir, "answer.json.part")
+    with open(written, "w") as f:
+        json.dump(answer, f)
+    os.replace(written, os.path.join(job_dir, "answer.json"))     # whole or absent
+    return 0 if "result" in answer else 1
+
+
+def _end_with(parent: int) -> None:
+    """SIGTERM (a clean stop) when the session's backend ends, however it ends."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:      # it ended before the line above
+        sys.exit(1)
+
+
+def _weights(job_dir: str, name: str, present: bool) -> bytes | None:
+    if not present:
+        return None
+    with open(os.path.join(job_dir, f"{name}.weights"), "rb") as f:
+        return f.read()
+
+
+def _data(job_dir: str, run: RunDescription) -> Dataset:
+    """The rows the session read, as ``Dataset.from_sql`` would have made them."""
+    def array(name: str) -> np.ndarray:
+        return np.load(os.path.join(job_dir, f"{name}.npy"), allow_pickle=False)
+    validation = None
+    if os.path.exists(os.path.join(job_dir, "validation_features.npy")):
+        validation = Dataset.from_numpy(array("validation_features"), array("validation_label"), validation=None,
+                                        seed=run.seed)
+    return Dataset.from_numpy(array("train_features"), array("train_label"), validation=validation,
+                              partitions=run.workers, seed=run.seed)
+
+
+def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Fit the job's search, or resume its interrupted run; the output tables' rows."""
+    run = RunDescription(**job["run"])
+    if job["use_gpus"]:
+        import torch
+        if not torch.cuda.is_available():
+            raise ValueError("use_gpus is true, but the server sees no GPU; call with use_gpus => false")
+    data = _data(job_dir, run)
+    one_hot = data.label.ndim > 1
+    metric = "val_loss" if data.has_validation else "train_loss"
+    if "models" in job:
+        models = {int(key): ModelSpec(m, arch, c, f, _weights(job_dir, f"model-{key}", has))
+                  for key, (m, arch, c, f, has) in job["models"].items()}
+        build: Any = SelectionBuild(models, one_hot)
+        space: dict[str, Any] = {"mst_key": choice(sorted(models))}
+
+        def searcher(space: dict[str, Any]) -> Searcher:
+            return GridSearch(build, space, epochs=run.num_iterations, metric=metric, mode="min")
+    else:
+        architectures = {int(m): (arch, _weights(job_dir, f"arch-{m}", has))
+                         for m, (arch, has) in job["architectures"].items()}
+        build = GridBuild(architectures, ConfigGrid(*job["grid"]), one_hot)
+        space = dict(build.grid.space)
+        searcher = _automl_searcher(build, run, job["params"], metric)
+    result, resumed = _fit_or_resume(searcher, space, job["digest"], data, run)
+    by_trial = {t.trial_id: models[t.config["mst_key"]] if "models" in job else build.spec(t.config)
+                for t in result.trials}
+    rows = output_rows(result, by_trial, run, job_dir)
+    rows["selection"] = [[s.model_id, s.compile_params, s.fit_params] for s in by_trial.values()]
+    return {**rows, "resumed": resumed}
+
+
+def _automl_searcher(build: GridBuild, run: RunDescription, params: dict[str, Any], metric: str) -> Any:
+    if run.method == "hyperband":
+        return lambda space: Hyperband(build, space, max_epochs=run.num_iterations, eta=params.get("eta", 3),
+                                       metric=metric)
+    return lambda space: TPESearch(build, space, num_trials=params.get("num_configs", 20),
+                                   epochs=run.num_iterations, metric=metric)
+
+
+def _fit_or_resume(searcher: Any, space: dict[str, Any], digest: str, data: Dataset,
+                   run: RunDescription) -> tuple[Result, bool]:
+    """The finished, resumed or new run in ``run.store``. The space carries the call's digest
+    as a constant: a run directory is resumed only by the call that made it. Where the store
+    is named by that digest, a directory left by a call interrupted before its run began is
+    removed and the run started clean."""
+    backend = LocalBackend(workers=run.workers)
+    settings = os.path.join(run.store, "run.json")
+    if os.path.exists(settings):
+        with open(settings) as f:
+            made_by = str(json.load(f).get("searcher", {}).get("space", {}).get("call"))
+        if digest not in made_by:
+            raise ValueError(f"the run directory {run.store!r} holds another run; SET cerebro.store to a new "
+                             f"directory or remove it")
+        return resume(run.store, backend=backend, verbose=0), True
+    if os.path.basename(run.store) == digest[:12]:
+        shutil.rmtree(run.store, ignore_errors=True)
+    result = searcher({**space, "call": digest}).fit(data, backend=backend, store=run.store, seed=run.seed,
+                                                    verbose=0, tensorboard=False)
+    return result, False
+
+
+def predict(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
+    """The model's outputs for the rows in ``inputs.npy``, written to ``outputs.npy``."""
+    model = keras_model(job["model_arch"], job["compile_params"], one_hot=True)
+    load_flat_weights(model, _weights(job_dir, "model", True))
+    inputs = np.load(os.path.join(job_dir, "inputs.npy"), allow_pickle=False)
+    outputs = np.concatenate([np.asarray(model.predict_on_batch(inputs[i:i + _PREDICT_BATCH]))
+                              for i in range(0, len(inputs), _PREDICT_BATCH)]).reshape(len(inputs), -1)
+    np.save(os.path.join(job_dir, "outputs.npy"), outputs, allow_pickle=False)
+    return {"rows": len(outputs)}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))
