@@ -53,3 +53,11 @@ def postgres():
         pytest.skip("PostgreSQL's server is not installed and could not be (apt-get install postgresql-15)")
     with postgres_server(binaries) as uri:
         yield uri
+
+
+@pytest.fixture(scope="session")
+def database(postgres):
+    """The throwaway server with Cerebro's SQL functions installed and the digits, two
+    architectures and their model selection table in it (see ``_sql.py``)."""
+    from _sql import ready_database
+    return ready_database(postgres)

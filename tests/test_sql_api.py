@@ -9,90 +9,10 @@ import subprocess
 import sys
 
 import numpy as np
-import pyarrow as pa
 import pytest
-from sklearn.datasets import load_digits
+from _sql import COMPILE, FIT, architectures, dbapi, error_of, keras, sql
 
 import cerebro as cb
-
-dbapi = pytest.importorskip("adbc_driver_postgresql.dbapi")
-os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-keras = pytest.importorskip("keras")
-
-COMPILE = ["loss='categorical_crossentropy', optimizer='Adam(lr=0.003)', metrics=['accuracy']",
-           "loss='categorical_crossentropy', optimizer='SGD(lr=0.05, momentum=0.9)', metrics=['accuracy']"]
-FIT = ["batch_size=16, epochs=1", "batch_size=32"]
-
-
-def architectures() -> list[str]:
-    """Two Keras architectures as JSON: an MLP, and a wider one with dropout."""
-    small = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
-    wide = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dropout(0.2),
-                             keras.layers.Dense(10, activation="softmax")])
-    return [small.to_json(), wide.to_json()]
-
-
-def sql(uri: str, *statements: str, store: str | None = None) -> list[tuple]:
-    """Run ``statements`` in one session (two workers, this process's Keras backend); the
-    rows of the last."""
-    with dbapi.connect(uri, autocommit=True) as connection, connection.cursor() as cursor:
-        cursor.execute("SET cerebro.workers = 2")
-        cursor.execute(f"SET cerebro.keras_backend = '{keras.backend.backend()}'")
-        if store:
-            cursor.execute(f"SET cerebro.store = '{store}'")
-        rows: list[tuple] = []
-        for statement in statements:
-            cursor.execute(statement)
-            rows = cursor.fetchall() if cursor.description else []
-        return rows
-
-
-def error_of(uri: str, *statements: str, store: str | None = None) -> str:
-    """The message of the SQL error the last statement raises (its first line, after the
-    driver's prefix)."""
-    with pytest.raises(dbapi.Error) as raised:
-        sql(uri, *statements, store=store)
-    return str(raised.value).splitlines()[0].split("ERROR:  ", 1)[1]
-
-
-def prepare(uri: str) -> None:
-    """Install Cerebro; split the digits into ``digits_train``, ``digits_val`` and
-    ``digits_test`` (id, pixels real[], digit integer); the two architectures in ``arch``
-    and their grid with the compile and fit parameters in ``mst``."""
-    version = cb.sql.install(uri)
-    assert version.startswith(f"cerebro {cb.__version__} on Python 3.11")
-    features, label = load_digits(return_X_y=True)
-    features = (features / 16.0).astype(np.float32)
-    parts = {"digits_train": slice(0, 1200), "digits_val": slice(1200, 1500), "digits_test": slice(1500, None)}
-    with dbapi.connect(uri) as connection, connection.cursor() as cursor:
-        for name, rows in parts.items():
-            cursor.execute(f"CREATE TABLE {name} (id integer, pixels real[], digit integer)")
-            cursor.adbc_ingest(name, pa.table({
-                "id": pa.array(np.arange(len(label))[rows].astype(np.int32)),
-                "pixels": pa.array(list(features[rows]), type=pa.list_(pa.float32())),
-                "digit": pa.array(label[rows].astype(np.int32))}), mode="append")
-        connection.commit()
-    for model_arch in architectures():
-        sql(uri, f"SELECT cerebro.load_model_arch('arch', '{model_arch}'::json)")
-    sql(uri, "SELECT cerebro.load_model_selection_table('arch', 'mst', ARRAY[1, 2], "
-             f"ARRAY[$${COMPILE[0]}$$, $${COMPILE[1]}$$], ARRAY[$${FIT[0]}$$, $${FIT[1]}$$])")
-
-
-@pytest.fixture(scope="module")
-def database(postgres):
-    """A database :func:`prepare` made ready."""
-    from _postgres import plpython_installed, server_binaries, unreadable_by_server
-
-    from cerebro.sql._install import package_paths
-    if not plpython_installed(server_binaries()):
-        pytest.skip("PL/Python is not installed and could not be (apt-get install postgresql-plpython3-15)")
-    hidden = unreadable_by_server([p for paths in package_paths() for p in paths])
-    if hidden:
-        pytest.skip(f"the PostgreSQL server's OS user cannot read {hidden}, where Cerebro is installed; the SQL "
-                    f"functions import it from there (clone the project where that user can read it)")
-    prepare(postgres)
-    return postgres
 
 
 def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(database):
@@ -282,21 +202,22 @@ def test_automl_writes_the_configurations_it_tried_and_their_models(database, me
 
 
 def fit_call(output_table: str) -> str:
-    return (f"SELECT cerebro.fit_multiple_model('digits_train', '{output_table}', 'mst_two', 4, "
+    return (f"SELECT cerebro.fit_multiple_model('digits_train', '{output_table}', 'mst_two', 10, "
             "validation_table => 'digits_val', independent_varname => 'pixels', dependent_varname => 'digit')")
 
 
 @pytest.mark.slow
 def test_a_session_killed_mid_run_resumes_it_when_called_again_with_the_same_bits(database):
-    """The driver is the session's backend: SIGKILLed after two epochs, its run is finished
-    by the next identical call, bitwise equal to a run that was never interrupted."""
+    """The session's backend SIGKILLed after two epochs: the child that trains stops the run
+    (it watches its parent), and the next identical call finishes it, bitwise equal to a run
+    that was never interrupted."""
     import signal
     import time
 
     from _faults import epochs_journaled
     from _postgres import server_directory
-    sql(database, "CREATE TABLE mst_two AS SELECT * FROM mst WHERE mst_key IN (2, 7)",
-        "CREATE TABLE mst_two_summary AS SELECT * FROM mst_summary")
+    sql(database, "CREATE TABLE IF NOT EXISTS mst_two AS SELECT * FROM mst WHERE mst_key IN (2, 7)",
+        "CREATE TABLE IF NOT EXISTS mst_two_summary AS SELECT * FROM mst_summary")
     sql(database, fit_call("steady"), store=os.path.join(server_directory(), "run"))
     store = os.path.join(server_directory(), "run")
     code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_sql_api as t; "

@@ -5,12 +5,13 @@ writes its files and ``answer.json`` there, and ends with the session's backend.
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import shutil
 import signal
 import sys
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -21,10 +22,10 @@ from ..engine import resume
 from ..report import Result
 from ..search import GridSearch, Hyperband, Searcher, TPESearch, choice
 from ._grid import ConfigGrid
+from ._job import POLL_SECONDS, STOP_SECONDS
 from ._keras_model import GridBuild, ModelSpec, SelectionBuild, keras_model, load_flat_weights
 from ._output import RunDescription, output_rows
 
-_PR_SET_PDEATHSIG = 1
 _PREDICT_BATCH = 1024
 
 
@@ -44,11 +45,18 @@ def main(job_dir: str, parent: int) -> int:
 
 
 def _end_with(parent: int) -> None:
-    """SIGTERM (a clean stop) when the session's backend ends, however it ends."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:      # it ended before the line above
-        sys.exit(1)
+    """When the session's backend ends, however it ends (a terminate, a shutdown, a crash),
+    stop as a cancel does: SIGTERM to this process (the driver stops its workers and leaves
+    the run resumable), then SIGKILL to its whole process group, workers too, if that takes
+    longer than :data:`._job.STOP_SECONDS`. A thread watches for it, since a process is told
+    of its parent's end by nothing else it could rely on."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(POLL_SECONDS)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(STOP_SECONDS)
+        os.killpg(0, signal.SIGKILL)     # this process leads its group: the session started it so
+    threading.Thread(target=watch, name="cerebro-parent-watch", daemon=True).start()
 
 
 def _weights(job_dir: str, name: str, present: bool) -> bytes | None:

@@ -10,8 +10,8 @@ them at once:
 
 - a cancel raises in the session: the child gets SIGTERM (the driver stops its workers and
   leaves the run resumable), and SIGKILL with its whole process group 3 s later;
-- a terminate or a shutdown ends the backend: the child gets SIGTERM from the kernel
-  (``PR_SET_PDEATHSIG``), the same clean stop.
+- a terminate or a shutdown ends the backend: the child, which watches its parent, stops
+  itself the same way.
 
 The child runs in a session of its own, so the postmaster's signals to the backend's process
 group never reach its workers.
