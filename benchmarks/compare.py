@@ -122,10 +122,12 @@ def run_sequential(work: dict) -> dict[str, Any]:
             "data_per_worker": "all rows, one process", "curves": curves}
 
 
-def _distributed(rank: int, strategy: str, work: dict, port: int, out: str) -> None:
-    """One of WORKERS processes of ``data_parallel`` or ``model_averaging``."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORKERS)
+def _distributed(rank: int, strategy: str, work: dict, rendezvous: str, out: str) -> None:
+    """One of WORKERS processes of ``data_parallel`` or ``model_averaging``. They meet through
+    a file, not a port picked beforehand: another process could take such a port between
+    its pick and gloo's bind. Gloo's own connections stay on loopback."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORKERS)
     torch.set_num_threads(1)
     x, y, vx, vy = split(work)
     mine = torch.arange(rank, len(x), WORKERS)          # this worker's rows
@@ -176,12 +178,9 @@ def _distributed(rank: int, strategy: str, work: dict, port: int, out: str) -> N
 def run_distributed(strategy: str, work: dict) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "out.json")
-        import socket
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         started = time.perf_counter()
-        mp.spawn(_distributed, args=(strategy, work, port, out), nprocs=WORKERS, join=True)
+        mp.spawn(_distributed, args=(strategy, work, os.path.join(scratch, "rendezvous"), out), nprocs=WORKERS,
+                 join=True)
         wall = time.perf_counter() - started
         with open(out) as f:
             measured = json.load(f)

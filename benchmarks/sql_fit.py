@@ -13,7 +13,10 @@ Keras and start their workers):
   ``tests/test_sql_api.py``'s ``python_grid``), wall time of the process.
 
 It prints the medians and their ratio, checks that every model's weights are bitwise the
-same both ways, and writes the numbers to ``--out``.
+same both ways. Then, ``--repeats`` times, a 12-iteration call is cancelled with
+``pg_cancel_backend`` once it has trained an epoch: it prints the time from the cancel to
+the call returning its error, and to the last of its processes (the child and the workers)
+ending. It writes the numbers to ``--out``.
 
     .venv/bin/python benchmarks/sql_fit.py                 # ~5 min
 """
@@ -32,8 +35,10 @@ TESTS = os.path.join(os.path.dirname(HERE), "tests")
 sys.path.insert(0, TESTS)
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
-import test_sql_api as setup  # noqa: E402
+import _sql as setup  # noqa: E402
+import psutil  # noqa: E402
 from _postgres import plpython_installed, postgres_server, server_binaries, server_directory  # noqa: E402
+from test_sql_security import mst_two, running, training  # noqa: E402
 
 PYTHON_RUN = """
 import sys, os, pickle
@@ -79,15 +84,38 @@ def main() -> None:
             in_sql = [bytes(row[0]) for row in setup.sql(uri, f"SELECT model_weights FROM {output} ORDER BY mst_key")]
             with open(weights_file, "rb") as f:
                 equal &= in_sql == pickle.load(f)
+        cancel = cancel_times(uri, args.repeats)
     medians = {kind: statistics.median(values) for kind, values in times.items()}
     print(f"{'':12}{'median s':>10}  runs")
     for kind, values in times.items():
         print(f"{kind:12}{medians[kind]:>10.1f}  {', '.join(f'{v:.1f}' for v in values)}")
     print(f"sql / python: {medians['sql'] / medians['python']:.2f}; weights bitwise equal: {equal}")
+    for kind, values in cancel.items():
+        print(f"pg_cancel_backend -> {kind}: median {statistics.median(values):.2f} s "
+              f"({', '.join(f'{v:.2f}' for v in values)})")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"iterations": args.iterations, "times": times, "medians": medians,
-                   "ratio": medians["sql"] / medians["python"], "weights_equal": equal}, f, indent=1)
+                   "ratio": medians["sql"] / medians["python"], "weights_equal": equal, "cancel": cancel}, f,
+                  indent=1)
+
+
+def cancel_times(uri: str, repeats: int) -> dict[str, list[float]]:
+    """Seconds from ``pg_cancel_backend`` to the call's error, and to its processes' end."""
+    mst_two(uri)
+    times: dict[str, list[float]] = {"call returned": [], "processes ended": []}
+    for repeat in range(repeats):
+        call = training(uri, f"cancelled_{repeat}", os.path.join(server_directory(), "run"))
+        processes = psutil.Process(call.pid).children(recursive=True)
+        asked = time.monotonic()
+        setup.sql(uri, f"SELECT pg_cancel_backend({call.pid})")
+        call.join(60)
+        times["call returned"].append(call.ended - asked)
+        while any(running(p) for p in processes):
+            time.sleep(0.01)      # polling the processes
+        times["processes ended"].append(time.monotonic() - asked)
+        assert call.error and "canceling statement" in call.error, call.error
+    return times
 
 
 if __name__ == "__main__":
