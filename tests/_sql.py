@@ -30,11 +30,11 @@ def architectures() -> list[str]:
     return [small.to_json(), wide.to_json()]
 
 
-def sql(uri: str, *statements: str, store: str | None = None) -> list[tuple]:
-    """Run ``statements`` in one session (two workers, this process's Keras backend); the
-    rows of the last."""
+def sql(uri: str, *statements: str, store: str | None = None, workers: int = 2) -> list[tuple]:
+    """Run ``statements`` in one session (``workers`` workers, this process's Keras
+    backend); the rows of the last."""
     with dbapi.connect(uri, autocommit=True) as connection, connection.cursor() as cursor:
-        cursor.execute("SET cerebro.workers = 2")
+        cursor.execute(f"SET cerebro.workers = {workers}")
         cursor.execute(f"SET cerebro.keras_backend = '{keras.backend.backend()}'")
         if store:
             cursor.execute(f"SET cerebro.store = '{store}'")

@@ -21,7 +21,7 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
                            "cerebro_again"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cerebro ")
-    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 11
+    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 12
 
 
 def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):
@@ -32,6 +32,39 @@ def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):
     assert error_of(database, "SELECT cerebro.load_model_selection_table('arch_ids', 'no_mst', ARRAY[10, NULL], "
                               "ARRAY[$$loss='mse', optimizer='SGD'$$], ARRAY['batch_size=32'])") == \
         "ValueError: model_id_list=[10, None] must hold one or more model ids, none NULL"
+
+
+def test_madlibs_names_and_argument_names_load_and_delete_architectures(database):
+    arch = architectures()[0]
+    sql(database, "DROP TABLE IF EXISTS madlib_arch")
+    assert sql(database, f"SELECT cerebro.load_keras_model(keras_model_arch_table => 'madlib_arch', "
+                         f"model_arch => '{arch}'::json, name => 'Sophie')") == [(1,)]
+    assert sql(database, f"SELECT cerebro.load_keras_model('madlib_arch', '{arch}'::json)") == [(2,)]
+    sql(database, "SELECT cerebro.delete_keras_model('madlib_arch', 1)")
+    assert sql(database, "SELECT model_id FROM madlib_arch") == [(2,)]
+    assert error_of(database, "SELECT cerebro.delete_keras_model(keras_model_arch_table => 'madlib_arch', "
+                              "model_id => 1)") == "ValueError: model_arch_table 'madlib_arch' has no model_id 1"
+    sql(database, "SELECT cerebro.delete_keras_model('madlib_arch', 2)")       # the last: the table goes too
+    assert sql(database, "SELECT to_regclass('madlib_arch')") == [(None,)]
+
+
+def test_a_repeated_model_id_or_parameter_string_adds_no_configuration(database):
+    """MADlib's install-check: ids [1, 2, 1] and a compile string given twice make 2 x 1 x 2 rows."""
+    sql(database, "DROP TABLE IF EXISTS mst_dup, mst_dup_summary",
+        "SELECT cerebro.load_model_selection_table('arch', 'mst_dup', ARRAY[1, 2, 1], "
+        f"ARRAY[$${COMPILE[0]}$$, $${COMPILE[0]}$$], ARRAY[$${FIT[0]}$$, $${FIT[1]}$$, $${FIT[0]}$$])")
+    assert sql(database, "SELECT mst_key, model_id, fit_params FROM mst_dup ORDER BY mst_key") == \
+        [(1, 1, FIT[0]), (2, 1, FIT[1]), (3, 2, FIT[0]), (4, 2, FIT[1])]
+
+
+def test_optimizer_names_are_taken_as_keras_spells_them():
+    from cerebro.sql._keras_model import keras_model
+    arch = architectures()[0]
+    for name, expected in (("adam", "Adam"), ("Adam", "Adam"), ("rmsprop(lr=0.01)", "RMSprop"), ("sgd", "SGD")):
+        model = keras_model(arch, f"loss='categorical_crossentropy', optimizer='{name}'", one_hot=True)
+        assert type(model.optimizer).__name__ == expected
+    with pytest.raises(ValueError, match=r"optimizer 'adamm' is not a class of keras.optimizers"):
+        keras_model(arch, "loss='mse', optimizer='adamm'", one_hot=True)
 
 
 def test_the_model_selection_table_is_every_combination_in_madlibs_order(database):
@@ -260,7 +293,9 @@ def test_warm_start_trains_on_from_the_weights_the_output_table_holds(database, 
             "'digits_val', independent_varname => 'pixels', dependent_varname => 'digit'{})")
     sql(database, call.format(""), store=os.path.join(server_directory(), "run"))
     first = dict(sql(database, "SELECT mst_key, model_weights FROM warm ORDER BY mst_key"))
-    sql(database, call.format(", warm_start => true"), store=os.path.join(server_directory(), "run"))
+    # MADlib's use_caching is taken, and needs nothing: a worker holds its partition throughout.
+    sql(database, call.format(", warm_start => true, use_caching => true"),
+        store=os.path.join(server_directory(), "run"))
     second = dict(sql(database, "SELECT mst_key, model_weights FROM warm ORDER BY mst_key"))
     assert sql(database, "SELECT warm_start FROM warm_summary") == [(True,)]
 

@@ -157,9 +157,9 @@ def running(process: psutil.Process) -> bool:
 class Call(threading.Thread):
     """A SQL call in a session of its own, in the background; ``pid`` is its backend."""
 
-    def __init__(self, uri: str, statement: str, store: str) -> None:
+    def __init__(self, uri: str, statement: str, store: str | None, workers: int = 2) -> None:
         super().__init__(daemon=True)
-        self.uri, self.statement, self.store = uri, statement, store
+        self.uri, self.statement, self.store, self.workers = uri, statement, store, workers
         self.error: str | None = None
         self.ended = 0.0
         self.connected = threading.Event()
@@ -167,8 +167,9 @@ class Call(threading.Thread):
     def run(self) -> None:
         try:
             with dbapi.connect(self.uri, autocommit=True) as connection, connection.cursor() as cursor:
-                cursor.execute("SET cerebro.workers = 2")
-                cursor.execute(f"SET cerebro.store = '{self.store}'")
+                cursor.execute(f"SET cerebro.workers = {self.workers}")
+                if self.store is not None:
+                    cursor.execute(f"SET cerebro.store = '{self.store}'")
                 cursor.execute("SELECT pg_backend_pid()")
                 self.pid = cursor.fetchone()[0]
                 self.connected.set()
@@ -234,3 +235,25 @@ def test_a_second_call_into_the_same_output_table_is_refused_before_it_trains(sh
         sql(database, f"SELECT pg_cancel_backend({first.pid})")
         first.join(30)
     assert first.error is not None and "canceling statement" in first.error
+
+
+def test_a_call_cancelled_while_its_run_starts_is_repeated_and_trains_from_the_start(shared):
+    """Cancelled before its run had anything to resume (here: as soon as its run directory,
+    named by the call, appears), the same call starts clean instead of finding "another run"."""
+    database, _, root = shared
+    mst_two(database)
+    call = Call(database, fit(SCHEMA, "started_twice"), store=None, workers=1)
+    call.start()
+    assert call.connected.wait(60)
+    runs = os.path.join(root, "postgres", "tester", "public.started_twice")
+    deadline = time.monotonic() + 120
+    while not (os.path.isdir(runs) and [d for d in os.listdir(runs) if not d.startswith(".")]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)      # polling for the run directory, with a deadline
+    sql(database, f"SELECT pg_cancel_backend({call.pid})")
+    call.join(30)
+    assert call.error is not None and "canceling statement" in call.error
+    sql(database, fit(SCHEMA, "started_twice"), workers=1)
+    assert sql(database, "SELECT count(*), count(model_weights) FROM started_twice") == [(2, 2)]
+    (run,) = [d for d in os.listdir(runs) if not d.startswith(".")]
+    assert cb.load(os.path.join(runs, run)).finished

@@ -39,11 +39,12 @@ AUTOML_METHODS = ("hyperband", "tpe", "hyperopt")     # hyperopt: MADlib's name 
 def fit_multiple_model(db: Database, source_table: str, model_output_table: str, model_selection_table: str,
                        num_iterations: int, use_gpus: bool = False, validation_table: str | None = None,
                        metrics_compute_frequency: int | None = None, warm_start: bool = False,
-                       name: str | None = None, description: str | None = None,
+                       name: str | None = None, description: str | None = None, use_caching: bool = False,
                        independent_varname: str = "independent_var",
                        dependent_varname: str = "dependent_var") -> None:
     """Train every row of ``model_selection_table`` for ``num_iterations`` epochs with MOP
-    and write ``model_output_table``, ``_info`` and ``_summary``."""
+    and write ``model_output_table``, ``_info`` and ``_summary``. ``use_caching`` is
+    accepted and needs nothing: each worker holds its partition for the whole run."""
     _check_iterations(num_iterations, metrics_compute_frequency)
     db.lock_output(model_output_table, "model_output_table")
     model_arch_table, models = read_model_selection(db, model_selection_table)

@@ -10,7 +10,7 @@ from typing import Any
 from .._version import __version__
 from ._database import Database, Installation
 from ._fit_multiple import automl, fit_multiple_model
-from ._model_tables import generate_model_configs, load_model_arch, load_model_selection_table
+from ._model_tables import delete_model_arch, generate_model_configs, load_model_arch, load_model_selection_table
 from ._predict import predict
 
 
@@ -19,9 +19,19 @@ def version(db: Database) -> str:
     return f"cerebro {__version__} on Python {sys.version.split()[0]} ({sys.executable})"
 
 
+def load_keras_model(db: Database, keras_model_arch_table: str, **arguments: Any) -> int:
+    """MADlib's ``load_keras_model``: :func:`load_model_arch` under MADlib's argument names."""
+    return load_model_arch(db, keras_model_arch_table, **arguments)
+
+
+def delete_keras_model(db: Database, keras_model_arch_table: str, model_id: int) -> None:
+    """MADlib's ``delete_keras_model``."""
+    delete_model_arch(db, keras_model_arch_table, model_id)
+
+
 ENTRIES = {function.__name__: function for function in (
-    version, load_model_arch, load_model_selection_table, generate_model_configs, fit_multiple_model, automl,
-    predict)}
+    version, load_model_arch, load_keras_model, delete_keras_model, load_model_selection_table,
+    generate_model_configs, fit_multiple_model, automl, predict)}
 
 
 def call(entry: str, installation: dict[str, Any], /, **arguments: Any) -> Any:

@@ -41,7 +41,11 @@ class SqlFunction:
 FUNCTIONS = (
     SqlFunction("version", (), "text", "version"),
     SqlFunction("load_model_arch", _ARCH_ARGS, "integer", "load_model_arch"),
-    SqlFunction("load_keras_model", _ARCH_ARGS, "integer", "load_model_arch"),     # MADlib's name
+    # MADlib's names, with MADlib's argument names.
+    SqlFunction("load_keras_model", ("keras_model_arch_table varchar", *_ARCH_ARGS[1:]), "integer",
+                "load_keras_model"),
+    SqlFunction("delete_keras_model", ("keras_model_arch_table varchar", "model_id integer"), "void",
+                "delete_keras_model"),
     SqlFunction("load_model_selection_table", (
         "model_arch_table varchar", "model_selection_table varchar", "model_id_list integer[]",
         "compile_params_list varchar[]", "fit_params_list varchar[]", "object_table varchar DEFAULT NULL"),
@@ -54,7 +58,7 @@ FUNCTIONS = (
     SqlFunction("fit_multiple_model", (
         *_TABLE_ARGS, "model_selection_table varchar", "num_iterations integer", *_RUN_ARGS,
         "warm_start boolean DEFAULT false", "name varchar DEFAULT NULL", "description varchar DEFAULT NULL",
-        *_COLUMNS), "void", "fit_multiple_model"),
+        "use_caching boolean DEFAULT false", *_COLUMNS), "void", "fit_multiple_model"),
     SqlFunction("automl", (
         *_TABLE_ARGS, "model_arch_table varchar", "model_selection_table varchar", "model_id_list integer[]",
         "compile_params_grid varchar", "fit_params_grid varchar", "automl_method varchar DEFAULT 'hyperband'",

@@ -38,8 +38,8 @@ def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
     keras = importlib.import_module("keras")
     params = parse_compile_params(compile_params)
     model = keras.models.model_from_json(model_arch)
-    optimizer_class = getattr(keras.optimizers, params.optimizer, None)
-    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, keras.optimizers.Optimizer)):
+    optimizer_class = optimizer_classes(keras).get(params.optimizer.lower())
+    if optimizer_class is None:
         raise ValueError(f"compile_params {compile_params!r}: optimizer {params.optimizer!r} is not a class of "
                          f"keras.optimizers (Adam, SGD, RMSprop, AdamW, ...)")
     try:
@@ -56,6 +56,13 @@ def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
                          f"keras.losses") from None
     model.compile(optimizer=optimizer, loss=loss, metrics=list(params.metrics))
     return model
+
+
+def optimizer_classes(keras: Any) -> dict[str, type]:
+    """Keras's optimizer classes by their lower-case names: Keras itself takes ``'adam'`` or
+    ``'rmsprop'`` for ``Adam`` and ``RMSprop``, and MADlib's examples use both spellings."""
+    return {name.lower(): value for name, value in vars(keras.optimizers).items()
+            if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer)}
 
 
 def keras_trainable(spec: ModelSpec, *, one_hot: bool) -> KerasTrainable:

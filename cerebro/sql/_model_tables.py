@@ -44,6 +44,16 @@ def load_model_arch(db: Database, model_arch_table: str, model_arch: str, model_
     return row[0]["model_id"]
 
 
+def delete_model_arch(db: Database, model_arch_table: str, model_id: int) -> None:
+    """MADlib's ``delete_keras_model``: remove ``model_id`` from ``model_arch_table``, and the
+    table once it holds no model."""
+    table = db.require(model_arch_table, "model_arch_table")
+    if not db.query(f"DELETE FROM {table} WHERE model_id = $1 RETURNING model_id", [model_id], ["integer"]):
+        raise ValueError(f"model_arch_table {model_arch_table!r} has no model_id {model_id!r}")
+    if not db.query(f"SELECT 1 FROM {table} LIMIT 1"):
+        db.query(f"DROP TABLE {table}")
+
+
 def load_model_selection_table(db: Database, model_arch_table: str, model_selection_table: str,
                                model_id_list: Sequence[int], compile_params_list: Sequence[str],
                                fit_params_list: Sequence[str], object_table: str | None = None) -> None:
@@ -56,7 +66,9 @@ def load_model_selection_table(db: Database, model_arch_table: str, model_select
         parse_fit_params(text)
     if not compile_params_list or not fit_params_list:
         raise ValueError("compile_params_list and fit_params_list must each hold at least one string")
-    rows = [(m, c, f) for m in model_id_list for c in compile_params_list for f in fit_params_list]
+    # Every combination once, in MADlib's order: a repeated id or string adds no model.
+    rows = list(dict.fromkeys((m, c, f) for m in model_id_list for c in compile_params_list
+                              for f in fit_params_list))
     write_selection(db, model_arch_table, model_selection_table, rows, object_table)
 
 
@@ -90,7 +102,7 @@ def require_no_selection(db: Database, model_selection_table: str) -> tuple[str,
 def write_selection(db: Database, model_arch_table: str, model_selection_table: str,
                     rows: Sequence[tuple[int, str, str]], object_table: str | None) -> None:
     """``rows`` as the model selection table, keyed ``mst_key`` 1, 2, ... in their order (a
-    row may repeat: each is a model of its own, as in MADlib)."""
+    row may repeat: AutoML may try a configuration twice, each a model of its own)."""
     if object_table is not None:
         raise ValueError(f"object_table={object_table!r}: custom Keras objects are not supported; give NULL")
     table, summary = require_no_selection(db, model_selection_table)
