@@ -316,3 +316,26 @@ def test_warm_start_trains_on_from_the_weights_the_output_table_holds(database, 
         data, workers=2, store=str(tmp_path / "python"), seed=0, verbose=0)
     assert [second[1], second[8]] == [flat_weights(t.state_dict()) for t in python.trials]
     assert second[1] != first[1] and second[8] != first[8]
+
+
+@pytest.mark.slow
+def test_madlibs_numeric_features_and_one_hot_label_arrays_train(database):
+    """MADlib's tables hold ``numeric[]`` features (its iris example) and one-hot ``smallint[]``
+    labels; they train as the same digits in ``real[]`` and class ids do."""
+    from _postgres import server_directory
+    sql(database, "CREATE TABLE IF NOT EXISTS mst_two AS SELECT * FROM mst WHERE mst_key IN (2, 7)",
+        "CREATE TABLE IF NOT EXISTS mst_two_summary AS SELECT * FROM mst_summary",
+        "DROP TABLE IF EXISTS digits_madlib",
+        "CREATE TABLE digits_madlib AS SELECT id, pixels::numeric[] AS attributes, "
+        "ARRAY(SELECT (i = digit)::int::smallint FROM generate_series(0, 9) AS i) AS class_one_hot FROM digits_train")
+    sql(database, "SELECT cerebro.madlib_keras_fit_multiple_model('digits_madlib', 'from_madlib', 'mst_two', 2, "
+                  "metrics_compute_frequency => 1, independent_varname => 'attributes', "
+                  "dependent_varname => 'class_one_hot')",
+        store=os.path.join(server_directory(), "run"))
+    info = sql(database, "SELECT status, iterations, training_loss FROM from_madlib_info ORDER BY mst_key")
+    assert [row[:2] for row in info] == [("completed", 2), ("completed", 2)]
+    assert all(len(row[2]) == 2 and row[2][1] < row[2][0] for row in info)      # it learned
+    sql(database, "DROP TABLE IF EXISTS madlib_predicted",
+        "SELECT cerebro.madlib_keras_predict('from_madlib', 'digits_madlib', 'id', 'attributes', 'madlib_predicted', "
+        "mst_key => 2)")
+    assert sql(database, "SELECT count(*) FROM madlib_predicted") == sql(database, "SELECT count(*) FROM digits_train")

@@ -68,12 +68,17 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
     return table_arrays(table, wanted, label, arrays, table_or_query)
 
 
-def select_list(wanted: Sequence[str], label: str, arrays: set[str]) -> str:
+def select_list(wanted: Sequence[str], label: str, arrays: set[str], casts: dict[str, str] | None = None) -> str:
     """The columns to select, array columns in PostgreSQL's binary array format: numpy
-    decodes them all at once, where a driver would decode one element at a time. The
-    function is schema-qualified, so no ``array_send`` of the caller's can take its place."""
-    return ", ".join(f"pg_catalog.array_send({_quote(c)}) AS {_quote(c)}" if c in arrays else _quote(c)
-                     for c in [*wanted, label])
+    decodes them all at once, where a driver would decode one element at a time. A column
+    in ``casts`` is cast to that type first (``numeric[]`` to ``float8[]``, say). Functions
+    and types are schema-qualified, so none of the caller's can take their place."""
+    casts = casts or {}
+
+    def value(column: str) -> str:
+        return f"{_quote(column)}::{casts[column]}" if column in casts else _quote(column)
+    return ", ".join(f"pg_catalog.array_send({value(c)}) AS {_quote(c)}" if c in arrays else
+                     f"{value(c)} AS {_quote(c)}" for c in [*wanted, label])
 
 
 def table_arrays(table: pa.Table, wanted: Sequence[str], label: str, arrays: set[str],
@@ -81,7 +86,7 @@ def table_arrays(table: pa.Table, wanted: Sequence[str], label: str, arrays: set
     """(features, label) of the columns of ``table`` read with :func:`select_list`."""
     if table.num_rows == 0:
         raise ValueError(f"{table_or_query!r} has no rows; a dataset needs at least one")
-    if _is_binary(table.column(label).type):
+    if label not in arrays and _is_binary(table.column(label).type):     # arrays come as bytes too
         raise TypeError(f"label column {label!r} of {table_or_query!r} is bytea; a label must be numbers or arrays "
                         f"of numbers")
     blocks = [_column_array(table.column(c), c, c in arrays, table_or_query) for c in wanted]

@@ -166,7 +166,11 @@ class Database:
 
         types = self.columns(name, argument)
         arrays = {c for c in [*features, label] if types[c].endswith("[]")}
-        cursor = self._plpy.cursor(f"SELECT {select_list(features, label, arrays)} FROM {self.require(name, argument)}")
+        # MADlib's tables hold numeric (arbitrary precision): read as double precision.
+        casts = {c: "pg_catalog.float8" + ("[]" if c in arrays else "") for c in [*features, label]
+                 if types[c].startswith("numeric")}
+        cursor = self._plpy.cursor(f"SELECT {select_list(features, label, arrays, casts)} "
+                                   f"FROM {self.require(name, argument)}")
         values: dict[str, list[Any]] = {c: [] for c in [*features, label]}
         while rows := cursor.fetch(_FETCH_ROWS):
             for column, kept in values.items():
