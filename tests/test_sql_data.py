@@ -45,6 +45,18 @@ def digits_tables(postgres):
     return features, label
 
 
+def test_one_hot_label_arrays_are_read_as_rows_of_the_label(postgres, digits_tables):
+    features, label = digits_tables
+    one_hot = np.eye(10, dtype=np.int16)[label]
+    load(postgres, "one_hot", "pixels real[], digit smallint[]",
+         {"pixels": pa.array(list(features), type=pa.list_(pa.float32())),
+          "digit": pa.array(list(one_hot), type=pa.list_(pa.int16()))})
+    data = cb.Dataset.from_sql(postgres, "one_hot", features=["pixels"], label="digit", validation=None)
+    plain = cb.Dataset.from_numpy(*cb.data.in_content_order(features, one_hot), validation=None)
+    assert data.label.shape == (600, 10) and np.array_equal(data.label, plain.label)
+    assert np.array_equal(data.features, plain.features)
+
+
 def test_rows_come_in_one_order_whatever_order_the_table_holds_them_in(postgres, digits_tables):
     features, label = digits_tables
     a = cb.Dataset.from_sql(postgres, "digits", features=["pixels"], label="digit", seed=3)
