@@ -21,7 +21,7 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
                            "cerebro_again"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cerebro ")
-    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 12
+    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 14
 
 
 def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):
@@ -134,6 +134,14 @@ def test_fit_multiple_model_writes_madlibs_tables_with_the_bits_of_the_same_grid
     probabilities = sql(database, "SELECT cerebro.predict('out', 'digits_test', 'id', 'pixels', 'probs', "
                                   f"pred_type => 'prob', mst_key => {best_key})", "SELECT prob FROM probs ORDER BY id")
     assert len(probabilities) == 297 and all(len(p[0]) == 10 for p in probabilities)
+    # MADlib's evaluate: the loss and metric over a table, as the run's validation measured them.
+    evaluated = sql(database, "SELECT cerebro.madlib_keras_evaluate('out', 'digits_val', 'evaluated', mst_key => "
+                              f"{best_key}, independent_varname => 'pixels', dependent_varname => 'digit')",
+                    "SELECT loss, metric, metrics_type, loss_type FROM evaluated")
+    validated = sql(database, f"SELECT validation_loss_final, validation_metrics_final FROM out_info "
+                              f"WHERE mst_key = {best_key}")[0]
+    assert evaluated[0][2:] == (["accuracy"], "categorical_crossentropy")
+    assert evaluated[0][:2] == pytest.approx(validated, rel=1e-4)
 
     # Called again with the same arguments, the finished run is read back, not retrained.
     sql(database, "DROP TABLE out, out_info, out_summary",

@@ -34,7 +34,7 @@ def main(job_dir: str, parent: int) -> int:
     with open(os.path.join(job_dir, "job.json")) as f:
         job = json.load(f)
     try:
-        answer: dict[str, Any] = {"result": (train if job["kind"] == "fit" else predict)(job_dir, job)}
+        answer: dict[str, Any] = {"result": JOBS[job["kind"]](job_dir, job)}
     except Exception as error:      # handed to the session, which raises it as the SQL error
         answer = {"error": {"type": type(error).__name__, "message": str(error)}}
     written = os.path.join(job_dir, "answer.json.part")
@@ -150,6 +150,19 @@ def predict(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
     np.save(os.path.join(job_dir, "outputs.npy"), outputs, allow_pickle=False)
     return {"rows": len(outputs)}
 
+
+def evaluate(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
+    """The model's loss and first metric over the rows in ``inputs.npy`` and ``labels.npy``."""
+    labels = np.load(os.path.join(job_dir, "labels.npy"), allow_pickle=False)
+    model = keras_model(job["model_arch"], job["compile_params"], one_hot=labels.ndim > 1)
+    load_flat_weights(model, _weights(job_dir, "model", True))
+    inputs = np.load(os.path.join(job_dir, "inputs.npy"), allow_pickle=False)
+    logs = model.evaluate(inputs, labels, batch_size=_PREDICT_BATCH, verbose=0, return_dict=True)
+    metrics = [float(value) for name, value in logs.items() if name != "loss"]
+    return {"loss": float(logs["loss"]), "metric": metrics[0] if metrics else None}
+
+
+JOBS = {"fit": train, "predict": predict, "evaluate": evaluate}
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1], int(sys.argv[2])))

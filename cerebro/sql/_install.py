@@ -66,10 +66,13 @@ FUNCTIONS = (
         "object_table varchar DEFAULT NULL", *_RUN_ARGS, "name varchar DEFAULT NULL",
         "description varchar DEFAULT NULL", *_COLUMNS), "void", "automl"),
     SqlFunction("predict", _PREDICT_ARGS, "void", "predict"),
+    SqlFunction("evaluate", (
+        "model_table varchar", "test_table varchar", "output_table varchar", "use_gpus boolean DEFAULT false",
+        "mst_key integer DEFAULT NULL", *_COLUMNS), "void", "evaluate"),
 )
 # MADlib's names of the same functions, so a MADlib notebook runs with madlib. -> cerebro.
 MADLIB_NAMES = {"fit_multiple_model": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl",
-                "predict": "madlib_keras_predict"}
+                "predict": "madlib_keras_predict", "evaluate": "madlib_keras_evaluate"}
 FUNCTIONS += tuple(SqlFunction(MADLIB_NAMES[f.name], f.arguments, f.returns, f.entry)
                    for f in FUNCTIONS if f.name in MADLIB_NAMES)
 
