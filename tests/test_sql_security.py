@@ -257,3 +257,37 @@ def test_a_call_cancelled_while_its_run_starts_is_repeated_and_trains_from_the_s
     assert sql(database, "SELECT count(*), count(model_weights) FROM started_twice") == [(2, 2)]
     (run,) = [d for d in os.listdir(runs) if not d.startswith(".")]
     assert cb.load(os.path.join(runs, run)).finished
+
+
+def writing_architecture(path: str) -> str:
+    """A model whose JSON, loaded, would have Keras call ``plot_image_gallery`` (which saves a
+    file where it is told) with a constant: safe mode lets a Lambda layer call an exported
+    Keras function (found by attacking this front end as an unprivileged role)."""
+    import json
+    inputs = keras.Input((64,), name="x")
+    model = json.loads(keras.Model(inputs, keras.layers.Dense(10, name="d")(inputs)).to_json())
+    model["config"]["layers"].append({
+        "module": "keras.layers", "class_name": "Lambda", "name": "evil", "registered_name": None,
+        "config": {"name": "evil", "trainable": True, "dtype": "float32", "arguments": {"path": path, "rows": 1,
+                                                                                          "cols": 1},
+                   "function": {"module": "keras.visualization", "class_name": "function",
+                                "config": "plot_image_gallery", "registered_name": None}},
+        "inbound_nodes": [{"args": [{"class_name": "__numpy__", "config": {"value": [[[[255.0, 0.0, 0.0]]]],
+                                                                             "dtype": "float32"}}], "kwargs": {}}]})
+    return json.dumps(model)
+
+
+def test_an_architecture_that_would_run_code_in_the_server_is_refused_wherever_it_comes_from(shared, tmp_path):
+    database, mallory, root = shared
+    target = os.path.join(root, "written_by_mallory.png")
+    arch = writing_architecture(target)
+    assert error_of(mallory, f"SELECT {SCHEMA}.load_keras_model('my_arch', $${arch}$$)") == \
+        "ValueError: model_arch.config.layers[2]: a Lambda layer runs code of its own in the server; use Keras's " \
+        "built-in layers"
+    # Written into her table by hand, it is refused where the server would load it.
+    sql(mallory, "DROP TABLE IF EXISTS evil_model", "CREATE TABLE evil_model AS SELECT * FROM model",
+        f"UPDATE evil_model SET model_arch = $${arch}$$")
+    assert error_of(mallory, predict_call("digits", "evil_out").replace("'model'", "'evil_model'")) == \
+        "ValueError: model_arch.config.layers[2]: a Lambda layer runs code of its own in the server; use Keras's " \
+        "built-in layers"
+    assert not os.path.exists(target)

@@ -47,7 +47,7 @@ def run_job(db: Database, job_dir: str, job: dict[str, Any], *, keras_backend: s
     with open(os.path.join(job_dir, "child.log"), "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "cerebro.sql._child", job_dir, str(os.getpid())],
                                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                   start_new_session=True)
+                                   start_new_session=True, cwd=job_dir)    # not the backend's: PGDATA
     try:
         while process.poll() is None:
             db.sleep(POLL_SECONDS)

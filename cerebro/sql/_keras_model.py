@@ -7,6 +7,7 @@ Weights travel in and out of tables as MADlib stores them: the float32 values of
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,10 +32,48 @@ class ModelSpec:
     weights: bytes | None = field(default=None, repr=False)
 
 
+# Layers that run code of their own (a Python function, a SavedModel, a torch or JAX module):
+# Keras's safe mode lets a Lambda call any exported Keras function at load time.
+_CODE_LAYERS = frozenset({"Lambda", "TFSMLayer", "TorchModuleWrapper", "JaxLayer", "FlaxLayer"})
+_FUNCTION_MODULES = frozenset({"builtins", "keras.activations", "keras.src.activations.activations"})
+
+
+def check_model_arch(model_arch: str) -> None:
+    """Refuse, naming where, an architecture that could do more than build layers when a
+    server process loads it: a layer of :data:`_CODE_LAYERS`, a function that is not an
+    activation, a constant fed to a layer (which Keras calls with it at load time), or an
+    object from outside Keras. What ``model.to_json()`` of built-in layers writes passes."""
+    _check_node(json.loads(model_arch), "model_arch")
+
+
+def _check_node(node: Any, where: str) -> None:
+    if isinstance(node, list):
+        for index, item in enumerate(node):
+            _check_node(item, f"{where}[{index}]")
+        return
+    if not isinstance(node, dict):
+        return
+    kind, module = node.get("class_name"), node.get("module")
+    if kind in _CODE_LAYERS or kind == "__lambda__":
+        raise ValueError(f"{where}: a {kind} layer runs code of its own in the server; use Keras's built-in "
+                         f"layers")
+    if kind == "function" and module not in _FUNCTION_MODULES:
+        raise ValueError(f"{where}: the function {module}.{node.get('config')} is not an activation; a model may "
+                         f"refer to Keras's activations only")
+    if kind == "__numpy__":
+        raise ValueError(f"{where}: a constant given to a layer as its input; a layer's inputs must be other "
+                         f"layers' outputs")
+    if module is not None and not (module == "keras" or str(module).startswith("keras.") or module == "builtins"):
+        raise ValueError(f"{where}: {module}.{kind} is not part of Keras; custom objects are not supported")
+    for key, value in node.items():
+        _check_node(value, f"{where}.{key}")
+
+
 def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
     """The compiled ``keras.Model``. With class ids as labels (``one_hot=False``),
     ``categorical_crossentropy`` is trained as ``sparse_categorical_crossentropy``: the same
     loss on the same targets, as MADlib's preprocessor would have one-hot encoded them."""
+    check_model_arch(model_arch)     # also here: an architecture may reach a table without load_model_arch
     keras = importlib.import_module("keras")
     params = parse_compile_params(compile_params)
     model = keras.models.model_from_json(model_arch)

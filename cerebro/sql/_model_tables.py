@@ -13,7 +13,7 @@ import numpy as np
 from ..search._space import sample_config
 from ._database import Database
 from ._grid import ConfigGrid
-from ._keras_model import ModelSpec
+from ._keras_model import ModelSpec, check_model_arch
 from ._params import parse_compile_params, parse_fit_params
 
 
@@ -25,6 +25,7 @@ def load_model_arch(db: Database, model_arch_table: str, model_arch: str, model_
         json.loads(model_arch)
     except (TypeError, ValueError) as error:
         raise ValueError(f"model_arch is not JSON ({error}); give keras.Model.to_json()") from None
+    check_model_arch(model_arch)
     table = db.qualified(model_arch_table, "model_arch_table")
     if not db.exists(model_arch_table, "model_arch_table"):
         db.query(f"CREATE TABLE {table} (model_id SERIAL PRIMARY KEY, model_arch JSON NOT NULL, "
