@@ -222,6 +222,20 @@ def test_a_cancelled_or_terminated_call_stops_within_seconds_and_the_repeated_ca
     assert sql(database, f"SELECT count(*) FROM stopped_{how} WHERE model_weights IS NOT NULL") == [(2,)]
 
 
+def test_no_role_can_hold_the_lock_of_another_roles_output_table(shared):
+    """Any role may take any advisory lock: one whose key she could compute would let her
+    block others' calls for as long as she likes."""
+    from _postgres import server_directory
+    database, mallory, _ = shared
+    mst_two(database)
+    with dbapi.connect(mallory, autocommit=True) as connection, connection.cursor() as cursor:
+        for table in ("public.blocked", '"public"."blocked"', "blocked"):
+            cursor.execute(f"SELECT pg_advisory_lock(x'63657262'::int, hashtext('{table}'))")
+            cursor.fetchall()
+        sql(database, fit("cerebro", "blocked"), store=os.path.join(server_directory(), "run"))
+    assert sql(database, "SELECT count(model_weights) FROM blocked") == [(2,)]
+
+
 def test_a_second_call_into_the_same_output_table_is_refused_before_it_trains(shared):
     from _postgres import server_directory
     database, _, _ = shared
