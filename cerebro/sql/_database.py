@@ -192,11 +192,11 @@ class Database:
                                    f"FROM {self.require(name, argument)}")
         # Batch by batch into numpy: Python objects for one batch of rows at a time, never
         # for the table (they take ~17 times its size).
+        kinds = {c: pa.binary() if c in arrays or types[c] == "bytea" else pa.float32() if types[c] == "real"
+                 else None for c in [*features, label]}
         blocks: list[tuple[np.ndarray, np.ndarray]] = []
         while rows := cursor.fetch(_FETCH_ROWS):
-            table = pa.table({c: pa.array([row[c] for row in rows],
-                                          type=pa.binary() if c in arrays or types[c] == "bytea" else None)
-                              for c in [*features, label]})
+            table = pa.table({c: pa.array([row[c] for row in rows], type=kind) for c, kind in kinds.items()})
             blocks.append(table_arrays(table, list(features), label, arrays, name))
         cursor.close()
         if not blocks:
