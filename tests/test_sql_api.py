@@ -301,10 +301,12 @@ def test_warm_start_trains_on_from_the_weights_the_output_table_holds(database, 
             "'digits_val', independent_varname => 'pixels', dependent_varname => 'digit'{})")
     sql(database, call.format(""), store=os.path.join(server_directory(), "run"))
     first = dict(sql(database, "SELECT mst_key, model_weights FROM warm ORDER BY mst_key"))
-    # MADlib's use_caching is taken, and needs nothing: a worker holds its partition throughout.
-    sql(database, call.format(", warm_start => true, use_caching => true"),
-        store=os.path.join(server_directory(), "run"))
+    # A row added since starts cold, as in MADlib. MADlib's use_caching is taken, and needs
+    # nothing: a worker holds its partition throughout.
+    sql(database, "INSERT INTO mst_warm SELECT 9, model_id, compile_params, fit_params FROM mst WHERE mst_key = 3",
+        call.format(", warm_start => true, use_caching => true"), store=os.path.join(server_directory(), "run"))
     second = dict(sql(database, "SELECT mst_key, model_weights FROM warm ORDER BY mst_key"))
+    assert sorted(second) == [1, 8, 9] and second[9] is not None
     assert sql(database, "SELECT warm_start FROM warm_summary") == [(True,)]
 
     archs, configs = architectures(), {1: (0, "adam", 16), 8: (1, "sgd", 32)}

@@ -202,11 +202,10 @@ def _require_no_output(db: Database, output_table: str) -> None:
 
 
 def _warm_weights(db: Database, output_table: str, models: Mapping[int, ModelSpec]) -> dict[int, ModelSpec]:
-    """``warm_start``: each row starts from the weights ``output_table`` holds for its key."""
+    """``warm_start``: each row starts from the weights ``output_table`` holds for its key; a
+    key it does not hold (a row added since) starts as a cold start would, as in MADlib."""
     table = db.require(output_table, "model_output_table (warm_start)")
     weights = {row["mst_key"]: row["model_weights"] for row in db.query(
         f"SELECT mst_key, model_weights FROM {table}")}
-    missing = [key for key in models if weights.get(key) is None]
-    if missing:
-        raise ValueError(f"warm_start: model_output_table {output_table!r} has no weights for mst_key {missing}")
-    return {key: replace(spec, weights=bytes(weights[key])) for key, spec in models.items()}
+    return {key: spec if weights.get(key) is None else replace(spec, weights=bytes(weights[key]))
+            for key, spec in models.items()}
