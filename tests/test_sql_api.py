@@ -349,3 +349,34 @@ def test_madlibs_numeric_features_and_one_hot_label_arrays_train(database):
         "SELECT cerebro.madlib_keras_predict('from_madlib', 'digits_madlib', 'id', 'attributes', 'madlib_predicted', "
         "mst_key => 2)")
     assert sql(database, "SELECT count(*) FROM madlib_predicted") == sql(database, "SELECT count(*) FROM digits_train")
+
+
+@pytest.mark.slow
+def test_text_class_labels_train_predict_and_evaluate_by_their_names(database):
+    """MADlib's iris example labels rows 'Iris-setosa', ...: a class's id is its place among
+    the sorted names, which the summary keeps and predict answers with."""
+    from _postgres import server_directory
+    sql(database, "CREATE TABLE IF NOT EXISTS mst_two AS SELECT * FROM mst WHERE mst_key IN (2, 7)",
+        "CREATE TABLE IF NOT EXISTS mst_two_summary AS SELECT * FROM mst_summary",
+        "DROP TABLE IF EXISTS digits_named, digits_named_val",
+        "CREATE TABLE digits_named AS SELECT id, pixels, ('digit ' || digit)::varchar AS class_text FROM digits_train",
+        "CREATE TABLE digits_named_val AS SELECT id, pixels, ('digit ' || digit)::varchar AS class_text "
+        "FROM digits_val")
+    sql(database, "SELECT cerebro.fit_multiple_model('digits_named', 'named', 'mst_two', 2, validation_table => "
+                  "'digits_named_val', independent_varname => 'pixels', dependent_varname => 'class_text')",
+        store=os.path.join(server_directory(), "run"))
+    names = [f"digit {d}" for d in range(10)]
+    assert sql(database, "SELECT dependent_vartype, class_values FROM named_summary") == \
+        [("character varying", names)]
+    predicted = sql(database, "DROP TABLE IF EXISTS named_predicted",
+                    "SELECT cerebro.predict('named', 'digits_named_val', 'id', 'pixels', 'named_predicted', "
+                    "mst_key => 7)", "SELECT p.estimated_dependent_var = v.class_text FROM named_predicted p "
+                    "JOIN digits_named_val v USING (id)")
+    assert len(predicted) == 300 and sum(right for (right,) in predicted) > 150      # names, mostly right
+    evaluated = sql(database, "DROP TABLE IF EXISTS named_evaluated",
+                    "SELECT cerebro.evaluate('named', 'digits_named_val', 'named_evaluated', mst_key => 7, "
+                    "independent_varname => 'pixels', dependent_varname => 'class_text')",
+                    "SELECT loss, metric FROM named_evaluated")
+    validated = sql(database, "SELECT validation_loss_final, validation_metrics_final FROM named_info "
+                              "WHERE mst_key = 7")
+    assert evaluated[0] == pytest.approx(validated[0], rel=1e-4)

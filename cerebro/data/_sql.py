@@ -68,15 +68,16 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
     return table_arrays(table, wanted, label, arrays, table_or_query)
 
 
-def select_list(wanted: Sequence[str], label: str, arrays: set[str], casts: dict[str, str] | None = None) -> str:
+def select_list(wanted: Sequence[str], label: str, arrays: set[str], values: dict[str, str] | None = None) -> str:
     """The columns to select, array columns in PostgreSQL's binary array format: numpy
     decodes them all at once, where a driver would decode one element at a time. A column
-    in ``casts`` is cast to that type first (``numeric[]`` to ``float8[]``, say). Functions
-    and types are schema-qualified, so none of the caller's can take their place."""
-    casts = casts or {}
+    in ``values`` is selected as that SQL expression instead (a cast of ``numeric[]`` to
+    ``float8[]``, say). Functions and types are schema-qualified, so none of the caller's
+    can take their place."""
+    values = values or {}
 
     def value(column: str) -> str:
-        return f"{_quote(column)}::{casts[column]}" if column in casts else _quote(column)
+        return values.get(column, _quote(column))
     return ", ".join(f"pg_catalog.array_send({value(c)}) AS {_quote(c)}" if c in arrays else
                      f"{value(c)} AS {_quote(c)}" for c in [*wanted, label])
 

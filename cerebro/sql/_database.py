@@ -176,9 +176,10 @@ class Database:
                              f"end, or choose another name")
 
     # --- rows ----------------------------------------------------------------------------
-    def read(self, name: str, argument: str, features: Sequence[str], label: str) -> tuple[np.ndarray, np.ndarray]:
+    def read(self, name: str, argument: str, features: Sequence[str], label: str,
+             classes: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(features, label) of table ``name``, read through SPI as the calling role, with the
-        columns ``Dataset.from_sql`` takes."""
+        columns ``Dataset.from_sql`` takes; a text label is read as its place in ``classes``."""
         import pyarrow as pa
 
         from ..data import select_list, table_arrays
@@ -186,10 +187,15 @@ class Database:
         types = self.columns(name, argument)
         arrays = {c for c in [*features, label] if types[c].endswith("[]")}
         # MADlib's tables hold numeric (arbitrary precision): read as double precision.
-        casts = {c: "pg_catalog.float8" + ("[]" if c in arrays else "") for c in [*features, label]
-                 if types[c].startswith("numeric")}
-        cursor = self._plpy.cursor(f"SELECT {select_list(features, label, arrays, casts)} "
-                                   f"FROM {self.require(name, argument)}")
+        quote = self._plpy.quote_ident
+        values = {c: f"{quote(c)}::pg_catalog.float8" + ("[]" if c in arrays else "") for c in [*features, label]
+                  if types[c].startswith("numeric")}
+        if classes is not None:
+            values[label] = f"pg_catalog.array_position($1::pg_catalog.text[], {quote(label)}::pg_catalog.text) - 1"
+            types = {**types, label: "integer"}
+        query = f"SELECT {select_list(features, label, arrays, values)} FROM {self.require(name, argument)}"
+        cursor = self._plpy.cursor(self._plpy.prepare(query, ["text[]"]), [list(classes)]) \
+            if classes is not None else self._plpy.cursor(query)
         # Batch by batch into numpy: Python objects for one batch of rows at a time, never
         # for the table (they take ~17 times its size).
         kinds = {c: pa.binary() if c in arrays or types[c] == "bytea" else pa.float32() if types[c] == "real"
@@ -206,6 +212,18 @@ class Database:
             raise ValueError(f"{argument} {name!r} holds arrays of different shapes; every row's array must have "
                              f"the same")
         return np.concatenate([x for x, _ in blocks]), np.concatenate([y for _, y in blocks])
+
+    def class_values(self, name: str, argument: str, label: str) -> list[str] | None:
+        """The distinct values of a text label column, sorted (a class's id is its place);
+        None for a label of numbers."""
+        kind = self.columns(name, argument)[label]
+        if not (kind in ("text", "name") or kind.startswith(("character", "varchar"))):
+            return None
+        found = [row["value"] for row in self.query(f"SELECT DISTINCT {self._plpy.quote_ident(label)}::pg_catalog.text "
+                                                    f"AS value FROM {self.require(name, argument)}")]
+        if None in found:
+            raise ValueError(f"label column {label!r} of {name!r} holds NULLs; every row needs a class")
+        return sorted(found)
 
     # --- settings ----------------------------------------------------------------------
     def setting(self, name: str) -> str | None:

@@ -121,10 +121,11 @@ def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[st
     run of the same call), write the output tables; returns the child's answer. The store
     is named by a digest of the call (trials, data, seed), so a run directory is resumed
     only by the call that made it."""
-    arrays = _read_data(db, run)
+    arrays, class_values = _read_data(db, run)
     digest = _digest(identity, arrays, run)
     store = run.store if db.setting("store") else os.path.join(run.store, digest[:12])
-    run = replace(run, store=store)
+    run = replace(run, store=store, class_values=class_values,
+                  dependent_vartype=db.columns(run.source_table, "source_table")[run.dependent_varname])
     os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
     job_dir = tempfile.mkdtemp(prefix=".job-", dir=os.path.dirname(os.path.abspath(store)))
     try:
@@ -144,9 +145,9 @@ def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[st
         shutil.rmtree(job_dir, ignore_errors=True)
 
 
-def _read_data(db: Database, run: RunDescription) -> dict[str, np.ndarray]:
+def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray], list[str] | None]:
     """The source (and validation) rows as the calling role reads them, checked by name
-    first, in the order ``Dataset.from_sql`` puts them."""
+    first, in the order ``Dataset.from_sql`` puts them; and the class values of a text label."""
     features = [c.strip() for c in (run.independent_varname or "").split(",") if c.strip()]
     if not features:
         raise ValueError(f"independent_varname={run.independent_varname!r} must name one or more columns")
@@ -154,15 +155,18 @@ def _read_data(db: Database, run: RunDescription) -> dict[str, np.ndarray]:
         if table is not None:
             db.require_columns(table, argument, [*features, run.dependent_varname])
     arrays = {}
-    for table, argument, prefix in ((run.source_table, "source_table", "train"),
-                                    (run.validation_table, "validation_table", "validation")):
-        if table is not None:
-            x, y = in_content_order(*db.read(table, argument, features, run.dependent_varname))
-            if x.dtype == object:
-                raise TypeError(f"{argument} {table!r}: the SQL functions take numeric features (numbers or arrays "
-                                f"of numbers); {features} holds bytea")
-            arrays[f"{prefix}_features"], arrays[f"{prefix}_label"] = x, y
-    return arrays
+    tables = [(t, a, p) for t, a, p in ((run.source_table, "source_table", "train"),
+                                        (run.validation_table, "validation_table", "validation")) if t is not None]
+    classes = [db.class_values(t, a, run.dependent_varname) for t, a, _ in tables]
+    # Text classes (MADlib's 'Iris-setosa', ...): a class's id is its place among them all.
+    class_values = None if classes[0] is None else sorted({c for found in classes for c in found or []})
+    for table, argument, prefix in tables:
+        x, y = in_content_order(*db.read(table, argument, features, run.dependent_varname, class_values))
+        if x.dtype == object:
+            raise TypeError(f"{argument} {table!r}: the SQL functions take numeric features (numbers or arrays "
+                            f"of numbers); {features} holds bytea")
+        arrays[f"{prefix}_features"], arrays[f"{prefix}_label"] = x, y
+    return arrays, class_values
 
 
 def _digest(call: str, arrays: Mapping[str, np.ndarray], run: RunDescription) -> str:

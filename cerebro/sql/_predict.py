@@ -41,10 +41,11 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
         # One output is a sigmoid's probability of class 1; more are one per class.
         classes = (outputs[:, 0] > 0.5).astype(np.int64) if outputs.shape[1] == 1 else outputs.argmax(axis=1)
         chosen = outputs[:, 0] if outputs.shape[1] == 1 else outputs[np.arange(len(classes)), classes]
-        db.query(f"CREATE TABLE {output} AS SELECT * FROM unnest($1::{id_type}[], $2::integer[], $3::real[]) "
+        names = _class_values(db, model_table)
+        estimated, kind = (classes.tolist(), "integer") if names is None else ([names[c] for c in classes], "text")
+        db.query(f"CREATE TABLE {output} AS SELECT * FROM unnest($1::{id_type}[], $2::{kind}[], $3::real[]) "
                  f"AS t({quoted_id}, estimated_dependent_var, prob)",
-                 [ids.tolist(), classes.tolist(), chosen.tolist()],
-                 [f"{id_type}[]", "integer[]", "real[]"])
+                 [ids.tolist(), estimated, chosen.tolist()], [f"{id_type}[]", f"{kind}[]", "real[]"])
     else:
         db.query(f"CREATE TABLE {output} ({quoted_id} {id_type}, prob REAL[])")
         db.query(f"INSERT INTO {output} SELECT $1[i], ARRAY(SELECT unnest($2[i:i])) "
@@ -63,7 +64,7 @@ def evaluate(db: Database, model_table: str, test_table: str, output_table: str,
     features = _names(independent_varname, "independent_varname")
     db.require_columns(test_table, "test_table", [*features, dependent_varname])
     output = db.require_absent(output_table, "output_table")
-    inputs, labels = db.read(test_table, "test_table", features, dependent_varname)
+    inputs, labels = db.read(test_table, "test_table", features, dependent_varname, _class_values(db, model_table))
     answer = _in_child(db, "evaluate", row, inputs, labels)
     params = parse_compile_params(row["compile_params"])
     db.query(f"CREATE TABLE {output} (loss DOUBLE PRECISION, metric DOUBLE PRECISION, metrics_type TEXT[], "
@@ -86,6 +87,16 @@ def _model_row(db: Database, model_table: str, mst_key: int | None) -> dict:
     if rows[0]["model_weights"] is None:
         raise ValueError(f"model_table {model_table!r}, mst_key {rows[0]['mst_key']}: the trial trained no weights")
     return rows[0]
+
+
+def _class_values(db: Database, model_table: str) -> list[str] | None:
+    """The text classes the model was trained on (its summary's ``class_values``), if any."""
+    summary = f"{model_table}_summary"
+    if not db.exists(summary, "model_table's summary") or \
+            "class_values" not in db.columns(summary, "model_table's summary"):
+        return None
+    rows = db.query(f"SELECT class_values FROM {db.qualified(summary, 'model_table summary')}")
+    return rows[0]["class_values"] if len(rows) == 1 else None
 
 
 def _names(text: str, argument: str) -> list[str]:
