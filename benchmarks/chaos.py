@@ -186,7 +186,10 @@ def apply(run: Disturbed, fault: str, rng: random.Random) -> dict[str, Any]:
         if not pids:
             return {"fault": fault, "skipped": "no live worker"}
         pid, lost = rng.choice(pids), count(events, "worker_lost") + count(events, "workers_restarted")
-        os.kill(pid, signal.SIGSTOP if fault == "worker SIGSTOP" else signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGSTOP if fault == "worker SIGSTOP" else signal.SIGKILL)
+        except ProcessLookupError:      # it ended between the journal's word and the signal
+            return {"fault": fault, "skipped": f"worker {pid} ended before the signal"}
         wait_for(lambda: count(journal(run.store), "worker_lost") + count(journal(run.store), "workers_restarted")
                  > lost or run.driver.poll() is not None, 120, f"the driver to notice {fault} of pid {pid}")
         if fault == "worker SIGSTOP":
