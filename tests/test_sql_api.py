@@ -221,6 +221,24 @@ def test_generate_model_configs_writes_the_grid_or_seeded_draws(database):
         "(loguniform(0.0001, 0.1)): use search_type 'random'"
 
 
+def test_log_near_one_draws_values_close_to_one_by_their_distance_from_it():
+    import statistics
+
+    from cerebro.search._space import sample_config
+    from cerebro.sql._grid import ConfigGrid
+    grid = ConfigGrid([1], "{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
+                           "'momentum': [0.9, 0.999, 'log_near_one']}]}", "{'batch_size': [16]}")
+    rng = np.random.default_rng(0)
+    drawn = [float(grid.render(sample_config(grid.space, rng))[1].split("momentum=")[1].split(")")[0])
+             for _ in range(400)]
+    assert 0.9 <= min(drawn) and max(drawn) <= 0.999
+    # Log-uniform in the distance: half of the draws are closer to 1 than sqrt(0.1 * 0.001) = 0.01.
+    assert 0.985 < statistics.median(drawn) < 0.995
+    with pytest.raises(ValueError, match=r"log_near_one takes 0 < low < high < 1"):
+        ConfigGrid([1], "{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
+                        "'momentum': [0.9, 1.5, 'log_near_one']}]}", "{'batch_size': [16]}")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method, params, trials, iterations", [
     ("hyperband", "R=3, eta=3", 5, 3), ("tpe", "num_configs=3, num_iterations=2", 3, 2)])

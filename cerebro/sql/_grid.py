@@ -2,8 +2,10 @@
 
 A grid is a Python dict literal: each parameter maps to a list of candidates, or to
 ``[low, high, 'log']`` / ``[low, high, 'linear']`` for a range that random search and TPE
-sample; ``metrics`` is the metrics list itself, and ``optimizer_params_list`` holds one dict
-per optimizer family, each with its own candidates, e.g.::
+sample, or ``[low, high, 'log_near_one']`` for one close to 1 (a momentum, a beta): its
+distance from 1 is drawn log-uniformly, as in MADlib; ``metrics`` is the metrics list
+itself, and ``optimizer_params_list`` holds one dict per optimizer family, each with its
+own candidates, e.g.::
 
     {'loss': ['categorical_crossentropy'], 'metrics': ['accuracy'],
      'optimizer_params_list': [{'optimizer': ['SGD'], 'lr': [0.001, 0.1, 'log'], 'momentum': [0.9, 0.95]},
@@ -24,7 +26,7 @@ from ..search import choice, loguniform, randint, uniform
 from ..search._space import Distribution
 from ._params import parse_compile_params, parse_fit_params
 
-_RANGES = ("log", "linear")
+_RANGES = ("log", "linear", "log_near_one")
 
 
 def parse_grid(text: str, what: str) -> dict[str, Any]:
@@ -39,12 +41,22 @@ def parse_grid(text: str, what: str) -> dict[str, Any]:
     return grid
 
 
+def _is_near_one(values: Any) -> bool:
+    return isinstance(values, list) and len(values) == 3 and values[2] == "log_near_one"
+
+
 def _distribution(values: Any, where: str) -> Distribution:
+    """The distribution of a grid's entry; for ``log_near_one``, of the distance from 1."""
     if not isinstance(values, list) or not values:
-        raise ValueError(f"{where}={values!r} must be a non-empty list of candidates, or [low, high, 'log'|'linear']")
+        raise ValueError(f"{where}={values!r} must be a non-empty list of candidates, or "
+                         f"[low, high, 'log'|'linear'|'log_near_one']")
     if len(values) == 3 and values[2] in _RANGES:
         low, high, scale = values
         try:
+            if scale == "log_near_one":
+                if not (isinstance(low, float) and isinstance(high, float) and 0 < low < high < 1):
+                    raise ValueError("log_near_one takes 0 < low < high < 1")
+                return loguniform(1 - high, 1 - low)
             if all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)):
                 return randint(low, high + 1)      # integers: drawn uniformly, whatever the scale
             return loguniform(low, high) if scale == "log" else uniform(low, high)
@@ -80,14 +92,20 @@ class ConfigGrid:
         # Where each key of the flat space was written in the grids, for messages.
         self._where: dict[str, str] = {}
         family_of: dict[str, int] = {}
+        # Keys drawn as their distance from 1 (log_near_one): rendered as 1 - the draw.
+        self._near_one: set[str] = set()
         for index, family in enumerate(families):
             for key, values in family.items():
                 name = f"optimizer_{index}.{key}"
                 self._where[name], family_of[name] = f"optimizer_params_list[{index}][{key!r}]", index
                 space[name] = _distribution(values, self._where[name])
+                if _is_near_one(values):
+                    self._near_one.add(name)
         for key, values in fit_grid.items():
             self._where[f"fit.{key}"] = f"fit_params_grid[{key!r}]"
             space[f"fit.{key}"] = _distribution(values, self._where[f"fit.{key}"])
+            if _is_near_one(values):
+                self._near_one.add(f"fit.{key}")
         self.space = space
         # Every candidate must make valid strings: each is tried with the others' first.
         first = {key: _first(value) for key, value in space.items()}
@@ -101,6 +119,7 @@ class ConfigGrid:
 
     def render(self, config: Mapping[str, Any]) -> tuple[int, str, str]:
         """``config`` (drawn from :attr:`space`) as a model selection table's row."""
+        config = {key: 1 - value if key in self._near_one else value for key, value in config.items()}
         index = config["optimizer_family"]
         arguments = ", ".join(f"{key}={config[f'optimizer_{index}.{key}']!r}"
                               for key in self.families[index] if key != "optimizer")
