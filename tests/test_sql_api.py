@@ -221,6 +221,23 @@ def test_generate_model_configs_writes_the_grid_or_seeded_draws(database):
         "(loguniform(0.0001, 0.1)): use search_type 'random'"
 
 
+def test_generate_model_configs_appends_to_a_model_selection_table_that_exists(database):
+    grid = "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [%s]}]}"
+    sql(database, "DROP TABLE IF EXISTS grown, grown_summary",
+        f"SELECT cerebro.generate_model_configs('arch', 'grown', ARRAY[1], $${grid % '0.01, 0.1'}$$, "
+        "$${'batch_size': [16]}$$)",
+        f"SELECT cerebro.generate_model_configs('arch', 'grown', ARRAY[2], $${grid % '0.001'}$$, "
+        "$${'batch_size': [32]}$$)")
+    assert sql(database, "SELECT mst_key, model_id, fit_params FROM grown ORDER BY mst_key") == \
+        [(1, 1, "batch_size=16"), (2, 1, "batch_size=16"), (3, 2, "batch_size=32")]
+    sql(database, "DROP TABLE IF EXISTS arch_other", f"SELECT cerebro.load_model_arch('arch_other', "
+                                                      f"'{architectures()[0]}')")
+    assert error_of(database, f"SELECT cerebro.generate_model_configs('arch_other', 'grown', ARRAY[1], "
+                              f"$${grid % '0.001'}$$, $${{'batch_size': [32]}}$$)") == \
+        "ValueError: model_selection_table 'grown' is of model_arch_table 'arch', not 'arch_other'; append to it " \
+        "only configurations of its own architectures"
+
+
 def test_log_near_one_draws_values_close_to_one_by_their_distance_from_it():
     import statistics
 

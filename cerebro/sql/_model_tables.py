@@ -79,7 +79,7 @@ def generate_model_configs(db: Database, model_arch_table: str, model_selection_
                            random_state: int | None = None, object_table: str | None = None) -> None:
     """Write a model selection table from parameter grids (see :mod:`._grid`): every
     combination (``search_type => 'grid'``) or ``num_configs`` draws seeded by
-    ``random_state`` (``'random'``)."""
+    ``random_state`` (``'random'``); to a table that exists, they are appended."""
     require_model_ids(db, model_arch_table, model_id_list)
     grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid)
     if search_type == "grid":
@@ -91,7 +91,30 @@ def generate_model_configs(db: Database, model_arch_table: str, model_selection_
         rows = [grid.render(sample_config(grid.space, rng)) for _ in range(num_configs)]
     else:
         raise ValueError(f"search_type={search_type!r} must be 'grid' or 'random'")
-    write_selection(db, model_arch_table, model_selection_table, rows, object_table)
+    if db.exists(model_selection_table, "model_selection_table"):
+        append_selection(db, model_arch_table, model_selection_table, rows, object_table)
+    else:
+        write_selection(db, model_arch_table, model_selection_table, rows, object_table)
+
+
+def append_selection(db: Database, model_arch_table: str, model_selection_table: str,
+                     rows: Sequence[tuple[int, str, str]], object_table: str | None) -> None:
+    """``rows`` added to an existing model selection table of the same architecture table,
+    keyed on from its largest ``mst_key`` (MADlib's ``generate_model_configs`` appends)."""
+    if object_table is not None:
+        raise ValueError(f"object_table={object_table!r}: custom Keras objects are not supported; give NULL")
+    named, _ = read_model_selection(db, model_selection_table)
+    if named != model_arch_table:
+        raise ValueError(f"model_selection_table {model_selection_table!r} is of model_arch_table {named!r}, not "
+                         f"{model_arch_table!r}; append to it only configurations of its own architectures")
+    table = db.qualified(model_selection_table, "model_selection_table")
+    first = db.query(f"SELECT coalesce(max(mst_key), 0) + 1 AS first FROM {table}")[0]["first"]
+    db.query(f"INSERT INTO {table} (mst_key, model_id, compile_params, fit_params) "
+             f"SELECT * FROM unnest($1, $2, $3, $4)",
+             [list(range(first, first + len(rows))), [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+             ["integer[]", "integer[]", "text[]", "text[]"])
+    db.query("SELECT setval(pg_get_serial_sequence($1, 'mst_key'), $2)", [table, first + len(rows) - 1],
+             ["text", "integer"])
 
 
 def require_no_selection(db: Database, model_selection_table: str) -> tuple[str, str]:
