@@ -21,7 +21,7 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
                            "cerebro_again"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cerebro ")
-    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 14
+    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 15
 
 
 def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):
@@ -236,6 +236,16 @@ def test_generate_model_configs_appends_to_a_model_selection_table_that_exists(d
                               f"$${grid % '0.001'}$$, $${{'batch_size': [32]}}$$)") == \
         "ValueError: model_selection_table 'grown' is of model_arch_table 'arch', not 'arch_other'; append to it " \
         "only configurations of its own architectures"
+
+
+def test_hyperband_schedule_is_the_table_of_brackets_automl_runs(database):
+    """MADlib's documented schedule for R=81, eta=3 (Li et al.'s table)."""
+    rows = sql(database, "DROP TABLE IF EXISTS schedule", "SELECT cerebro.hyperband_schedule('schedule', 81, 3)",
+               "SELECT s, i, n_i, r_i FROM schedule ORDER BY s DESC, i")
+    assert [row for row in rows if row[0] == 4] == [(4, 0, 81, 1), (4, 1, 27, 3), (4, 2, 9, 9), (4, 3, 3, 27),
+                                                    (4, 4, 1, 81)]
+    assert [row for row in rows if row[0] == 0] == [(0, 0, 5, 81)]
+    assert len(rows) == 5 + 4 + 3 + 2 + 1
 
 
 def test_log_near_one_draws_values_close_to_one_by_their_distance_from_it():

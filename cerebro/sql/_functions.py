@@ -10,7 +10,13 @@ from typing import Any
 from .._version import __version__
 from ._database import Database, Installation
 from ._fit_multiple import automl, fit_multiple_model
-from ._model_tables import delete_model_arch, generate_model_configs, load_model_arch, load_model_selection_table
+from ._model_tables import (
+    delete_model_arch,
+    generate_model_configs,
+    hyperband_schedule,
+    load_model_arch,
+    load_model_selection_table,
+)
 from ._predict import evaluate, predict
 
 
@@ -31,7 +37,7 @@ def delete_keras_model(db: Database, keras_model_arch_table: str, model_id: int)
 
 ENTRIES = {function.__name__: function for function in (
     version, load_model_arch, load_keras_model, delete_keras_model, load_model_selection_table,
-    generate_model_configs, fit_multiple_model, automl, predict, evaluate)}
+    generate_model_configs, hyperband_schedule, fit_multiple_model, automl, predict, evaluate)}
 
 
 def call(entry: str, installation: dict[str, Any], /, **arguments: Any) -> Any:

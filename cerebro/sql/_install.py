@@ -55,6 +55,8 @@ FUNCTIONS = (
         "compile_params_grid varchar", "fit_params_grid varchar", "search_type varchar DEFAULT 'grid'",
         "num_configs integer DEFAULT NULL", "random_state integer DEFAULT NULL", "object_table varchar DEFAULT NULL"),
         "void", "generate_model_configs"),
+    SqlFunction("hyperband_schedule", ("schedule_table varchar", "r integer", "eta integer DEFAULT 3",
+                                       "skip_last integer DEFAULT 0"), "void", "hyperband_schedule"),
     SqlFunction("fit_multiple_model", (
         *_TABLE_ARGS, "model_selection_table varchar", "num_iterations integer", *_RUN_ARGS,
         "warm_start boolean DEFAULT false", "name varchar DEFAULT NULL", "description varchar DEFAULT NULL",

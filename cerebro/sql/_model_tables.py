@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..search import Hyperband, choice
 from ..search._space import sample_config
 from ._database import Database
 from ._grid import ConfigGrid
@@ -115,6 +116,20 @@ def append_selection(db: Database, model_arch_table: str, model_selection_table:
              ["integer[]", "integer[]", "text[]", "text[]"])
     db.query("SELECT setval(pg_get_serial_sequence($1, 'mst_key'), $2)", [table, first + len(rows) - 1],
              ["text", "integer"])
+
+
+def hyperband_schedule(db: Database, schedule_table: str, r: int, eta: int = 3, skip_last: int = 0) -> None:
+    """MADlib's ``hyperband_schedule``: the brackets ``automl`` runs for ``R=r, eta=eta``,
+    one row per bracket ``s`` and rung ``i``: ``n_i`` configurations trained to ``r_i``
+    iterations (Cerebro's :class:`cerebro.Hyperband`, the same rule as MADlib)."""
+    if skip_last != 0:
+        raise ValueError(f"skip_last={skip_last!r} is not supported; Cerebro's Hyperband runs every bracket")
+    table = db.require_absent(schedule_table, "schedule_table")
+    brackets = Hyperband(lambda config: None, {"config": choice([0])}, max_epochs=r, eta=eta).brackets()
+    rows = [(b.s, i, n, epochs) for b in brackets for i, (n, epochs) in enumerate(zip(b.keep, b.rung_epochs))]
+    db.query(f"CREATE TABLE {table} (s INTEGER, i INTEGER, n_i INTEGER, r_i INTEGER)")
+    db.query(f"INSERT INTO {table} SELECT * FROM unnest($1, $2, $3, $4)", [list(column) for column in zip(*rows)],
+             ["integer[]", "integer[]", "integer[]", "integer[]"])
 
 
 def require_no_selection(db: Database, model_selection_table: str) -> tuple[str, str]:
