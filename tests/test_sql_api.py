@@ -48,6 +48,39 @@ def test_madlibs_names_and_argument_names_load_and_delete_architectures(database
     assert sql(database, "SELECT to_regclass('madlib_arch')") == [(None,)]
 
 
+def keras2_json(bare_list: bool) -> str:
+    """An MLP as Keras 2's ``model.to_json()`` wrote it (MADlib's iris example's shape): no
+    ``module`` keys, ``batch_input_shape`` on the first layer; Keras 2.1 wrote the layers as
+    a bare list."""
+    import json
+
+    def dense(name: str, units: int, activation: str, **more) -> dict:
+        return {"class_name": "Dense", "config": {
+            "name": name, "trainable": True, "dtype": "float32", "units": units, "activation": activation,
+            "use_bias": True, "kernel_initializer": {"class_name": "VarianceScaling", "config": {
+                "scale": 1.0, "mode": "fan_avg", "distribution": "uniform", "seed": None}},
+            "bias_initializer": {"class_name": "Zeros", "config": {}}, "kernel_regularizer": None,
+            "bias_regularizer": None, "activity_regularizer": None, "kernel_constraint": None,
+            "bias_constraint": None, **more}}
+    layers = [dense("dense_1", 10, "relu", batch_input_shape=[None, 4]), dense("dense_2", 3, "softmax")]
+    return json.dumps({"class_name": "Sequential", "keras_version": "2.1.6", "backend": "tensorflow",
+                       "config": layers if bare_list else {"name": "sequential_1", "layers": layers}})
+
+
+@pytest.mark.parametrize("bare_list", [False, True])
+def test_a_keras_2_model_as_madlibs_users_have_it_is_converted_on_load(database, bare_list):
+    sql(database, "DROP TABLE IF EXISTS arch_keras2",
+        f"SELECT cerebro.load_keras_model('arch_keras2', $${keras2_json(bare_list)}$$)")
+    (stored,), = sql(database, "SELECT model_arch::text FROM arch_keras2")
+    model = keras.models.model_from_json(stored)
+    assert model.input_shape == (None, 4) and [tuple(w.shape) for w in model.weights] == \
+        [(4, 10), (10,), (10, 3), (3,)]
+    assert error_of(database, "SELECT cerebro.load_keras_model('arch_keras2', "
+                              "$${\"class_name\": \"Model\", \"config\": {}}$$)") == \
+        "ValueError: model_arch is a Keras 2 'Model' model; Keras 2 Sequential models are converted, others must " \
+        "be saved again with Keras 3's model.to_json()"
+
+
 def test_a_repeated_model_id_or_parameter_string_adds_no_configuration(database):
     """MADlib's install-check: ids [1, 2, 1] and a compile string given twice make 2 x 1 x 2 rows."""
     sql(database, "DROP TABLE IF EXISTS mst_dup, mst_dup_summary",

@@ -38,6 +38,42 @@ _CODE_LAYERS = frozenset({"Lambda", "TFSMLayer", "TorchModuleWrapper", "JaxLayer
 _FUNCTION_MODULES = frozenset({"builtins", "keras.activations", "keras.src.activations.activations"})
 
 
+_SUB_MODULES = {"initializer": "keras.initializers", "regularizer": "keras.regularizers",
+                "constraint": "keras.constraints"}
+
+
+def keras3_json(model_arch: str) -> str:
+    """``model_arch`` as Keras 3 reads it: Keras 2's ``Sequential.to_json()`` (no ``module``
+    keys, ``batch_input_shape`` on the first layer, or a bare list of layers, as MADlib's
+    users have them) is converted; Keras 3's is returned as it is. A Keras 2 functional model
+    is refused with what to do."""
+    arch = json.loads(model_arch)
+    if not isinstance(arch, dict) or "module" in arch:
+        return model_arch
+    if arch.get("class_name") != "Sequential":
+        raise ValueError(f"model_arch is a Keras 2 {arch.get('class_name')!r} model; Keras 2 Sequential models are "
+                         f"converted, others must be saved again with Keras 3's model.to_json()")
+    config = arch.get("config")
+    layers = config if isinstance(config, list) else (config or {}).get("layers", [])
+    converted = [_keras3_node(layer, "keras.layers") for layer in layers]
+    first = converted[0]["config"] if converted else {}
+    if "batch_input_shape" in first:
+        shape = first.pop("batch_input_shape")
+        converted.insert(0, {"module": "keras.layers", "class_name": "InputLayer",
+                             "config": {"batch_shape": shape, "dtype": first.get("dtype", "float32")}})
+    name = config.get("name", "sequential") if isinstance(config, dict) else "sequential"
+    return json.dumps({"module": "keras", "class_name": "Sequential", "registered_name": None,
+                       "config": {"name": name, "layers": converted}})
+
+
+def _keras3_node(node: dict, module: str) -> dict:
+    """A Keras 2 object's config with the ``module`` keys Keras 3 looks objects up by."""
+    config = {key: _keras3_node(value, _SUB_MODULES[key.rsplit("_", 1)[-1]])
+              if isinstance(value, dict) and "class_name" in value and key.rsplit("_", 1)[-1] in _SUB_MODULES
+              else value for key, value in (node.get("config") or {}).items()}
+    return {"module": module, "class_name": node.get("class_name"), "config": config, "registered_name": None}
+
+
 def check_model_arch(model_arch: str) -> None:
     """Refuse, naming where, an architecture that could do more than build layers when a
     server process loads it: a layer of :data:`_CODE_LAYERS`, a function that is not an
@@ -73,6 +109,7 @@ def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
     """The compiled ``keras.Model``. With class ids as labels (``one_hot=False``),
     ``categorical_crossentropy`` is trained as ``sparse_categorical_crossentropy``: the same
     loss on the same targets, as MADlib's preprocessor would have one-hot encoded them."""
+    model_arch = keras3_json(model_arch)
     check_model_arch(model_arch)     # also here: an architecture may reach a table without load_model_arch
     keras = importlib.import_module("keras")
     params = parse_compile_params(compile_params)

@@ -14,7 +14,7 @@ from ..search import Hyperband, choice
 from ..search._space import sample_config
 from ._database import Database
 from ._grid import ConfigGrid
-from ._keras_model import ModelSpec, check_model_arch
+from ._keras_model import ModelSpec, check_model_arch, keras3_json
 from ._params import parse_compile_params, parse_fit_params
 
 
@@ -26,6 +26,7 @@ def load_model_arch(db: Database, model_arch_table: str, model_arch: str, model_
         json.loads(model_arch)
     except (TypeError, ValueError) as error:
         raise ValueError(f"model_arch is not JSON ({error}); give keras.Model.to_json()") from None
+    model_arch = keras3_json(model_arch)        # Keras 2's, as MADlib's users have them, is converted
     check_model_arch(model_arch)
     table = db.qualified(model_arch_table, "model_arch_table")
     if not db.exists(model_arch_table, "model_arch_table"):
