@@ -316,8 +316,8 @@ def test_automl_writes_the_configurations_it_tried_and_their_models(database, me
     assert len(tried) == trials and [row[:4] for row in out] == tried and all(row[4] for row in out)
     info = sql(database, f"SELECT status, iterations FROM {method}_out_info ORDER BY mst_key")
     assert {status for status, _ in info} <= {"completed", "stopped"} and max(i for _, i in info) == iterations
-    assert sql(database, f"SELECT automl_method, best_mst_key IS NOT NULL FROM {method}_out_summary") == \
-        [(method, True)]
+    assert sql(database, f"SELECT automl_method, best_mst_key IS NOT NULL, automl_params, madlib_version "
+                         f"FROM {method}_out_summary") == [(method, True, params, f"cerebro {cb.__version__}")]
 
 
 def fit_call(output_table: str) -> str:

@@ -89,7 +89,7 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
         settings["seed"] = random_state
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
                          model_selection_table, iterations, metrics_compute_frequency or iterations, False, name,
-                         description, method=method, **settings)
+                         description, method=method, automl_params=automl_params, **settings)
     weights = {f"arch-{m}": w for m, (_, w) in architectures.items() if w is not None}
     job = {"architectures": {str(m): [arch, w is not None] for m, (arch, w) in architectures.items()},
            "grid": [list(model_id_list), compile_params_grid, fit_params_grid], "params": params}

@@ -40,6 +40,7 @@ class RunDescription:
     started: float
     class_values: list[str] | None = None     # a text label's classes, in the order of their ids
     dependent_vartype: str | None = None
+    automl_params: str | None = None
 
 
 def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
@@ -127,18 +128,18 @@ def _write_summary(db: Database, table: str, output_table: str, rows: Mapping[st
              f"metrics_compute_frequency INTEGER, warm_start BOOLEAN, name VARCHAR, description VARCHAR, "
              f"start_training_time TIMESTAMPTZ, end_training_time TIMESTAMPTZ, metrics_iters INTEGER[], "
              f"best_mst_key INTEGER, store VARCHAR, seed INTEGER, workers INTEGER, cerebro_version VARCHAR, "
-             f"dependent_vartype VARCHAR, class_values TEXT[])")
+             f"dependent_vartype VARCHAR, class_values TEXT[], madlib_version VARCHAR, automl_params VARCHAR)")
     iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
     db.query(f"INSERT INTO {table} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
-             f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22, $23, $24)",
+             f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)",
              [run.source_table, run.validation_table, output_table, f"{output_table}_info", run.dependent_varname,
               run.independent_varname, run.model_arch_table, run.model_selection_table, run.method,
               run.num_iterations, run.metrics_compute_frequency, run.warm_start, run.name, run.description,
               run.started, rows["ended"], iterations, rows["best"], rows["store"], run.seed, run.workers,
-              __version__, run.dependent_vartype, run.class_values],
+              __version__, run.dependent_vartype, run.class_values, f"cerebro {__version__}", run.automl_params],
              ["text", "text", "text", "text", "text", "text", "text", "text", "text", "integer", "integer", "boolean",
               "text", "text", "float8", "float8", "integer[]", "integer", "text", "integer", "integer", "text", "text",
-              "text[]"])
+              "text[]", "text", "text"])
 
 
 def _best_key(result: Result, keys: Mapping[str, int]) -> int | None:
