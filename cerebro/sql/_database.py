@@ -83,6 +83,7 @@ class Database:
         self._plpy = importlib.import_module("plpy")    # exists only inside PostgreSQL
         self.installation = installation
         self._callers_path = self.query("SELECT pg_catalog.current_setting('search_path') AS path")[0]["path"]
+        self._qualified: dict[str, str] = {}      # name -> schema-qualified, found once per call
         self._set_path(PINNED_PATH)
 
     def close(self) -> None:
@@ -120,6 +121,11 @@ class Database:
         quoted = self.quoted(name, argument)
         if "." in name:
             return quoted
+        if quoted not in self._qualified:
+            self._qualified[quoted] = self._resolve(name, quoted, argument)
+        return self._qualified[quoted]
+
+    def _resolve(self, name: str, quoted: str, argument: str) -> str:
         self._set_path(self._callers_path)
         try:
             row = self.query(
@@ -273,4 +279,4 @@ class Database:
 
 def _path_part(name: str) -> str:
     """A database, role or table name as one directory name: no ``/``, never ``.`` or ``..``."""
-    return quote(name, safe="").replace(".", "%2E") if name in (".", "..") else quote(name, safe="")
+    return "%2E" * len(name) if name in (".", "..") else quote(name, safe="")

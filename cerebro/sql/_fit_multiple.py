@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, replace
@@ -27,7 +25,7 @@ import numpy as np
 from ..data import in_content_order
 from ._database import Database
 from ._grid import ConfigGrid
-from ._job import run_job
+from ._job import job_directory, run_job
 from ._keras_model import GridBuild, ModelSpec, SelectionBuild
 from ._model_tables import read_model_selection, require_model_ids, require_no_selection, write_selection
 from ._output import RunDescription, write_outputs
@@ -127,13 +125,7 @@ def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[st
     run = replace(run, store=store, class_values=class_values,
                   dependent_vartype=db.columns(run.source_table, "source_table")[run.dependent_varname])
     os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
-    job_dir = tempfile.mkdtemp(prefix=".job-", dir=os.path.dirname(os.path.abspath(store)))
-    try:
-        for name, array in arrays.items():
-            np.save(os.path.join(job_dir, f"{name}.npy"), array, allow_pickle=False)
-        for name, blob in weights.items():
-            with open(os.path.join(job_dir, f"{name}.weights"), "wb") as f:
-                f.write(blob)
+    with job_directory(arrays, weights, under=os.path.dirname(os.path.abspath(store))) as job_dir:
         answer = run_job(db, job_dir, {**job, "kind": "fit", "digest": digest, "use_gpus": bool(use_gpus),
                                        "run": asdict(run)},
                          keras_backend=db.keras_backend(), use_gpus=bool(use_gpus))
@@ -141,8 +133,6 @@ def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[st
             db.notice(f"continued the run in {store} (a finished one is read back as it is)")
         write_outputs(db, output_table, answer, run, job_dir)
         return answer
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
 
 
 def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray], list[str] | None]:

@@ -19,17 +19,40 @@ group never reach its workers.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+import numpy as np
 
 from ._database import Database
 
 POLL_SECONDS = 0.2
 STOP_SECONDS = 3.0
+
+
+@contextlib.contextmanager
+def job_directory(arrays: Mapping[str, np.ndarray], blobs: Mapping[str, bytes],
+                  under: str | None = None) -> Iterator[str]:
+    """A new directory (in ``under``, else the temporary directory) holding a job's data:
+    ``<name>.npy`` arrays, never pickled, and ``<name>.weights`` blobs; removed after."""
+    job_dir = tempfile.mkdtemp(prefix=".job-", dir=under)
+    try:
+        for name, array in arrays.items():
+            np.save(os.path.join(job_dir, f"{name}.npy"), array, allow_pickle=False)
+        for name, blob in blobs.items():
+            with open(os.path.join(job_dir, f"{name}.weights"), "wb") as f:
+                f.write(blob)
+        yield job_dir
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
 
 
 def run_job(db: Database, job_dir: str, job: dict[str, Any], *, keras_backend: str | None,

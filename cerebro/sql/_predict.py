@@ -4,13 +4,11 @@ the session (see :mod:`._job`)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 import numpy as np
 
 from ._database import Database
-from ._job import run_job
+from ._job import job_directory, run_job
 from ._params import parse_compile_params
 
 _ID_TYPES = ("smallint", "integer", "bigint")
@@ -108,18 +106,11 @@ def _names(text: str, argument: str) -> list[str]:
 
 def _in_child(db: Database, kind: str, row: dict, inputs: np.ndarray, labels: np.ndarray | None = None) -> dict:
     """Run the model of ``row`` on ``inputs`` (and ``labels``) in a child process."""
-    job_dir = tempfile.mkdtemp(prefix=f"cerebro-{kind}-")
-    try:
-        np.save(os.path.join(job_dir, "inputs.npy"), inputs, allow_pickle=False)
-        if labels is not None:
-            np.save(os.path.join(job_dir, "labels.npy"), labels, allow_pickle=False)
-        with open(os.path.join(job_dir, "model.weights"), "wb") as f:
-            f.write(bytes(row["model_weights"]))
+    arrays = {"inputs": inputs} if labels is None else {"inputs": inputs, "labels": labels}
+    with job_directory(arrays, {"model": bytes(row["model_weights"])}) as job_dir:
         answer = run_job(db, job_dir, {"kind": kind, "model_arch": row["model_arch"],
                                        "compile_params": row["compile_params"]},
                          keras_backend=db.keras_backend(), use_gpus=False)
         if kind == "predict":
             answer["outputs"] = np.load(os.path.join(job_dir, "outputs.npy"), allow_pickle=False)
         return answer
-    finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
