@@ -70,8 +70,13 @@ def striking(loss: Callable[..., Any], strike: Callable[[], Any], *, marker: str
 
 def epochs_journaled(store: str) -> int:
     """How many ``epoch_end`` events the run in ``store`` has journaled (0 before its journal)."""
+    return journaled(store, "epoch_end")
+
+
+def journaled(store: str, event: str) -> int:
+    """How many ``event`` events the run in ``store`` has journaled (0 before its journal)."""
     try:
         with open(os.path.join(store, "journal.jsonl"), "rb") as f:
-            return f.read().count(b'"event": "epoch_end"')
+            return f.read().count(f'"event": "{event}"'.encode())
     except FileNotFoundError:
         return 0

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pandas as pd
 import pytest
 import torch
-from _faults import epochs_journaled
+from _faults import journaled, training
 from _models import build, crashing_once, digits
 from _spark import session, standalone_cluster
 from test_resume import assert_same_results as assert_same_results_as_uninterrupted
@@ -111,7 +111,7 @@ def test_a_killed_task_is_replaced_alone_and_the_results_do_not_change(tmp_path,
     store, marker = str(tmp_path / "run"), str(tmp_path / "crashed")
     spark = session("local[2]")
     try:
-        search = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker), store, epochs=4), SPACE, epochs=2,
+        search = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker), store), SPACE, epochs=2,
                                metric="val_accuracy", mode="max")
         result = search.fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED, store=store,
                             verbose=0)
@@ -124,27 +124,28 @@ def test_a_killed_task_is_replaced_alone_and_the_results_do_not_change(tmp_path,
     assert_same_results(local_result, result)
 
 
-def waiting_for_the_replacement(build: Callable[[dict], cb.TorchTrainable], store: str, epochs: int):
-    """``build`` whose training, once ``epochs`` epochs are journaled in ``store``, waits (up
-    to 2 minutes) until a lost worker's replacement has joined, so that the run cannot end
-    before the replacement trains, however slowly it starts."""
+def waiting_for_the_replacement(build: Callable[[dict], cb.TorchTrainable], store: str, batches: int = 20):
+    """``build`` whose training, once a worker is lost, trains ``batches`` more batches in each
+    worker process and then waits (up to 2 minutes a batch) until the lost worker's
+    replacement has joined: the others train on meanwhile, and the run cannot end before
+    the replacement trains, however slowly it starts."""
+    since_the_loss = [0]     # per worker process: the closure is copied into each
+
     def build_that_waits(config: dict) -> cb.TorchTrainable:
         trainable = build(config)
         loss = trainable.loss
 
         def loss_that_waits(outputs, targets):
-            deadline = time.monotonic() + 120
-            while epochs_journaled(store) >= epochs and not replaced(store) and time.monotonic() < deadline:
-                time.sleep(0.2)     # a worker's heartbeats go on from their own thread meanwhile
+            if training() and journaled(store, "worker_lost") > journaled(store, "worker_replaced"):
+                since_the_loss[0] += 1
+                deadline = time.monotonic() + 120
+                while since_the_loss[0] > batches and time.monotonic() < deadline \
+                        and journaled(store, "worker_lost") > journaled(store, "worker_replaced"):
+                    time.sleep(0.2)     # a worker's heartbeats go on from their own thread meanwhile
             return loss(outputs, targets)
         trainable.loss = loss_that_waits
         return trainable
     return build_that_waits
-
-
-def replaced(store: str) -> bool:
-    with open(os.path.join(store, "journal.jsonl"), "rb") as f:
-        return b'"event": "worker_replaced"' in f.read()
 
 
 def assert_replaced_alone(events: list[dict], result: cb.Result) -> None:
@@ -174,9 +175,9 @@ def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_
         spark = session(master)
         try:
             backend = cb.SparkBackend(spark, workers=4, slot_wait=120)
-            # Killed once an epoch is journaled; once 8 of the 12 are, training waits for the
-            # replacement (Spark's retry of the killed task is declined: it is a job of its own).
-            build_that_kills = killing_build(waiting_for_the_replacement(build, store, epochs=8), store, marker,
+            # Killed once an epoch is journaled; the others train on, then wait for the replacement
+            # (Spark's retry of the killed task is declined: it is a job of its own).
+            build_that_kills = killing_build(waiting_for_the_replacement(build, store), store, marker,
                                              after=1)
             result = cb.GridSearch(build_that_kills, SPACE, epochs=3, metric="val_accuracy", mode="max").fit(
                 digits(partitions=4), backend=backend, seed=SEED, store=store, verbose=0)

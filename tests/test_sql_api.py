@@ -13,6 +13,7 @@ import pytest
 from _sql import COMPILE, FIT, architectures, dbapi, error_of, keras, sql
 
 import cerebro as cb
+from cerebro.sql._install import FUNCTIONS
 
 
 def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(database):
@@ -21,7 +22,8 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
                            "cerebro_again"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cerebro ")
-    assert sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")[0][0] == 15
+    installed = sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")
+    assert installed[0][0] == len(FUNCTIONS) == 22
 
 
 def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):
@@ -156,17 +158,28 @@ def test_fit_multiple_model_writes_madlibs_tables_with_the_bits_of_the_same_grid
     assert summary == [("digits_train", "digits_val", "out", "out_info", 3, [1, 2, 3], "digits grid", store, 0, 2,
                         best_key)]
 
-    sql(database, f"SELECT cerebro.predict('out', 'digits_test', 'id', 'pixels', 'predicted', mst_key => {best_key})")
-    predicted = sql(database, "SELECT id, estimated_dependent_var FROM predicted ORDER BY id")
+    sql(database, f"SELECT cerebro.predict('out', 'digits_test', 'id', 'pixels', 'predicted', 'response', "
+                  f"mst_key => {best_key})")
+    predicted = sql(database, "SELECT id, class_name, class_value, prob FROM predicted ORDER BY id")
     test = cb.Dataset.from_sql(database, "SELECT pixels, id FROM digits_test ORDER BY id", features=["pixels"],
                                label="id", validation=None)
     order = np.argsort(test.label)
-    expected = python.best.model().predict_on_batch(test.features[order])
+    expected = np.asarray(python.best.model().predict_on_batch(test.features[order]))
     assert [row[0] for row in predicted] == list(range(1500, 1797))        # one row per input row
-    assert [row[1] for row in predicted] == list(np.asarray(expected).argmax(axis=1))
-    probabilities = sql(database, "SELECT cerebro.predict('out', 'digits_test', 'id', 'pixels', 'probs', "
-                                  f"pred_type => 'prob', mst_key => {best_key})", "SELECT prob FROM probs ORDER BY id")
-    assert len(probabilities) == 297 and all(len(p[0]) == 10 for p in probabilities)
+    assert {row[1] for row in predicted} == {"digit"}
+    assert [row[2] for row in predicted] == [str(c) for c in expected.argmax(axis=1)]
+    assert [row[3] for row in predicted] == pytest.approx(list(expected.max(axis=1)), rel=1e-5)
+    # MADlib's default, pred_type 'prob': a row per class, ranked by probability.
+    probabilities = sql(database, f"SELECT cerebro.predict('out', 'digits_test', 'id', 'pixels', 'probs', "
+                                  f"mst_key => {best_key})", "SELECT id, class_value, prob, rank FROM probs")
+    assert len(probabilities) == 297 * 10
+    by_id = {}
+    for id_, value, prob, rank in probabilities:
+        by_id.setdefault(id_, {})[rank] = (value, prob)
+    first = by_id[1500]
+    assert sorted(first) == list(range(1, 11)) and [first[r][1] for r in range(1, 11)] == \
+        pytest.approx(sorted(expected[0], reverse=True), rel=1e-5)
+    assert {first[r][0] for r in first} == {str(c) for c in range(10)}
     # MADlib's evaluate: the loss and metric over a table, as the run's validation measured them.
     evaluated = sql(database, "SELECT cerebro.madlib_keras_evaluate('out', 'digits_val', 'evaluated', mst_key => "
                               f"{best_key}, independent_varname => 'pixels', dependent_varname => 'digit')",
@@ -316,6 +329,14 @@ def test_automl_writes_the_configurations_it_tried_and_their_models(database, me
     assert len(tried) == trials and [row[:4] for row in out] == tried and all(row[4] for row in out)
     info = sql(database, f"SELECT status, iterations FROM {method}_out_info ORDER BY mst_key")
     assert {status for status, _ in info} <= {"completed", "stopped"} and max(i for _, i in info) == iterations
+    columns = [c for (c,) in sql(database, f"SELECT column_name FROM information_schema.columns WHERE table_name = "
+                                           f"'{method}_out_info' ORDER BY ordinal_position")]
+    if method == "hyperband":   # R=3, eta=3: bracket 1 of 3 trials (rounds of 1 and 3 epochs), bracket 0 of 2
+        rounds = sql(database, "SELECT s, i, iterations FROM hyperband_out_info ORDER BY mst_key")
+        assert [s for s, _, _ in rounds] == [1, 1, 1, 0, 0] and columns[-2:] == ["s", "i"]
+        assert [i for _, i, _ in rounds] == [int(s == 1 and n == 3) for s, _, n in rounds]
+    else:                       # as in MADlib, a Hyperopt run's info has no rounds
+        assert "s" not in columns and "i" not in columns
     assert sql(database, f"SELECT automl_method, best_mst_key IS NOT NULL, automl_params, madlib_version "
                          f"FROM {method}_out_summary") == [(method, True, params, f"cerebro {cb.__version__}")]
 
@@ -425,7 +446,7 @@ def test_madlibs_numeric_features_and_one_hot_label_arrays_train(database):
     assert all(len(row[2]) == 2 and row[2][1] < row[2][0] for row in info)      # it learned
     sql(database, "DROP TABLE IF EXISTS madlib_predicted",
         "SELECT cerebro.madlib_keras_predict('from_madlib', 'digits_madlib', 'id', 'attributes', 'madlib_predicted', "
-        "mst_key => 2)")
+        "'response', mst_key => 2)")
     assert sql(database, "SELECT count(*) FROM madlib_predicted") == sql(database, "SELECT count(*) FROM digits_train")
 
 
@@ -448,7 +469,7 @@ def test_text_class_labels_train_predict_and_evaluate_by_their_names(database):
         [("character varying", names)]
     predicted = sql(database, "DROP TABLE IF EXISTS named_predicted",
                     "SELECT cerebro.predict('named', 'digits_named_val', 'id', 'pixels', 'named_predicted', "
-                    "mst_key => 7)", "SELECT p.estimated_dependent_var = v.class_text FROM named_predicted p "
+                    "'response', mst_key => 7)", "SELECT p.class_value = v.class_text FROM named_predicted p "
                     "JOIN digits_named_val v USING (id)")
     assert len(predicted) == 300 and sum(right for (right,) in predicted) > 150      # names, mostly right
     evaluated = sql(database, "DROP TABLE IF EXISTS named_evaluated",

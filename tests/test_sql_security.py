@@ -54,7 +54,7 @@ def shared(database):
 
 
 def predict_call(test_table: str, output: str, schema: str = SCHEMA) -> str:
-    return f"SELECT {schema}.predict('model', '{test_table}', 'id', 'pixels', '{output}')"
+    return f"SELECT {schema}.predict('model', '{test_table}', 'id', 'pixels', '{output}', 'response')"
 
 
 def test_the_functions_run_for_no_role_until_the_dba_grants_them(shared):
@@ -134,7 +134,8 @@ def test_a_session_that_trained_and_predicted_runs_jit_compiled_queries(shared):
            "SET jit_optimize_above_cost = 0")
     from _postgres import server_directory
     plan = sql(database, fit("cerebro", "jit_out"),
-               "SELECT cerebro.predict('jit_out', 'digits_test', 'id', 'pixels', 'jit_predicted', mst_key => 2)",
+               "SELECT cerebro.predict('jit_out', 'digits_test', 'id', 'pixels', 'jit_predicted', 'response', "
+               "mst_key => 2)",
                "CREATE OR REPLACE FUNCTION explained(q text) RETURNS SETOF text LANGUAGE plpgsql AS "
                "$$BEGIN RETURN QUERY EXECUTE 'EXPLAIN (ANALYZE, FORMAT TEXT) ' || q; END$$",
                *jit, "SELECT * FROM explained('SELECT sum(id * 2) FROM jit_predicted')",

@@ -24,7 +24,7 @@ from ..search import GridSearch, Hyperband, Searcher, TPESearch, choice
 from ._grid import ConfigGrid
 from ._job import POLL_SECONDS, STOP_SECONDS
 from ._keras_model import GridBuild, ModelSpec, SelectionBuild, keras_model, load_flat_weights
-from ._output import RunDescription, output_rows
+from ._output import RunDescription, hyperband_rounds, output_rows
 
 _PREDICT_BATCH = 1024
 
@@ -105,7 +105,11 @@ def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
     result, resumed = _fit_or_resume(searcher, space, job["digest"], data, run)
     by_trial = {t.trial_id: models[t.config["mst_key"]] if "models" in job else build.spec(t.config)
                 for t in result.trials}
-    rows = output_rows(result, by_trial, run, job_dir)
+    rounds = None
+    if run.method == "hyperband":
+        brackets = Hyperband(build, space, max_epochs=run.num_iterations, eta=job["params"].get("eta", 3)).brackets()
+        rounds = hyperband_rounds([(b.s, b.rung_epochs, b.keep[0]) for b in brackets], result)
+    rows = output_rows(result, by_trial, run, job_dir, rounds)
     rows["selection"] = [[s.model_id, s.compile_params, s.fit_params] for s in by_trial.values()]
     return {**rows, "resumed": resumed}
 

@@ -115,6 +115,10 @@ class Database:
                              f"digits, _ and $)")
         return ".".join(self._plpy.quote_ident(part.lower()) for part in name.split("."))
 
+    def quote_ident(self, name: str) -> str:
+        """``name`` as a quoted SQL identifier (a column's, say)."""
+        return self._plpy.quote_ident(name)
+
     def qualified(self, name: str, argument: str) -> str:
         """``name`` quoted and schema-qualified as the caller means it: the schema of the
         table their ``search_path`` finds, else the one ``CREATE TABLE`` would put it in."""

@@ -30,6 +30,7 @@ from ._keras_model import GridBuild, ModelSpec, SelectionBuild
 from ._model_tables import read_model_selection, require_model_ids, require_no_selection, write_selection
 from ._output import RunDescription, write_outputs
 from ._params import keyword_arguments
+from ._preprocess import packing, read_packed
 
 AUTOML_METHODS = ("hyperband", "tpe", "hyperopt")     # hyperopt: MADlib's name for TPE
 
@@ -38,11 +39,12 @@ def fit_multiple_model(db: Database, source_table: str, model_output_table: str,
                        num_iterations: int, use_gpus: bool = False, validation_table: str | None = None,
                        metrics_compute_frequency: int | None = None, warm_start: bool = False,
                        name: str | None = None, description: str | None = None, use_caching: bool = False,
-                       independent_varname: str = "independent_var",
-                       dependent_varname: str = "dependent_var") -> None:
+                       independent_varname: str | None = None, dependent_varname: str | None = None) -> None:
     """Train every row of ``model_selection_table`` for ``num_iterations`` epochs with MOP
     and write ``model_output_table``, ``_info`` and ``_summary``. ``use_caching`` is
-    accepted and needs nothing: each worker holds its partition for the whole run."""
+    accepted and needs nothing: each worker holds its partition for the whole run. The
+    source is a table of rows or one ``training_preprocessor_dl`` packed (see
+    :func:`_read_data`)."""
     _check_iterations(num_iterations, metrics_compute_frequency)
     db.lock_output(model_output_table, "model_output_table")
     model_arch_table, models = read_model_selection(db, model_selection_table)
@@ -65,7 +67,7 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
            automl_method: str = "hyperband", automl_params: str | None = None, random_state: int | None = None,
            object_table: str | None = None, use_gpus: bool = False, validation_table: str | None = None,
            metrics_compute_frequency: int | None = None, name: str | None = None, description: str | None = None,
-           independent_varname: str = "independent_var", dependent_varname: str = "dependent_var") -> None:
+           independent_varname: str | None = None, dependent_varname: str | None = None) -> None:
     """MADlib's ``madlib_keras_automl``: Hyperband (``automl_params => 'R=6, eta=3'``) or TPE
     (``'tpe'`` or MADlib's ``'hyperopt'``: ``'num_configs=20, num_iterations=5'``) over the
     grids' space. The configurations tried are written to ``model_selection_table``, keyed in
@@ -119,11 +121,10 @@ def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[st
     run of the same call), write the output tables; returns the child's answer. The store
     is named by a digest of the call (trials, data, seed), so a run directory is resumed
     only by the call that made it."""
-    arrays, class_values = _read_data(db, run)
+    arrays, run = _read_data(db, run)
     digest = _digest(identity, arrays, run)
-    store = run.store if db.setting("store") else os.path.join(run.store, digest[:12])
-    run = replace(run, store=store, class_values=class_values,
-                  dependent_vartype=db.columns(run.source_table, "source_table")[run.dependent_varname])
+    run = replace(run, store=run.store if db.setting("store") else os.path.join(run.store, digest[:12]))
+    store = run.store
     os.makedirs(os.path.dirname(os.path.abspath(store)), exist_ok=True)
     with job_directory(arrays, weights, under=os.path.dirname(os.path.abspath(store))) as job_dir:
         answer = run_job(db, job_dir, {**job, "kind": "fit", "digest": digest, "use_gpus": bool(use_gpus),
@@ -135,9 +136,43 @@ def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[st
         return answer
 
 
-def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray], list[str] | None]:
-    """The source (and validation) rows as the calling role reads them, checked by name
-    first, in the order ``Dataset.from_sql`` puts them; and the class values of a text label."""
+def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray], RunDescription]:
+    """The source (and validation) rows as the calling role reads them, in the order
+    ``Dataset.from_sql`` puts them, and ``run`` with what the data says (column names, class
+    values, the normalizing constant). A source ``training_preprocessor_dl`` packed is read
+    from its buffers, with the names its summary gives; its validation table must be packed
+    alike (``validation_preprocessor_dl``)."""
+    layout = packing(db, run.source_table, "source_table")
+    if layout is None:
+        run = replace(run, independent_varname=run.independent_varname or "independent_var",
+                      dependent_varname=run.dependent_varname or "dependent_var")
+        arrays, class_values = _read_rows(db, run)
+        return arrays, replace(run, class_values=class_values, dependent_vartype=db.columns(
+            run.source_table, "source_table")[run.dependent_varname])
+    for given, packed, argument in ((run.independent_varname, layout.independent_varname, "independent_varname"),
+                                    (run.dependent_varname, layout.dependent_varname, "dependent_varname")):
+        if given not in (None, packed):
+            raise ValueError(f"{argument}={given!r}: source_table {run.source_table!r} is packed, with {packed!r}; "
+                             f"give NULL or {packed!r}")
+    arrays = {}
+    for table, argument, prefix in ((run.source_table, "source_table", "train"),
+                                    (run.validation_table, "validation_table", "validation")):
+        if table is None:
+            continue
+        found = layout if prefix == "train" else packing(db, table, argument)
+        if found is None or found.class_values != layout.class_values:
+            raise ValueError(f"validation_table {table!r} must be packed by validation_preprocessor_dl with "
+                             f"training_preprocessor_table => {run.source_table!r}, as the source table is")
+        arrays[f"{prefix}_features"], arrays[f"{prefix}_label"] = in_content_order(
+            *read_packed(db, table, argument, found))
+    return arrays, replace(run, independent_varname=layout.independent_varname,
+                           dependent_varname=layout.dependent_varname, class_values=layout.class_values,
+                           dependent_vartype=layout.dependent_vartype, normalizing_const=layout.normalizing_const)
+
+
+def _read_rows(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray], list[str] | None]:
+    """The rows of a source (and validation) table of rows, checked by name first; and the
+    class values of a text label."""
     features = [c.strip() for c in (run.independent_varname or "").split(",") if c.strip()]
     if not features:
         raise ValueError(f"independent_varname={run.independent_varname!r} must name one or more columns")

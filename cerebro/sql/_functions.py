@@ -18,6 +18,7 @@ from ._model_tables import (
     load_model_selection_table,
 )
 from ._predict import evaluate, predict
+from ._preprocess import train_test_split, training_preprocessor_dl, validation_preprocessor_dl
 
 
 def version(db: Database) -> str:
@@ -37,7 +38,8 @@ def delete_keras_model(db: Database, keras_model_arch_table: str, model_id: int)
 
 ENTRIES = {function.__name__: function for function in (
     version, load_model_arch, load_keras_model, delete_keras_model, load_model_selection_table,
-    generate_model_configs, hyperband_schedule, fit_multiple_model, automl, predict, evaluate)}
+    generate_model_configs, hyperband_schedule, fit_multiple_model, automl, predict, evaluate,
+    training_preprocessor_dl, validation_preprocessor_dl, train_test_split)}
 
 
 def call(entry: str, installation: dict[str, Any], /, **arguments: Any) -> Any:

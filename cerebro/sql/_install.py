@@ -19,11 +19,11 @@ _SCHEMA = re.compile(r"[a-z_][a-z0-9_]*")
 _TABLE_ARGS = ("source_table varchar", "model_output_table varchar")
 _RUN_ARGS = ("use_gpus boolean DEFAULT false", "validation_table varchar DEFAULT NULL",
              "metrics_compute_frequency integer DEFAULT NULL")
-_COLUMNS = ("independent_varname varchar DEFAULT 'independent_var'",
-            "dependent_varname varchar DEFAULT 'dependent_var'")
+# NULL: the names a packed table's summary gives, else independent_var and dependent_var.
+_COLUMNS = ("independent_varname varchar DEFAULT NULL", "dependent_varname varchar DEFAULT NULL")
 _PREDICT_ARGS = ("model_table varchar", "test_table varchar", "id_col varchar", "independent_varname varchar",
-                 "output_table varchar", "pred_type varchar DEFAULT 'response'", "use_gpus boolean DEFAULT false",
-                 "mst_key integer DEFAULT NULL")
+                 "output_table varchar")
+_PREDICT_TAIL = ("use_gpus boolean DEFAULT false", "mst_key integer DEFAULT NULL")
 _ARCH_ARGS = ("model_arch_table varchar", "model_arch json", "model_weights bytea DEFAULT NULL",
               "name varchar DEFAULT NULL", "description varchar DEFAULT NULL", "model_id integer DEFAULT NULL")
 
@@ -67,7 +67,24 @@ FUNCTIONS = (
         "automl_params varchar DEFAULT NULL", "random_state integer DEFAULT NULL",
         "object_table varchar DEFAULT NULL", *_RUN_ARGS, "name varchar DEFAULT NULL",
         "description varchar DEFAULT NULL", *_COLUMNS), "void", "automl"),
-    SqlFunction("predict", _PREDICT_ARGS, "void", "predict"),
+    # As MADlib: pred_type 'prob' or 'response', the k likeliest classes, or a probability.
+    SqlFunction("predict", (*_PREDICT_ARGS, "pred_type varchar DEFAULT 'prob'", *_PREDICT_TAIL), "void", "predict"),
+    SqlFunction("predict", (*_PREDICT_ARGS, "pred_type integer", *_PREDICT_TAIL), "void", "predict"),
+    SqlFunction("predict", (*_PREDICT_ARGS, "pred_type double precision", *_PREDICT_TAIL), "void", "predict"),
+    SqlFunction("training_preprocessor_dl", (
+        "source_table varchar", "output_table varchar", "dependent_varname varchar", "independent_varname varchar",
+        "buffer_size integer DEFAULT NULL", "normalizing_const real DEFAULT 1.0",
+        "num_classes integer[] DEFAULT NULL", "distribution_rules text DEFAULT 'all_segments'"), "void",
+        "training_preprocessor_dl"),
+    SqlFunction("validation_preprocessor_dl", (
+        "source_table varchar", "output_table varchar", "dependent_varname varchar", "independent_varname varchar",
+        "training_preprocessor_table varchar", "buffer_size integer DEFAULT NULL",
+        "distribution_rules text DEFAULT 'all_segments'"), "void", "validation_preprocessor_dl"),
+    SqlFunction("train_test_split", (
+        "source_table varchar", "output_table varchar", "train_proportion double precision",
+        "test_proportion double precision DEFAULT NULL", "grouping_cols varchar DEFAULT NULL",
+        "target_cols varchar DEFAULT NULL", "with_replacement boolean DEFAULT false",
+        "separate_output_tables boolean DEFAULT false"), "void", "train_test_split"),
     SqlFunction("evaluate", (
         "model_table varchar", "test_table varchar", "output_table varchar", "use_gpus boolean DEFAULT false",
         "mst_key integer DEFAULT NULL", *_COLUMNS), "void", "evaluate"),

@@ -24,8 +24,8 @@ class RunDescription:
 
     source_table: str
     validation_table: str | None
-    independent_varname: str
-    dependent_varname: str
+    independent_varname: str | None
+    dependent_varname: str | None
     model_arch_table: str
     model_selection_table: str
     num_iterations: int
@@ -41,6 +41,7 @@ class RunDescription:
     class_values: list[str] | None = None     # a text label's classes, in the order of their ids
     dependent_vartype: str | None = None
     automl_params: str | None = None
+    normalizing_const: float = 1.0      # what predict divides features by (training_preprocessor_dl's)
 
 
 def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
@@ -48,8 +49,20 @@ def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
     return sorted({*range(frequency, num_iterations + 1, frequency), num_iterations})
 
 
+def hyperband_rounds(brackets: Sequence[tuple[int, Sequence[int], int]], result: Result) -> dict[str, list[int]]:
+    """MADlib's ``s`` and ``i`` of each trial of a Hyperband run: its bracket, and the last
+    round of it the trial reached. ``brackets`` are (s, each round's epochs, trials of the
+    first round), largest first, filled in trial order (as :class:`cerebro.Hyperband` does)."""
+    owners = [(s, rounds) for s, rounds, first in brackets for _ in range(first)]
+    found = {}
+    for position, trial in enumerate(sorted(result.trials, key=lambda t: t.trial_id)):
+        s, rounds = owners[position]
+        found[trial.trial_id] = [s, max(0, sum(1 for epochs in rounds if epochs <= trial.epochs) - 1)]
+    return found
+
+
 def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescription,
-                weights_dir: str) -> dict[str, Any]:
+                weights_dir: str, rounds: Mapping[str, list[int]] | None = None) -> dict[str, Any]:
     """The rows of ``<out>`` and ``<out>_info`` for ``result``'s trials, as plain data (each
     trial's weights in a file of ``weights_dir``), and the best trial's key: what the child
     process that trained (see :mod:`._job`) hands back to the session for
@@ -79,9 +92,10 @@ def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescr
                      [metric] if metric else [], _loss_name(spec),
                      _last(training), _last(training_loss), training, training_loss,
                      _last(validation), _last(validation_loss), validation, validation_loss,
-                     trial.status.value, trial.reason or trial.error, trial.epochs, trial.trial_id])
+                     trial.status.value, trial.reason or trial.error, trial.epochs, trial.trial_id,
+                     *(rounds[trial.trial_id] if rounds else [])])
     return {"models": models, "info": info, "best": _best_key(result, keys), "store": result.store.path,
-            "ended": time.time()}
+            "ended": time.time(), "rounds": rounds is not None}
 
 
 def write_outputs(db: Database, output_table: str, rows: Mapping[str, Any], run: RunDescription,
@@ -102,7 +116,8 @@ def write_outputs(db: Database, output_table: str, rows: Mapping[str, Any], run:
              f"training_metrics DOUBLE PRECISION[], training_loss DOUBLE PRECISION[], "
              f"validation_metrics_final DOUBLE PRECISION, validation_loss_final DOUBLE PRECISION, "
              f"validation_metrics DOUBLE PRECISION[], validation_loss DOUBLE PRECISION[], "
-             f"status VARCHAR, reason VARCHAR, iterations INTEGER, trial_id VARCHAR)")
+             f"status VARCHAR, reason VARCHAR, iterations INTEGER, trial_id VARCHAR"
+             + (", s INTEGER, i INTEGER)" if rows.get("rounds") else ")"))
     for key, model_id, model_arch, compile_params, fit_params, trained in rows["models"]:
         weights = None
         if trained:
@@ -111,12 +126,13 @@ def write_outputs(db: Database, output_table: str, rows: Mapping[str, Any], run:
         db.query(f"INSERT INTO {names['']} VALUES ($1, $2, $3, $4, $5, $6)",
                  [key, model_id, model_arch, compile_params, fit_params, weights],
                  ["integer", "integer", "json", "text", "text", "bytea"])
+    types = ["integer", "integer", "text", "text", "float8", "float8[]", "text[]", "text", "float8", "float8",
+             "float8[]", "float8[]", "float8", "float8", "float8[]", "float8[]", "text", "text", "integer", "text",
+             *(["integer", "integer"] if rows.get("rounds") else [])]
+    # $1..$4, then MADlib's model_type, then the rest.
+    places = ", ".join(["$1", "$2", "$3", "$4", "'keras'", *(f"${n}" for n in range(5, len(types) + 1))])
     for values in rows["info"]:
-        db.query(f"INSERT INTO {names['_info']} VALUES ($1, $2, $3, $4, 'keras', $5, $6, $7, $8, $9, $10, $11, $12, "
-                 f"$13, $14, $15, $16, $17, $18, $19, $20)", values,
-                 ["integer", "integer", "text", "text", "float8", "float8[]", "text[]", "text", "float8", "float8",
-                  "float8[]", "float8[]", "float8", "float8", "float8[]", "float8[]", "text", "text", "integer",
-                  "text"])
+        db.query(f"INSERT INTO {names['_info']} VALUES ({places})", values, types)
     _write_summary(db, names["_summary"], output_table, rows, run)
 
 
@@ -128,18 +144,20 @@ def _write_summary(db: Database, table: str, output_table: str, rows: Mapping[st
              f"metrics_compute_frequency INTEGER, warm_start BOOLEAN, name VARCHAR, description VARCHAR, "
              f"start_training_time TIMESTAMPTZ, end_training_time TIMESTAMPTZ, metrics_iters INTEGER[], "
              f"best_mst_key INTEGER, store VARCHAR, seed INTEGER, workers INTEGER, cerebro_version VARCHAR, "
-             f"dependent_vartype VARCHAR, class_values TEXT[], madlib_version VARCHAR, automl_params VARCHAR)")
+             f"dependent_vartype VARCHAR, class_values TEXT[], madlib_version VARCHAR, automl_params VARCHAR, "
+             f"normalizing_const REAL)")
     iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
     db.query(f"INSERT INTO {table} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
-             f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)",
+             f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)",
              [run.source_table, run.validation_table, output_table, f"{output_table}_info", run.dependent_varname,
               run.independent_varname, run.model_arch_table, run.model_selection_table, run.method,
               run.num_iterations, run.metrics_compute_frequency, run.warm_start, run.name, run.description,
               run.started, rows["ended"], iterations, rows["best"], rows["store"], run.seed, run.workers,
-              __version__, run.dependent_vartype, run.class_values, f"cerebro {__version__}", run.automl_params],
+              __version__, run.dependent_vartype, run.class_values, f"cerebro {__version__}", run.automl_params,
+              run.normalizing_const],
              ["text", "text", "text", "text", "text", "text", "text", "text", "text", "integer", "integer", "boolean",
               "text", "text", "float8", "float8", "integer[]", "integer", "text", "integer", "integer", "text", "text",
-              "text[]", "text", "text"])
+              "text[]", "text", "text", "real"])
 
 
 def _best_key(result: Result, keys: Mapping[str, int]) -> int | None:

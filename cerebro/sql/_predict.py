@@ -4,25 +4,29 @@ the session (see :mod:`._job`)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
 from ._database import Database
 from ._job import job_directory, run_job
 from ._params import parse_compile_params
+from ._preprocess import packing, read_packed
 
 _ID_TYPES = ("smallint", "integer", "bigint")
+_BLOCK_ROWS = 50_000     # input rows whose predictions one INSERT writes
 
 
 def predict(db: Database, model_table: str, test_table: str, id_col: str, independent_varname: str,
-            output_table: str, pred_type: str = "response", use_gpus: bool = False,
+            output_table: str, pred_type: str | int | float = "prob", use_gpus: bool = False,
             mst_key: int | None = None) -> None:
-    """Write one row per row of ``test_table`` to ``output_table``: ``id_col`` and, for
-    ``pred_type => 'response'``, ``estimated_dependent_var`` (the class with the highest
-    output) with ``prob`` (that output; for a model with one sigmoid output, class 1 above
-    0.5 and its probability); for ``'prob'``, ``prob`` holds every output."""
-    if pred_type not in ("response", "prob"):
-        raise ValueError(f"pred_type={pred_type!r} must be 'response' or 'prob'")
+    """MADlib's ``madlib_keras_predict``: one row per row of ``test_table`` and class, with
+    ``id_col``, ``class_name`` (the label's name), ``class_value``, ``prob`` and ``rank``
+    (1: the likeliest). ``pred_type`` chooses the rows: ``'prob'`` every class, ``'response'``
+    the likeliest alone (without ``rank``), an integer k the k likeliest (MADlib's top-k),
+    a number in [0, 1) the classes more likely than it. Features are divided by the
+    normalizing constant the training data was packed with."""
+    keep = _rows_kept(pred_type)
     if use_gpus:
         raise ValueError("use_gpus is true; predict runs on the CPU: use_gpus => false")
     row = _model_row(db, model_table, mst_key)
@@ -32,37 +36,81 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
     if id_type not in _ID_TYPES:
         raise ValueError(f"id_col {id_col!r} is {id_type}; predict takes an id of type {', '.join(_ID_TYPES)}")
     output = db.require_absent(output_table, "output_table")
+    trained = _trained_on(db, model_table)
     inputs, ids = db.read(test_table, "test_table", features, id_col)
-    outputs = np.asarray(_in_child(db, "predict", row, inputs)["outputs"])
+    outputs = np.asarray(_in_child(db, "predict", row, inputs / np.float32(trained["normalizing_const"]))["outputs"])
+    # One output is a sigmoid's probability of class 1; more are one per class.
+    probabilities = np.column_stack([1 - outputs[:, 0], outputs[:, 0]]) if outputs.shape[1] == 1 else outputs
+    classes = trained["class_values"] or [str(c) for c in range(probabilities.shape[1])]
+    if len(classes) != probabilities.shape[1]:
+        raise ValueError(f"model_table {model_table!r}: the model has {probabilities.shape[1]} outputs, its "
+                         f"summary {len(classes)} class values")
     quoted_id = db.quoted(id_col, "id_col")
-    if pred_type == "response":
-        # One output is a sigmoid's probability of class 1; more are one per class.
-        classes = (outputs[:, 0] > 0.5).astype(np.int64) if outputs.shape[1] == 1 else outputs.argmax(axis=1)
-        chosen = outputs[:, 0] if outputs.shape[1] == 1 else outputs[np.arange(len(classes)), classes]
-        names = _class_values(db, model_table)
-        estimated, kind = (classes.tolist(), "integer") if names is None else ([names[c] for c in classes], "text")
-        db.query(f"CREATE TABLE {output} AS SELECT * FROM unnest($1::{id_type}[], $2::{kind}[], $3::real[]) "
-                 f"AS t({quoted_id}, estimated_dependent_var, prob)",
-                 [ids.tolist(), estimated, chosen.tolist()], [f"{id_type}[]", f"{kind}[]", "real[]"])
-    else:
-        db.query(f"CREATE TABLE {output} ({quoted_id} {id_type}, prob REAL[])")
-        db.query(f"INSERT INTO {output} SELECT $1[i], ARRAY(SELECT unnest($2[i:i])) "
-                 f"FROM generate_subscripts($1, 1) AS i",
-                 [ids.tolist(), outputs.tolist()], [f"{id_type}[]", "real[]"])
+    db.query(f"CREATE TABLE {output} ({quoted_id} {id_type}, class_name TEXT, class_value TEXT, "
+             f"prob DOUBLE PRECISION" + ("" if pred_type == "response" else ", rank INTEGER") + ")")
+    _write_predictions(db, output, ids, id_type, probabilities, classes, trained["dependent_varname"], keep,
+                       with_rank=pred_type != "response")
+
+
+def _rows_kept(pred_type: str | int | float) -> tuple[int, float]:
+    """(how many of the likeliest classes, above which probability) ``pred_type`` keeps."""
+    if pred_type in ("prob", "response"):
+        return (1 if pred_type == "response" else 1 << 30), -1.0
+    if isinstance(pred_type, int) and not isinstance(pred_type, bool) and pred_type >= 1:
+        return pred_type, -1.0
+    if isinstance(pred_type, float) and 0.0 <= pred_type < 1.0:
+        return 1 << 30, pred_type
+    raise ValueError(f"pred_type={pred_type!r} must be 'response', 'prob', an integer >= 1 (the k likeliest "
+                     f"classes) or a number in [0, 1) (the classes more likely than it)")
+
+
+def _write_predictions(db: Database, output: str, ids: np.ndarray, id_type: str, probabilities: np.ndarray,
+                       classes: list[str], class_name: str | None, keep: tuple[int, float], with_rank: bool) -> None:
+    """Insert the kept (id, class, probability, rank) rows, a block of input rows at a time."""
+    top, above = keep
+    order = np.argsort(-probabilities, axis=1, kind="stable")      # ties: the first class first
+    ranks = np.empty_like(order)
+    np.put_along_axis(ranks, order, np.arange(1, probabilities.shape[1] + 1)[None, :].repeat(len(order), 0), 1)
+    names = np.array(classes, dtype=object)
+    arrays = [f"${i + 1}::{kind}" for i, kind in enumerate(
+        [f"{id_type}[]", "pg_catalog.text[]", "pg_catalog.text[]", "pg_catalog.float8[]", "pg_catalog.int4[]"])]
+    insert = (f"INSERT INTO {output} SELECT * FROM ROWS FROM ("
+              + ", ".join(f"pg_catalog.unnest({a})" for a in arrays[:5 if with_rank else 4]) + ")")
+    types = [f"{id_type}[]", "text[]", "text[]", "float8[]", *(["int4[]"] if with_rank else [])]
+    for start in range(0, len(ids), _BLOCK_ROWS):
+        block = slice(start, start + _BLOCK_ROWS)
+        kept = (ranks[block] <= top) & (probabilities[block] > above)
+        rows, columns = np.nonzero(kept)
+        # Each input row's classes in rank order, the rows in input order.
+        by_rank = np.lexsort((ranks[block][rows, columns], rows))
+        rows, columns = rows[by_rank], columns[by_rank]
+        values = [ids[block][rows].tolist(), [class_name] * len(rows), names[columns].tolist(),
+                  probabilities[block][rows, columns].astype(np.float64).tolist()]
+        db.query(insert, values + ([ranks[block][rows, columns].tolist()] if with_rank else []), types)
 
 
 def evaluate(db: Database, model_table: str, test_table: str, output_table: str, use_gpus: bool = False,
-             mst_key: int | None = None, independent_varname: str = "independent_var",
-             dependent_varname: str = "dependent_var") -> None:
+             mst_key: int | None = None, independent_varname: str | None = None,
+             dependent_varname: str | None = None) -> None:
     """Write ``output_table``: one row with the model's ``loss`` and first ``metric`` over every
-    row of ``test_table``, with ``metrics_type`` and ``loss_type``, as MADlib does."""
+    row of ``test_table``, with ``metrics_type`` and ``loss_type``, as MADlib does. The test
+    table is packed (``validation_preprocessor_dl``) or of rows (``independent_varname``,
+    default ``independent_var``; ``dependent_varname``, default ``dependent_var``)."""
     if use_gpus:
         raise ValueError("use_gpus is true; evaluate runs on the CPU: use_gpus => false")
     row = _model_row(db, model_table, mst_key)
-    features = _names(independent_varname, "independent_varname")
-    db.require_columns(test_table, "test_table", [*features, dependent_varname])
-    output = db.require_absent(output_table, "output_table")
-    inputs, labels = db.read(test_table, "test_table", features, dependent_varname, _class_values(db, model_table))
+    trained = _trained_on(db, model_table)
+    layout = packing(db, test_table, "test_table")
+    if layout is not None:
+        output = db.require_absent(output_table, "output_table")
+        inputs, labels = read_packed(db, test_table, "test_table", layout)
+    else:
+        features = _names(independent_varname or "independent_var", "independent_varname")
+        label = dependent_varname or "dependent_var"
+        db.require_columns(test_table, "test_table", [*features, label])
+        output = db.require_absent(output_table, "output_table")
+        inputs, labels = db.read(test_table, "test_table", features, label, trained["class_values"])
+        inputs = inputs / np.float32(trained["normalizing_const"])
     answer = _in_child(db, "evaluate", row, inputs, labels)
     params = parse_compile_params(row["compile_params"])
     db.query(f"CREATE TABLE {output} (loss DOUBLE PRECISION, metric DOUBLE PRECISION, metrics_type TEXT[], "
@@ -87,14 +135,20 @@ def _model_row(db: Database, model_table: str, mst_key: int | None) -> dict:
     return rows[0]
 
 
-def _class_values(db: Database, model_table: str) -> list[str] | None:
-    """The text classes the model was trained on (its summary's ``class_values``), if any."""
+def _trained_on(db: Database, model_table: str) -> dict[str, Any]:
+    """What the model's summary says of its training data: ``class_values`` (None: class
+    ids), ``dependent_varname`` and ``normalizing_const``; a model table without a summary
+    (or an older one) was trained on class ids, unnormalized."""
     summary = f"{model_table}_summary"
-    if not db.exists(summary, "model_table's summary") or \
-            "class_values" not in db.columns(summary, "model_table's summary"):
-        return None
-    rows = db.query(f"SELECT class_values FROM {db.qualified(summary, 'model_table summary')}")
-    return rows[0]["class_values"] if len(rows) == 1 else None
+    found = {"class_values": None, "dependent_varname": None, "normalizing_const": 1.0}
+    if not db.exists(summary, "model_table's summary"):
+        return found
+    columns = [c for c in found if c in db.columns(summary, "model_table's summary")]
+    rows = db.query(f"SELECT {', '.join(columns)} FROM {db.qualified(summary, 'model_table summary')}") \
+        if columns else []
+    if len(rows) == 1:
+        found.update({c: rows[0][c] for c in columns if rows[0][c] is not None})
+    return found
 
 
 def _names(text: str, argument: str) -> list[str]:

@@ -1,0 +1,157 @@
+"""MADlib's documented iris session (its ``madlib_keras_fit_multiple_model`` page), typed as a
+MADlib user types it with only ``madlib.`` changed to ``cerebro.``: the split, both
+preprocessors, the Keras 2 architectures as MADlib prints them, the generated grid, the fit,
+evaluate and predict in MADlib's output layout; and the packed tables read back as the rows
+they came from."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _sql import sql
+from sklearn.datasets import load_iris
+
+pytestmark = pytest.mark.slow
+
+# MADlib's page loads two Keras 2.1.6 models (model1.to_json(), model2.to_json()) as printed.
+_DENSE = ('{{"class_name": "Dense", "config": {{"kernel_initializer": {{"class_name": "VarianceScaling", '
+          '"config": {{"distribution": "uniform", "scale": 1.0, "seed": null, "mode": "fan_avg"}}}}, '
+          '"name": "dense_{n}", "kernel_constraint": null, "bias_regularizer": null, "bias_constraint": null, '
+          '{extra}"activation": "{activation}", "trainable": true, "kernel_regularizer": null, '
+          '"bias_initializer": {{"class_name": "Zeros", "config": {{}}}}, "units": {units}, "use_bias": true, '
+          '"activity_regularizer": null}}}}')
+
+
+def keras_2_json(first: int, hidden: int) -> str:
+    layers = [_DENSE.format(n=first, extra='"dtype": "float32", ', activation="relu", units=10)
+              .replace('"units": 10,', '"units": 10, "batch_input_shape": [null, 4],')]
+    layers += [_DENSE.format(n=first + 1 + i, extra="", activation="relu", units=10) for i in range(hidden - 1)]
+    layers += [_DENSE.format(n=first + hidden, extra="", activation="softmax", units=3)]
+    return ('{"class_name": "Sequential", "keras_version": "2.1.6", "config": [' + ", ".join(layers)
+            + '], "backend": "tensorflow"}')
+
+
+@pytest.fixture(scope="module")
+def iris(database):
+    """MADlib's ``iris_data`` table: id serial, attributes numeric[], class_text varchar."""
+    features, label = load_iris(return_X_y=True)
+    names = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
+    rows = ", ".join(f"({i + 1}, ARRAY[{', '.join(f'{v:.1f}' for v in x)}], '{names[y]}')"
+                     for i, (x, y) in enumerate(zip(features, label)))
+    sql(database, "DROP TABLE IF EXISTS iris_data",
+        "CREATE TABLE iris_data(id serial, attributes numeric[], class_text varchar)",
+        f"INSERT INTO iris_data(id, attributes, class_text) VALUES {rows}")
+    return database
+
+
+def test_madlibs_iris_session_runs_as_typed(iris):
+    split = sql(iris, "DROP TABLE IF EXISTS iris_train, iris_test", "SELECT setseed(0)",
+                "SELECT cerebro.train_test_split('iris_data', 'iris', 0.8, NULL, NULL, NULL, NULL, TRUE)",
+                "SELECT (SELECT COUNT(*) FROM iris_train), (SELECT COUNT(*) FROM iris_test), "
+                "(SELECT COUNT(*) FROM (SELECT id FROM iris_train INTERSECT SELECT id FROM iris_test) AS both_)")
+    assert split == [(120, 30, 0)]
+    sql(iris, "DROP TABLE IF EXISTS iris_train_packed, iris_train_packed_summary",
+        "SELECT cerebro.training_preprocessor_dl('iris_train', 'iris_train_packed', 'class_text', 'attributes')",
+        "DROP TABLE IF EXISTS iris_test_packed, iris_test_packed_summary",
+        "SELECT cerebro.validation_preprocessor_dl('iris_test', 'iris_test_packed', 'class_text', 'attributes', "
+        "'iris_train_packed')")
+    summary = sql(iris, "SELECT dependent_varname, independent_varname, dependent_vartype, class_text_class_values, "
+                        "buffer_size, normalizing_const, num_classes FROM iris_test_packed_summary")
+    assert summary == [(["class_text"], ["attributes"], ["character varying"],
+                        ["Iris-setosa", "Iris-versicolor", "Iris-virginica"], 30, 1.0, [3])]
+    assert sql(iris, "SELECT attributes_shape, class_text_shape, buffer_id FROM iris_train_packed") == \
+        [([120, 4], [120, 3], 0)]
+    for first, hidden, name in ((1, 2, "Sophie"), (4, 3, "Maria")):
+        sql(iris, "SELECT cerebro.load_keras_model('model_arch_library', "
+                  f"$${keras_2_json(first, hidden)}$$::json, NULL, '{name}', 'MLP')")
+    sql(iris, "DROP TABLE IF EXISTS mst_table, mst_table_summary",
+        "SELECT cerebro.generate_model_configs('model_arch_library', 'mst_table', ARRAY[1,2], "
+        "$${'loss': ['categorical_crossentropy'], 'optimizer_params_list': [ {'optimizer': ['Adam'], "
+        "'lr': [0.001, 0.01, 0.1]} ], 'metrics': ['accuracy']}$$, $${ 'batch_size': [4, 8], 'epochs': [1] }$$, "
+        "'grid')")
+    assert sql(iris, "SELECT count(*) FROM mst_table") == [(12,)]
+    sql(iris, "DROP TABLE IF EXISTS iris_multi_model, iris_multi_model_summary, iris_multi_model_info",
+        "SELECT cerebro.madlib_keras_fit_multiple_model('iris_train_packed', 'iris_multi_model', 'mst_table', 3, "
+        "FALSE, 'iris_test_packed', 1, FALSE, 'Sophie L.', 'Model selection for iris dataset', TRUE)")
+    assert sql(iris, "SELECT count(*), bool_and(status = 'completed'), bool_and(array_length(validation_metrics, 1) "
+                     "= 3) FROM iris_multi_model_info") == [(12, True, True)]
+    assert sql(iris, "SELECT independent_varname, dependent_varname, class_values, normalizing_const "
+                     "FROM iris_multi_model_summary") == \
+        [("attributes", "class_text", ["Iris-setosa", "Iris-versicolor", "Iris-virginica"], 1.0)]
+    evaluated = sql(iris, "DROP TABLE IF EXISTS iris_validate",
+                    "SELECT cerebro.madlib_keras_evaluate('iris_multi_model', 'iris_test_packed', 'iris_validate', "
+                    "NULL, 3)", "SELECT loss, metric, metrics_type FROM iris_validate")
+    validated = sql(iris, "SELECT validation_loss_final, validation_metrics_final FROM iris_multi_model_info "
+                          "WHERE mst_key = 3")
+    assert evaluated[0][:2] == pytest.approx(validated[0], rel=1e-4) and evaluated[0][2] == ["accuracy"]
+    response = sql(iris, "DROP TABLE IF EXISTS iris_predict",
+                   "SELECT cerebro.madlib_keras_predict('iris_multi_model', 'iris_test', 'id', 'attributes', "
+                   "'iris_predict', 'response', FALSE, 3)",
+                   "SELECT p.id, p.class_name, p.class_value = t.class_text FROM iris_predict p JOIN iris_test t "
+                   "USING (id) ORDER BY id")
+    assert len(response) == 30 and {row[1] for row in response} == {"class_text"}
+    assert sum(right for _, _, right in response) / 30 == pytest.approx(validated[0][1], abs=1e-6)
+    columns = sql(iris, "SELECT column_name FROM information_schema.columns WHERE table_name = 'iris_predict' "
+                        "ORDER BY ordinal_position")
+    assert [c for (c,) in columns] == ["id", "class_name", "class_value", "prob"]
+
+
+def test_pred_type_chooses_every_class_the_k_likeliest_or_those_above_a_probability(iris):
+    if not sql(iris, "SELECT to_regclass('iris_multi_model') IS NOT NULL")[0][0]:
+        pytest.skip("needs test_madlibs_iris_session_runs_as_typed's model")
+    every = sql(iris, "DROP TABLE IF EXISTS iris_prob", "SELECT cerebro.madlib_keras_predict('iris_multi_model', "
+                      "'iris_test', 'id', 'attributes', 'iris_prob', mst_key => 3)",
+                "SELECT id, class_value, prob, rank FROM iris_prob ORDER BY id, rank")
+    assert len(every) == 90
+    for start in range(0, 90, 3):
+        rows = every[start:start + 3]
+        assert [r[3] for r in rows] == [1, 2, 3] and [r[2] for r in rows] == sorted([r[2] for r in rows], reverse=True)
+        assert sum(r[2] for r in rows) == pytest.approx(1, abs=1e-5)
+    top_two = sql(iris, "DROP TABLE IF EXISTS iris_top", "SELECT cerebro.madlib_keras_predict('iris_multi_model', "
+                        "'iris_test', 'id', 'attributes', 'iris_top', 2, FALSE, 3)",
+                  "SELECT id, class_value, prob, rank FROM iris_top ORDER BY id, rank")
+    assert top_two == [row for row in every if row[3] <= 2]
+    likely = sql(iris, "DROP TABLE IF EXISTS iris_likely", "SELECT cerebro.madlib_keras_predict('iris_multi_model', "
+                       "'iris_test', 'id', 'attributes', 'iris_likely', 0.2, FALSE, 3)",
+                 "SELECT id, class_value, prob, rank FROM iris_likely ORDER BY id, rank")
+    assert likely == [row for row in every if row[2] > 0.2]
+
+
+def test_packed_buffers_hold_the_rows_normalized_and_one_hot(iris):
+    """Every source row is in exactly one buffer, divided by the normalizing constant, with its
+    class one-hot in the summary's order; the validation table keeps its rows' order."""
+    sql(iris, "DROP TABLE IF EXISTS iris_small, iris_small_summary, iris_val, iris_val_summary",
+        "SELECT cerebro.training_preprocessor_dl('iris_data', 'iris_small', 'class_text', 'attributes', 40, 10)",
+        "SELECT cerebro.validation_preprocessor_dl('iris_data', 'iris_val', 'class_text', 'attributes', "
+        "'iris_small', 64)")
+    features, label = load_iris(return_X_y=True)
+    for table, sizes in (("iris_small", [38, 38, 38, 36]), ("iris_val", [50, 50, 50])):
+        buffers = sql(iris, f"SELECT attributes, attributes_shape, class_text, class_text_shape FROM {table} "
+                            f"ORDER BY buffer_id")
+        assert [b[1] for b in buffers] == [[n, 4] for n in sizes] and [b[3] for b in buffers] == [[n, 3] for n in sizes]
+        x = np.concatenate([np.frombuffer(b[0], "<f4").reshape(b[1]) for b in buffers])
+        y = np.concatenate([np.frombuffer(b[2], "<i2").reshape(b[3]) for b in buffers])
+        assert (y.sum(axis=1) == 1).all()
+        expected = np.column_stack([features.astype(np.float32) / np.float32(10), np.eye(3)[label]]).astype(np.float32)
+        got = np.column_stack([x, y]).astype(np.float32)
+        if table == "iris_val":
+            assert np.array_equal(got, expected)
+        else:
+            assert not np.array_equal(got, expected)        # shuffled
+            assert np.array_equal(got[np.lexsort(got.T[::-1])], expected[np.lexsort(expected.T[::-1])])
+    assert sql(iris, "SELECT normalizing_const, buffer_size FROM iris_val_summary") == [(10.0, 50)]
+
+
+def test_a_packed_table_whose_bytes_do_not_fill_its_shape_is_refused_before_training(iris):
+    """A packed table is data a role may have crafted: a buffer's length must match its shape."""
+    from _sql import error_of
+    sql(iris, "DROP TABLE IF EXISTS forged, forged_summary",
+        "SELECT cerebro.training_preprocessor_dl('iris_data', 'forged', 'class_text', 'attributes')",
+        "UPDATE forged SET attributes_shape = ARRAY[150, 40]", "DROP TABLE IF EXISTS forged_arch, forged_mst, "
+        "forged_mst_summary", f"SELECT cerebro.load_keras_model('forged_arch', $${keras_2_json(1, 1)}$$::json)",
+        "SELECT cerebro.load_model_selection_table('forged_arch', 'forged_mst', ARRAY[1], "
+        "ARRAY[$$loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy']$$], ARRAY['batch_size=8'])")
+    assert error_of(iris, "SELECT cerebro.fit_multiple_model('forged', 'forged_model', 'forged_mst', 1)") == \
+        "ValueError: packed table 'forged': a buffer of 'attributes' holds 600 values, its shape [150, 40] says 6000"
+    sql(iris, "UPDATE forged SET attributes_shape = ARRAY[150, 4]", "UPDATE forged_summary SET normalizing_const = 0")
+    assert error_of(iris, "SELECT cerebro.fit_multiple_model('forged', 'forged_model', 'mst_table', 1)") == \
+        "ValueError: source_table 'forged': its summary's normalizing_const 0.0 must be a positive number"
