@@ -144,7 +144,7 @@ def test_packed_buffers_hold_the_rows_normalized_and_one_hot(iris):
 def test_a_packed_table_whose_bytes_do_not_fill_its_shape_is_refused_before_training(iris):
     """A packed table is data a role may have crafted: a buffer's length must match its shape."""
     from _sql import error_of
-    sql(iris, "DROP TABLE IF EXISTS forged, forged_summary",
+    sql(iris, "DROP TABLE IF EXISTS forged, forged_summary, forged_model, forged_model_info, forged_model_summary",
         "SELECT cerebro.training_preprocessor_dl('iris_data', 'forged', 'class_text', 'attributes')",
         "UPDATE forged SET attributes_shape = ARRAY[150, 40]", "DROP TABLE IF EXISTS forged_arch, forged_mst, "
         "forged_mst_summary", f"SELECT cerebro.load_keras_model('forged_arch', $${keras_2_json(1, 1)}$$::json)",
@@ -153,5 +153,5 @@ def test_a_packed_table_whose_bytes_do_not_fill_its_shape_is_refused_before_trai
     assert error_of(iris, "SELECT cerebro.fit_multiple_model('forged', 'forged_model', 'forged_mst', 1)") == \
         "ValueError: packed table 'forged': a buffer of 'attributes' holds 600 values, its shape [150, 40] says 6000"
     sql(iris, "UPDATE forged SET attributes_shape = ARRAY[150, 4]", "UPDATE forged_summary SET normalizing_const = 0")
-    assert error_of(iris, "SELECT cerebro.fit_multiple_model('forged', 'forged_model', 'mst_table', 1)") == \
+    assert error_of(iris, "SELECT cerebro.fit_multiple_model('forged', 'forged_model', 'forged_mst', 1)") == \
         "ValueError: source_table 'forged': its summary's normalizing_const 0.0 must be a positive number"

@@ -100,7 +100,7 @@ def packing(db: Database, table: str, argument: str) -> Packing | None:
         return None
     classes = row.get(f"{y}_class_values", row.get("class_values"))
     classes = None if classes is None else [None if v is None else _text(v) for v in classes]
-    const = float(row["normalizing_const"] or 1)
+    const = 1.0 if row["normalizing_const"] is None else float(row["normalizing_const"])
     if not (math.isfinite(const) and const > 0):
         raise ValueError(f"{argument} {table!r}: its summary's normalizing_const {const} must be a positive number")
     return Packing(x, y, _first(row.get("dependent_vartype")) or "", classes, const)
