@@ -231,6 +231,15 @@ def test_fit_multiple_model_writes_madlibs_tables_with_the_bits_of_the_same_grid
      "ARRAY['batch_size=32, epochs=2'])",
      "ValueError: fit_params 'batch_size=32, epochs=2': epochs=2 must be 1: each iteration is one pass over every "
      "partition; train longer with num_iterations"),
+    *((f"SELECT cerebro.predict('any_model', 'digits_test', 'id', 'pixels', 'bad_predicted', {pred_type})",
+       f"ValueError: pred_type={shown} must be 'response', 'prob', an integer >= 1 (the k likeliest classes) or a "
+       f"number in [0, 1) (the classes more likely than it)") for pred_type, shown in
+      (("'class'", "'class'"), ("0", "0"), ("1.5", "1.5"))),
+    ("SELECT cerebro.training_preprocessor_dl('digits_train', 'bad_packed', 'digit', 'pixels', 0)",
+     "ValueError: buffer_size=0 must be a positive integer"),
+    ("SELECT cerebro.validation_preprocessor_dl('digits_val', 'bad_packed', 'digit', 'pixels', 'digits_train')",
+     "ValueError: training_preprocessor_table 'digits_train' is not a table training_preprocessor_dl wrote (it has "
+     "no summary naming its columns)"),
 ])
 def test_bad_input_is_a_sql_error_naming_the_problem_before_any_training(database, statement, message):
     sql(database, "DROP TABLE IF EXISTS duplicated",

@@ -52,12 +52,13 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
                        with_rank=pred_type != "response")
 
 
-def _rows_kept(pred_type: str | int | float) -> tuple[int, float]:
-    """(how many of the likeliest classes, above which probability) ``pred_type`` keeps."""
+def _rows_kept(pred_type: str | int | float) -> tuple[int, float | None]:
+    """(how many of the likeliest classes, above which probability) ``pred_type`` keeps;
+    None: any probability, NaN (a diverged model's) too."""
     if pred_type in ("prob", "response"):
-        return (1 if pred_type == "response" else 1 << 30), -1.0
+        return (1 if pred_type == "response" else 1 << 30), None
     if isinstance(pred_type, int) and not isinstance(pred_type, bool) and pred_type >= 1:
-        return pred_type, -1.0
+        return pred_type, None
     if isinstance(pred_type, float) and 0.0 <= pred_type < 1.0:
         return 1 << 30, pred_type
     raise ValueError(f"pred_type={pred_type!r} must be 'response', 'prob', an integer >= 1 (the k likeliest "
@@ -65,7 +66,8 @@ def _rows_kept(pred_type: str | int | float) -> tuple[int, float]:
 
 
 def _write_predictions(db: Database, output: str, ids: np.ndarray, id_type: str, probabilities: np.ndarray,
-                       classes: list[str], class_name: str | None, keep: tuple[int, float], with_rank: bool) -> None:
+                       classes: list[str], class_name: str | None, keep: tuple[int, float | None],
+                       with_rank: bool) -> None:
     """Insert the kept (id, class, probability, rank) rows, a block of input rows at a time."""
     top, above = keep
     order = np.argsort(-probabilities, axis=1, kind="stable")      # ties: the first class first
@@ -79,7 +81,9 @@ def _write_predictions(db: Database, output: str, ids: np.ndarray, id_type: str,
     types = [f"{id_type}[]", "text[]", "text[]", "float8[]", *(["int4[]"] if with_rank else [])]
     for start in range(0, len(ids), _BLOCK_ROWS):
         block = slice(start, start + _BLOCK_ROWS)
-        kept = (ranks[block] <= top) & (probabilities[block] > above)
+        kept = ranks[block] <= top
+        if above is not None:
+            kept &= probabilities[block] > above
         rows, columns = np.nonzero(kept)
         # Each input row's classes in rank order, the rows in input order.
         by_rank = np.lexsort((ranks[block][rows, columns], rows))

@@ -43,6 +43,8 @@ def training_preprocessor_dl(db: Database, source_table: str, output_table: str,
     """Pack ``source_table``'s rows, shuffled (by ``cerebro.seed``), into buffers of
     ``output_table``; labels of any type but numeric arrays are one-hot encoded over their
     sorted distinct values (padded to ``num_classes``)."""
+    _check_buffers(buffer_size, distribution_rules)
+    _require_no_output(db, output_table)
     const = 1.0 if normalizing_const is None else float(normalizing_const)
     if not (math.isfinite(const) and const > 0):
         raise ValueError(f"normalizing_const={normalizing_const!r} must be a positive number")
@@ -67,6 +69,8 @@ def validation_preprocessor_dl(db: Database, source_table: str, output_table: st
                                buffer_size: int | None = None, distribution_rules: str | None = None) -> None:
     """Pack ``source_table``'s rows, in the order read, as ``training_preprocessor_table``
     packed its own: the same class values and normalizing constant."""
+    _check_buffers(buffer_size, distribution_rules)
+    _require_no_output(db, output_table)
     training = packing(db, training_preprocessor_table, "training_preprocessor_table")
     if training is None:
         raise ValueError(f"training_preprocessor_table {training_preprocessor_table!r} is not a table "
@@ -165,11 +169,7 @@ def _levels(db: Database, table: str, y: str) -> list[str] | None:
 
 def _write(db: Database, source_table: str, output_table: str, layout: Packing, features: np.ndarray,
            labels: np.ndarray, buffer_size: int | None, distribution_rules: str | None) -> None:
-    if distribution_rules not in (None, "all_segments"):
-        raise ValueError(f"distribution_rules={distribution_rules!r}: PostgreSQL has one segment; give NULL or "
-                         f"'all_segments'")
-    out = db.require_absent(output_table, "output_table")
-    summary = db.require_absent(f"{output_table}_summary", "output_table")
+    out, summary = db.qualified(output_table, "output_table"), db.qualified(f"{output_table}_summary", "output_table")
     size = _buffer_size(buffer_size, len(labels), math.prod(features.shape[1:]))
     quote, x, y = db.quote_ident, layout.independent_varname, layout.dependent_varname
     db.query(f"CREATE TABLE {out} ({quote(x)} bytea, {quote(y)} bytea, {quote(x + '_shape')} integer[], "
@@ -195,11 +195,23 @@ def _write(db: Database, source_table: str, output_table: str, layout: Packing, 
     db.query(f"INSERT INTO {summary} SELECT {casts}", values, types)
 
 
+def _require_no_output(db: Database, output_table: str) -> None:
+    for name in (output_table, f"{output_table}_summary"):
+        db.require_absent(name, "output_table")
+
+
+def _check_buffers(buffer_size: int | None, distribution_rules: str | None) -> None:
+    if buffer_size is not None and (isinstance(buffer_size, bool) or not isinstance(buffer_size, int)
+                                    or buffer_size < 1):
+        raise ValueError(f"buffer_size={buffer_size!r} must be a positive integer")
+    if distribution_rules not in (None, "all_segments"):
+        raise ValueError(f"distribution_rules={distribution_rules!r}: PostgreSQL has one segment; give NULL or "
+                         f"'all_segments'")
+
+
 def _buffer_size(given: int | None, rows: int, width: int) -> int:
     """Rows a buffer holds: ``given``, or MADlib's default (as many as fit in 75 million
     values), evened out over the buffers."""
-    if given is not None and (isinstance(given, bool) or not isinstance(given, int) or given < 1):
-        raise ValueError(f"buffer_size={given!r} must be a positive integer")
     size = given or max(1, min(rows, math.ceil(_MAX_BUFFER_VALUES / max(width, 1))))
     buffers = math.ceil(rows / size)
     return math.ceil(rows / buffers)
