@@ -93,6 +93,19 @@ def test_madlibs_iris_session_runs_as_typed(iris):
     columns = sql(iris, "SELECT column_name FROM information_schema.columns WHERE table_name = 'iris_predict' "
                         "ORDER BY ordinal_position")
     assert [c for (c,) in columns] == ["id", "class_name", "class_value", "prob"]
+    # The automl page's call (R lowered from 9 to 3 to keep the test short), then its predict.
+    sql(iris, "DROP TABLE IF EXISTS automl_output, automl_output_info, automl_output_summary, automl_mst_table, "
+              "automl_mst_table_summary",
+        "SELECT cerebro.madlib_keras_automl('iris_train_packed', 'automl_output', 'model_arch_library', "
+        "'automl_mst_table', ARRAY[1,2], $${ 'loss': ['categorical_crossentropy'], 'optimizer_params_list': [ "
+        "{'optimizer': ['Adam'],'lr': [0.001, 0.1, 'log']}, {'optimizer': ['RMSprop'],'lr': [0.001, 0.1, 'log']} ], "
+        "'metrics': ['accuracy'] } $$, $${'batch_size': [4, 8], 'epochs': [1]}$$, 'hyperband', "
+        "'R=3, eta=3, skip_last=0', NULL, NULL, FALSE, 'iris_test_packed', 1, NULL, NULL)")
+    assert sql(iris, "SELECT count(*), max(s), max(i) FROM automl_output_info") == [(5, 1, 1)]
+    predicted = sql(iris, "DROP TABLE IF EXISTS iris_predict",
+                    "SELECT cerebro.madlib_keras_predict('automl_output', 'iris_test', 'id', 'attributes', "
+                    "'iris_predict', 'response', FALSE, 4)", "SELECT count(*) FROM iris_predict")
+    assert predicted == [(30,)]
 
 
 def test_pred_type_chooses_every_class_the_k_likeliest_or_those_above_a_probability(iris):
