@@ -21,6 +21,9 @@ def print_summary(result: Result, console: Console) -> None:
     summary = result.summary()
     if "reason" in summary and summary.reason.isna().all():
         summary = summary.drop(columns="reason")     # no trial stopped early or failed
+    elif "reason" in summary:                        # a traceback in one line: the exception it ends in
+        causes = {t.trial_id: t.cause for t in result.trials}
+        summary["reason"] = [causes[trial_id] for trial_id in summary.trial_id]
     table = Table(title=f"trials ranked by {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
                   pad_edge=False)
     for column in summary.columns:
@@ -29,6 +32,13 @@ def print_summary(result: Result, console: Console) -> None:
         table.add_row(*("" if v is None else f"{v:.4f}" if isinstance(v, float) and not math.isnan(v)
                         and not v.is_integer() else str(v) for v in row))
     console.print(table)
+
+
+def exit_if_failed(result: Result) -> None:
+    """Exit 1, saying why, when every trial of the run failed."""
+    if result.failure is not None:     # fit logged it in full; its first line is enough here
+        click.echo(f"the run failed: {result.failure.splitlines()[0]}", err=True)
+        sys.exit(1)
 
 
 @click.group(epilog="""\b
@@ -94,6 +104,7 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
     result = search.fit(demo_module.load_data(), workers=workers, store=store, seed=seed)
     console = Console()
     print_summary(result, console)
+    exit_if_failed(result)
     best = result.best
     console.print(f"best: {best.trial_id} {best.config} {result.metric}={best.metrics[result.metric]:.4f}")
 
@@ -146,6 +157,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
                         trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
                         mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
     print_summary(result, Console())
+    exit_if_failed(result)
 
 
 @main.command()
@@ -183,6 +195,7 @@ def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_fa
     from . import resume as resume_run
     result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust, retry_failed=retry_failed)
     print_summary(result, Console())
+    exit_if_failed(result)
 
 
 @main.command()

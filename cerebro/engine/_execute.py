@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import platform
 import secrets
@@ -157,6 +158,9 @@ def finished(store: RunStore, build: Callable[[dict], Any] | None, mlflow_log: M
         mlflow_log.log_best(result)
     store.write_table("history", result.history())
     store.write_table("schedule", result.schedule())
+    if result.failure is not None:
+        logging.getLogger("cerebro").error("%s\nThe run directory %s holds every trial's error (cb.load(...).trials)",
+                                           result.failure, store.path)
     return result
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +34,9 @@ from ..store import (
 )
 from ..worker import Trainable
 
+_ERROR_LINES = 8     # of a failed trial's traceback, in Result.failure
+_RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*:")     # "ValueError: ..."
+
 
 @dataclass
 class TrialResult:
@@ -51,6 +56,14 @@ class TrialResult:
     error: str | None = None
     reason: str | None = None
     _result: Result | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def cause(self) -> str | None:
+        """``reason`` in one line: the exception a traceback ends in (``Type: message``),
+        else its last line; None while the trial has no reason."""
+        lines = [line.strip() for line in (self.reason or "").strip().splitlines() if line.strip()]
+        raised = [line for line in lines if _RAISED.match(line)]
+        return (raised or lines or [None])[-1]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The model's weights after the trial's last finished epoch, on the CPU. Where that
@@ -182,6 +195,24 @@ class Result:
         sign = 1 if self.mode == "min" else -1
         return min(scored, key=lambda t: sign * t.metrics[self.metric])
 
+    @property
+    def failure(self) -> str | None:
+        """Why the run failed, when every trial ended failed, diverged or timed out: the most
+        common cause and one such trial's error (its traceback's last lines); else None."""
+        trials = self.trials
+        if not trials or not all(t.status.is_failure for t in trials):
+            return None
+        # Causes alike but for their numbers (an epoch, a partition, a shape) count as one.
+        kinds = Counter(_kind(t.cause) for t in trials)
+        kind, count = kinds.most_common(1)[0]
+        example = next(t for t in trials if _kind(t.cause) == kind)
+        cause = example.cause
+        statuses = Counter(str(t.status) for t in trials)
+        lines = (example.reason or "").strip().splitlines()[-_ERROR_LINES:]
+        return (f"every trial of the run failed ({', '.join(f'{n} {s}' for s, n in sorted(statuses.items()))}); "
+                f"the most common cause, in {count} of {len(trials)}: {cause}\n{example.trial_id}'s error:\n"
+                + "\n".join(f"  {line}" for line in lines))
+
     def history(self) -> pd.DataFrame:
         """One row per (trial_id, epoch), in that order: losses, metrics, ``exploited_from``
         (the trial whose state this epoch started from, after a PBT exploit, else None) and
@@ -213,6 +244,10 @@ class Result:
 
     def __repr__(self) -> str:
         return f"Result({self.run_dir!r}, trials={len(self._trials)}, finished={self.finished})"
+
+
+def _kind(cause: str | None) -> str:
+    return re.sub(r"\d+", "#", cause or "no reason recorded")
 
 
 def load(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,

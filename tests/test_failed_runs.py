@@ -1,0 +1,63 @@
+"""A run in which every trial failed says so: ``Result.failure`` names the most common cause
+with one trial's error, ``fit`` logs it, and ``cerebro run`` and ``cerebro resume`` exit 1;
+a run with one good trial is not a failed run."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+from _models import build, digits
+
+import cerebro as cb
+
+
+def test_a_run_whose_every_trial_diverged_says_so_and_logs_it(tmp_path, caplog):
+    search = cb.GridSearch(build, {"diverge": cb.choice([True]), "lr": cb.choice([1e-2, 1e-3])}, epochs=2)
+    with caplog.at_level(logging.ERROR, logger="cerebro"):
+        result = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    assert [t.status for t in result.trials] == ["diverged", "diverged"]
+    cause = result.trials[0].cause          # the partitions differ: causes alike but for numbers are one
+    assert cause in ("train loss became nan in epoch 1 on partition 0", "train loss became nan in epoch 1 on "
+                                                                        "partition 1")
+    assert result.failure == f"every trial of the run failed (2 diverged); the most common cause, in 2 of 2: " \
+                             f"{cause}\nt0000's error:\n  {cause}"
+    assert [r.getMessage().splitlines()[0] for r in caplog.records if r.name == "cerebro"] == \
+        [result.failure.splitlines()[0]]
+    assert cb.load(tmp_path / "run").failure == result.failure
+
+
+def test_one_good_trial_makes_the_run_a_success(tmp_path, caplog):
+    search = cb.GridSearch(build, {"diverge": cb.choice([True, False])}, epochs=1)
+    with caplog.at_level(logging.ERROR, logger="cerebro"):
+        result = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    assert sorted(t.status for t in result.trials) == ["completed", "diverged"]
+    assert result.failure is None and not [r for r in caplog.records if r.name == "cerebro"]
+
+
+def test_cerebro_run_and_resume_exit_1_when_every_trial_failed(tmp_path):
+    script = tmp_path / "experiment.py"
+    script.write_text("""
+import cerebro as cb, torch
+from cerebro import demo
+data = demo.load_data()
+def build(config):
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))
+    def loss(outputs, targets):
+        raise RuntimeError(f"the loss of lr={config['lr']} is broken")
+    return cb.TorchTrainable(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=config["lr"]),
+                             loss=loss, batch_size=64)
+search = cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1)
+""")
+    store = str(tmp_path / "run")
+    ran = subprocess.run([sys.executable, "-m", "cerebro", "run", str(script), "--workers", "1", "--store", store,
+                          "--seed", "0", "--quiet"], capture_output=True, text=True, timeout=600)
+    if ran.returncode == 2:      # the preflight ran the loss on the driver and refused the build
+        assert "the loss of lr=0.1 is broken" in ran.stderr
+        return
+    assert ran.returncode == 1, ran.stderr[-2000:]
+    assert "the run failed: every trial of the run failed (1 failed)" in ran.stderr
+    assert "RuntimeError: the loss of lr=0.1 is broken" in ran.stderr
+    resumed = subprocess.run([sys.executable, "-m", "cerebro", "resume", store, "--quiet"], capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 1 and "the run failed: every trial of the run failed (1 failed)" in resumed.stderr
