@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 
 import click
+import pandas as pd
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -17,19 +18,22 @@ from .store import WorkerLost, WorkerNotReplaced, WorkerReplaced, WorkersRestart
 
 
 def print_summary(result: Result, console: Console) -> None:
-    """The trials ranked by the run's metric, as a table."""
+    """The trials ranked by the run's metric at their best epoch, as a table (with the last
+    epoch's beside it)."""
     summary = result.summary()
+    if "best_epoch" in summary and summary.best_epoch.isna().all():
+        summary = summary.drop(columns=["best_epoch", f"best_{result.metric}"])     # no epoch ended yet
     if "reason" in summary and summary.reason.isna().all():
         summary = summary.drop(columns="reason")     # no trial stopped early or failed
     elif "reason" in summary:                        # a traceback in one line: the exception it ends in
         causes = {t.trial_id: t.cause for t in result.trials}
         summary["reason"] = [causes[trial_id] for trial_id in summary.trial_id]
-    table = Table(title=f"trials ranked by {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
+    table = Table(title=f"trials ranked by their best {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
                   pad_edge=False)
     for column in summary.columns:
         table.add_column(str(column), justify="left" if column in ("trial_id", "status") else "right")
     for row in summary.itertuples(index=False):
-        table.add_row(*("" if v is None else f"{v:.4f}" if isinstance(v, float) and not math.isnan(v)
+        table.add_row(*("" if v is None or v is pd.NA else f"{v:.4f}" if isinstance(v, float) and not math.isnan(v)
                         and not v.is_integer() else str(v) for v in row))
     console.print(table)
 
@@ -106,7 +110,8 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
     print_summary(result, console)
     exit_if_failed(result)
     best = result.best
-    console.print(f"best: {best.trial_id} {best.config} {result.metric}={best.metrics[result.metric]:.4f}")
+    console.print(f"best: {best.trial_id} {best.config} epoch {best.best_epoch}: "
+                  f"{result.metric}={best.best_metrics[result.metric]:.4f}")
 
 
 @main.command()
@@ -217,9 +222,11 @@ def report(run_dir: str, out: str | None) -> None:
 @click.option("--trial", default="best", show_default=True, help="a trial id such as t0003, or 'best'")
 @click.option("-o", "--out", required=True,
               help="the file to write: model.safetensors, model.keras (Keras trials), or model.pt with --torchscript")
+@click.option("--epoch", default="best", show_default=True,
+              help="'best' (the trial's best epoch), 'last', or an epoch number whose weights were kept")
 @click.option("--torchscript", is_flag=True, help="a TorchScript module instead of the weights with their config")
 @click.option("--trust", is_flag=True, help="read the pickled weights of a run written by an older version")
-def export(run_dir: str, trial: str, out: str, torchscript: bool, trust: bool) -> None:
+def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, trust: bool) -> None:
     """Save one trial's trained model: by default its weights as safetensors (tensors, with
     the trial id, epoch and config as JSON metadata: data only, loadable without Cerebro);
     with --torchscript a scripted module that loads without Cerebro or the build code; for a
@@ -239,17 +246,20 @@ def export(run_dir: str, trial: str, out: str, torchscript: bool, trust: bool) -
         raise click.BadParameter(f"{trial!r} is not a trial of this run; trials: {', '.join(ids)}",
                                  param_hint="--trial")
     chosen = result.best if trial == "best" else result.trials[ids.index(trial)]
+    if epoch not in ("best", "last") and not epoch.isdigit():
+        raise click.BadParameter(f"{epoch!r} must be 'best', 'last' or an epoch number", param_hint="--epoch")
+    which: int | str = int(epoch) if epoch.isdigit() else epoch
     if keras_file:
-        model = chosen.model()
+        model = chosen.model(which)
         if not hasattr(model, "save") or isinstance(model, torch.nn.Module):
             raise click.BadParameter(f"{out!r}: {chosen.trial_id} is not a Keras trial; write *.safetensors",
                                      param_hint="--out")
         model.save(out)
     elif torchscript:
-        torch.jit.script(chosen.model()).save(out)
+        torch.jit.script(chosen.model(which)).save(out)
     else:
-        chosen.save_weights(out)
-    click.echo(f"{chosen.trial_id} ({json.dumps(chosen.config)}) -> {out}")
+        chosen.save_weights(out, which)
+    click.echo(f"{chosen.trial_id} epoch {chosen.epoch_number(which)} ({json.dumps(chosen.config)}) -> {out}")
 
 
 @main.group()

@@ -69,7 +69,9 @@ def assert_same_results(resumed: cb.Result, expected: cb.Result, partitions: int
     assert [(t.trial_id, t.config, t.status, t.reason) for t in resumed.trials] == \
            [(t.trial_id, t.config, t.status, t.reason) for t in expected.trials]
     for a, b in zip(resumed.trials, expected.trials):
-        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+        assert (a.best_epoch, a.best_metrics) == (b.best_epoch, b.best_metrics)
+        for epoch in ("best", "last"):      # the best epoch's weights kept apart across the crash too
+            assert all(torch.equal(v, b.state_dict(epoch)[k]) for k, v in a.state_dict(epoch).items())
     schedule = resumed.schedule()      # every (trial, epoch, partition) trained exactly once
     train = schedule[schedule.kind == "train"]
     assert not train.duplicated(["trial_id", "epoch", "partition"]).any()

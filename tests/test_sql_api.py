@@ -140,7 +140,7 @@ def test_fit_multiple_model_writes_madlibs_tables_with_the_bits_of_the_same_grid
     assert [row[:4] for row in out] == sql(database, "SELECT * FROM mst ORDER BY mst_key")
     from cerebro.sql._keras_model import flat_weights
     for row, trial in zip(out, python.trials):
-        assert bytes(row[4]) == flat_weights(trial.state_dict())       # bitwise the same weights
+        assert bytes(row[4]) == flat_weights(trial.state_dict("last"))       # bitwise the same weights
 
     info = sql(database, "SELECT mst_key, status, iterations, metrics_type, loss_type, training_loss, "
                          "validation_loss, validation_metrics, validation_metrics_final, "
@@ -432,7 +432,7 @@ def test_warm_start_trains_on_from_the_weights_the_output_table_holds(database, 
                                partitions=2)
     python = cb.GridSearch(build, {"mst_key": cb.choice([1, 8])}, epochs=1).fit(
         data, workers=2, store=str(tmp_path / "python"), seed=0, verbose=0)
-    assert [second[1], second[8]] == [flat_weights(t.state_dict()) for t in python.trials]
+    assert [second[1], second[8]] == [flat_weights(t.state_dict("last")) for t in python.trials]
     assert second[1] != first[1] and second[8] != first[8]
 
 

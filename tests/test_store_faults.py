@@ -24,7 +24,7 @@ from cerebro.store import RunStore, StoreInUseError, _lock
 from cerebro.store import _files as files
 
 FAULTS = {   # name -> (errno, what fails, after how many such writes)
-    "full": (errno.ENOSPC, "checkpoint.state", 5),
+    "full": (errno.ENOSPC, ".state", 5),     # any checkpoint file (the best epoch's too)
     "read-only": (errno.EROFS, "journal.jsonl", 100),
 }
 

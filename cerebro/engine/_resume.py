@@ -38,6 +38,7 @@ from ..store import (
     TrialRolledBack,
     TrialStatus,
     UntrustedStateError,
+    improved,
     parse_event,
 )
 from ._driver import Driver
@@ -75,6 +76,7 @@ class RecoveredTrial:
     decision_journaled: bool = False
     pending: Decision | Exploit | None = None   # decided by decide(), not carried out yet
     exploited_at: int | None = None
+    best: tuple[int, float] | None = None     # (epoch, metric) of its best epoch (see TrialBook)
 
 
 @dataclass
@@ -86,8 +88,10 @@ class Recovered:
     last_time: float
 
 
-def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
-    """Call ``policy`` as the driver did for ``events``; the trials as the journal leaves them."""
+def replay(policy: SearchPolicy, events: list[dict[str, Any]], metric: str = "val_loss",
+           mode: str = "min") -> Recovered:
+    """Call ``policy`` as the driver did for ``events``; the trials as the journal leaves them
+    (with their best epochs by ``metric`` and ``mode``)."""
     trials: dict[str, RecoveredTrial] = {}
     suggested: list[TrialRequest] = []
     last_time = 0.0
@@ -111,6 +115,7 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]]) -> Recovered:
                 trials[event.trial_id] = RecoveredTrial(event.trial_id, dict(event.config), event.max_epochs)
             case EpochEnd():
                 trial.epoch, trial.metrics, trial.pending = event.epoch, event.metrics, None
+                trial.best = improved(trial.best, event.epoch, event.metrics, metric, mode) or trial.best
                 trial.decision, trial.decision_journaled = None, False
                 if not diverged(trial.metrics):
                     trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
@@ -196,7 +201,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
                                   else info["workers"])
         policy.start(info["seed"])
         try:
-            recovered = replay(policy, kept + [{"event": TrialRetried.name, "trial_id": t} for t in retry])
+            recovered = replay(policy, kept + [{"event": TrialRetried.name, "trial_id": t} for t in retry],
+                               info["searcher"]["metric"], info["searcher"]["mode"])
         except ResumeError as error:
             if not retry:
                 raise
@@ -211,7 +217,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
                                Limits(**info.get("limits", {})),
                                VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
                                Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")),
-                               keras_backend=info.get("keras_backend"))
+                               keras_backend=info.get("keras_backend"), metric=info["searcher"]["metric"],
+                               mode=info["searcher"]["mode"])
         driver = Driver(policy, store, backend, settings, build_blob=build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, recovered, retry),
                         time_offset=recovered.last_time)
@@ -287,7 +294,7 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
     for rt in recovered.trials.values():
         if rt.status is not None:
             continue
-        trial = Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch)
+        trial = Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch, best=rt.best)
         book.adopt(trial)
         if rt.epoch == 0:
             actions.append((trial, None))

@@ -49,6 +49,7 @@ class RunSettings:
         heartbeat_interval: seconds between a worker's heartbeats.
         startup_timeout: seconds a worker may take to connect and load its partitions.
         keras_backend: the Keras backend the workers use, where the build makes Keras models.
+        metric, mode: what makes an epoch a trial's best (its weights are kept apart).
     """
 
     seed: int
@@ -60,3 +61,5 @@ class RunSettings:
     heartbeat_interval: float = 1.0
     startup_timeout: float = 300.0
     keras_backend: str | None = None
+    metric: str = "val_loss"
+    mode: str = "min"

@@ -30,6 +30,7 @@ from ..store import (
     TrialEnded,
     TrialStatus,
     TrialTakenUp,
+    improved,
 )
 from ..worker import Sums
 from ._errors import TooManyFailuresError
@@ -89,6 +90,7 @@ class Trial:
     # the trial goes on as ``recovered`` (a ``_resume.RecoveredTrial``) says.
     catch_up: int = 0
     recovered: Any = None
+    best: tuple[int, float] | None = None      # (epoch, metric) of its best epoch so far
 
     def holdings(self) -> list[Trial | Evaluation]:
         """The states the driver holds for it, each with its version and holders: the latest,
@@ -215,7 +217,8 @@ class TrialBook:
             self._end_evaluation(trial, epoch)
             return
         if trial.epoch <= trial.catch_up:      # resume: journaled and reported before the crash
-            self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch)
+            self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch,
+                                           best=trial.best is not None and trial.best[0] == trial.epoch)
             if trial.epoch < trial.catch_up:
                 self.start_epoch(trial)
             else:
@@ -249,7 +252,9 @@ class TrialBook:
                 eval_sums: dict[int, Sums]) -> Decision | None:
         """Checkpoint and journal ``epoch`` and ask the searcher; None where it diverged (ended)."""
         metrics = {**mean_metrics("train", train_sums), **mean_metrics("val", eval_sums)}
-        self.recorder.write_checkpoint(trial.trial_id, state, epoch)
+        best = improved(trial.best, epoch, metrics, self.settings.metric, self.settings.mode)
+        trial.best = best or trial.best
+        self.recorder.write_checkpoint(trial.trial_id, state, epoch, best=best is not None)
         self.recorder.emit(EpochEnd(trial.trial_id, epoch, metrics, self.recorder.now()))
         self.suggest_due = True
         bad = diverged(metrics)

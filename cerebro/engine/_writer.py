@@ -72,8 +72,9 @@ class StoreRecorder:
             self._writer.submit(self.store.emit, event)
         self.observer.notify(event)
 
-    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None:
-        self._writer.submit(self.store.write_checkpoint, trial_id, state, epoch, exploit)
+    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False,
+                         best: bool = False) -> None:
+        self._writer.submit(self.store.write_checkpoint, trial_id, state, epoch, exploit, best)
 
     def write_config(self, trial_id: str, config: dict[str, Any]) -> None:
         self._writer.submit(self.store.write_config, trial_id, config)

@@ -61,20 +61,19 @@ def render(result: Result) -> str:
 
 
 def trial_table(result: Result) -> str:
-    """Trials ranked by the objective: config, status, best and final metric."""
-    history = result.history()
+    """Trials ranked by the objective at their best epoch: config, status, best and final metric."""
     rows = []
-    for row in result.summary().itertuples(index=False):
-        trial = next(t for t in result.trials if t.trial_id == row.trial_id)
-        values = history[history.trial_id == trial.trial_id][result.metric] if len(history) else pd.Series([])
-        best = (values.min() if result.mode == "min" else values.max()) if len(values) else math.nan
+    for trial in result.ranked():
+        best = trial.best_metrics.get(result.metric, math.nan)
         rows.append(f"<tr class='status-{trial.status}'><td>{trial.trial_id}</td><td>{trial.status}</td>"
-                    f"<td>{trial.epochs}</td><td>{_number(best)}</td>"
+                    f"<td>{trial.epochs}</td><td>{'' if trial.best_epoch is None else trial.best_epoch}</td>"
+                    f"<td>{_number(best)}</td>"
                     f"<td>{_number(trial.metrics.get(result.metric, math.nan))}</td>"
                     f"<td><code>{html.escape(json.dumps(trial.config))}</code></td>"
                     f"<td>{html.escape((trial.reason or '').strip().splitlines()[-1] if trial.reason else '')}</td>"
                     f"</tr>")
-    return (f"<table><thead><tr><th>trial</th><th>status</th><th>epochs</th><th>best {result.metric}</th>"
+    return (f"<table><thead><tr><th>trial</th><th>status</th><th>epochs</th><th>best epoch</th>"
+            f"<th>best {result.metric}</th>"
             f"<th>final {result.metric}</th><th>config</th><th>why it ended</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 

@@ -113,7 +113,8 @@ class MLflowLog(Progress):
         self.client.set_terminated(child, STATUSES.get(status, "FINISHED"))
 
     def log_best(self, result: Result) -> None:
-        """The best trial's weights and config as the parent run's ``best_model`` artifact."""
+        """The best trial's weights (of its best epoch) and config as the parent run's
+        ``best_model`` artifact."""
         try:
             best = result.best
         except RuntimeError:
@@ -123,7 +124,7 @@ class MLflowLog(Progress):
             best.save_weights(path)
             self.client.log_artifact(self.parent, path, artifact_path="best_model")
         self.client.set_tag(self.parent, "cerebro.best_trial", best.trial_id)
-        self.client.log_metric(self.parent, f"best_{self.metric}", best.metrics[self.metric])
+        self.client.log_metric(self.parent, f"best_{self.metric}", best.best_metrics[self.metric])
 
     def finish(self, outcome: str) -> None:
         if not self.parent:

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from ..store import (
+    BEST,
     EpochEnd,
     Exploited,
     RunFinished,
@@ -29,6 +30,7 @@ from ..store import (
     TrialStatus,
     WorkerReplaced,
     WorkersRestarted,
+    improved,
     parse_event,
     unpack_tensors,
 )
@@ -55,6 +57,8 @@ class TrialResult:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     reason: str | None = None
+    best_epoch: int | None = None        # the epoch with the best ``metric`` under ``mode``
+    best_metrics: dict[str, float] = field(default_factory=dict)     # that epoch's metrics
     _result: Result | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -65,33 +69,60 @@ class TrialResult:
         raised = [line for line in lines if _RAISED.match(line)]
         return (raised or lines or [None])[-1]
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """The model's weights after the trial's last finished epoch, on the CPU. Where that
-        epoch's checkpoint is damaged, the newest sound one's, with a warning naming the
-        file and the epoch the weights are really from."""
-        sound, found = self._require_result().store.sound_checkpoint(self.trial_id)
-        if sound["epoch"] < self.epochs:
-            damaged = "; ".join(f"{c['path']}: {c['problem']}" for c in found if "problem" in c)
-            warnings.warn(f"{self.trial_id}'s checkpoint of epoch {self.epochs} is damaged ({damaged}); these weights "
-                          f"are from epoch {sound['epoch']}", stacklevel=2)
-        return unpack_tensors(sound["state"]["model"])
+    def state_dict(self, epoch: int | str = "best") -> dict[str, torch.Tensor]:
+        """The model's weights on the CPU after ``epoch``: ``"best"`` (the default: the epoch
+        with the best metric, kept apart as it happened), ``"last"`` (the last finished one;
+        where its checkpoint is damaged, the newest sound one's, with a warning naming the
+        file and the epoch the weights are really from) or an epoch number whose weights were
+        kept (the best, the last and the one before it)."""
+        store = self._require_result().store
+        if epoch == "last" or (epoch == "best" and self.best_epoch is None):
+            sound, found = store.sound_checkpoint(self.trial_id)
+            if sound["epoch"] < self.epochs:
+                damaged = "; ".join(f"{c['path']}: {c['problem']}" for c in found if "problem" in c)
+                warnings.warn(f"{self.trial_id}'s checkpoint of epoch {self.epochs} is damaged ({damaged}); these "
+                              f"weights are from epoch {sound['epoch']}", stacklevel=2)
+            return unpack_tensors(sound["state"]["model"])
+        wanted = self.best_epoch if epoch == "best" else epoch
+        if isinstance(wanted, bool) or not isinstance(wanted, int):
+            raise ValueError(f"epoch={epoch!r} must be 'best', 'last' or an epoch number")
+        kept = store.checkpoints(self.trial_id, (BEST, "checkpoint.state", "checkpoint.prev.state"))
+        # An exploit's checkpoint holds the weights PBT copied in, not those the epoch trained.
+        sound = [c for c in kept if "state" in c and not c.get("exploit")]
+        match = next((c for c in sound if c["epoch"] == wanted), None)
+        if match is None and epoch == "best":     # a run from before best epochs were kept, or damaged
+            warnings.warn(f"{self.trial_id} kept no sound weights of its best epoch {wanted}; these are its last "
+                          f"epoch's", stacklevel=2)
+            return self.state_dict("last")
+        if match is None:
+            raise ValueError(f"{self.trial_id} kept no weights of epoch {wanted}; it kept epochs "
+                             f"{sorted({c['epoch'] for c in sound})}")
+        return unpack_tensors(match["state"]["model"])
 
-    def save_weights(self, path: str | os.PathLike) -> None:
-        """Write :meth:`state_dict` to ``path`` as safetensors, data only, with the trial id,
-        epoch and config (JSON) as metadata; ``safetensors.torch.load_file`` reads it back."""
+    def save_weights(self, path: str | os.PathLike, epoch: int | str = "best") -> None:
+        """Write :meth:`state_dict` of ``epoch`` to ``path`` as safetensors, data only, with the
+        trial id, epoch and config (JSON) as metadata; ``safetensors.torch.load_file`` reads
+        it back."""
         from safetensors.torch import save_file
-        save_file(self.state_dict(), os.fspath(path),
-                  metadata={"trial_id": self.trial_id, "epoch": str(self.epochs), "config": json.dumps(self.config)})
+        number = self.epoch_number(epoch)
+        save_file(self.state_dict(epoch), os.fspath(path),
+                  metadata={"trial_id": self.trial_id, "epoch": str(number), "config": json.dumps(self.config)})
 
-    def model(self) -> Any:
+    def model(self, epoch: int | str = "best") -> Any:
         """The model that ``build(config)`` makes (a ``torch.nn.Module`` in eval mode, or a
-        ``keras.Model``), with the trained weights loaded."""
+        ``keras.Model``), with the weights of ``epoch`` (see :meth:`state_dict`) loaded."""
         trainable = self._require_result().build(self.config)
         if not isinstance(trainable, Trainable):
             raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
                             f"got {type(trainable).__name__}")
-        trainable.load_weights(self.state_dict())
+        trainable.load_weights(self.state_dict(epoch))
         return trainable.trained_model()
+
+    def epoch_number(self, epoch: int | str) -> int:
+        """The epoch number ``epoch`` (as :meth:`state_dict` takes it) names."""
+        if epoch == "last" or (epoch == "best" and self.best_epoch is None):
+            return self.epochs
+        return self.best_epoch if epoch == "best" else epoch
 
     def _require_result(self) -> Result:
         if self._result is None:
@@ -138,6 +169,9 @@ class Result:
             case EpochEnd() as event:
                 trial = self._trials[event.trial_id]
                 trial.epochs, trial.metrics = event.epoch, event.metrics
+                best = None if trial.best_epoch is None else (trial.best_epoch, trial.best_metrics[self.metric])
+                if improved(best, event.epoch, event.metrics, self.metric, self.mode):
+                    trial.best_epoch, trial.best_metrics = event.epoch, event.metrics
                 exploited = [e["source"] for e in self._exploits
                              if e["trial_id"] == trial.trial_id and e["epoch"] == event.epoch - 1]
                 # The config this epoch trained with: PBT may have changed it since the trial began.
@@ -184,16 +218,35 @@ class Result:
 
     @property
     def best(self) -> TrialResult:
-        """The completed or stopped trial with the best last-epoch ``metric`` under ``mode``."""
-        scored = [t for t in self._trials.values() if t.status in (TrialStatus.COMPLETED, TrialStatus.STOPPED)
-                  and isinstance(t.metrics.get(self.metric), (int, float))
-                  and math.isfinite(t.metrics[self.metric])]
-        if not scored:
+        """The completed or stopped trial whose best epoch has the best ``metric`` under
+        ``mode`` (its :attr:`TrialResult.best_epoch`; ``ranked(scope="last")`` ranks by the
+        last epoch instead)."""
+        ranked = self.ranked()
+        if not ranked or not self._scored(ranked[0], "best"):
             statuses = {t.trial_id: t.status for t in self._trials.values()}
             raise RuntimeError(f"no trial of run {self.run_dir!r} finished with a finite "
                                f"{self.metric!r}; trial statuses: {statuses}")
+        return ranked[0]
+
+    def ranked(self, scope: str = "best") -> list[TrialResult]:
+        """Every trial, best first: the completed and stopped ones by ``metric`` at their best
+        epoch (``scope="best"``) or at their last (``"last"``); then the others (failed, still
+        running, without a finite metric), in creation order. Ties keep creation order."""
+        if scope not in ("best", "last"):
+            raise ValueError(f"scope={scope!r} must be 'best' or 'last'")
         sign = 1 if self.mode == "min" else -1
-        return min(scored, key=lambda t: sign * t.metrics[self.metric])
+        scored = sorted((t for t in self.trials if self._scored(t, scope)),
+                        key=lambda t: sign * self._value(t, scope))
+        return scored + [t for t in self.trials if not self._scored(t, scope)]
+
+    def _value(self, trial: TrialResult, scope: str) -> float:
+        metrics = trial.best_metrics if scope == "best" else trial.metrics
+        value = metrics.get(self.metric)
+        return value if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
+
+    def _scored(self, trial: TrialResult, scope: str) -> bool:
+        return trial.status in (TrialStatus.COMPLETED, TrialStatus.STOPPED) and \
+            not math.isnan(self._value(trial, scope))
 
     @property
     def failure(self) -> str | None:
@@ -233,14 +286,17 @@ class Result:
         return pd.DataFrame(self._schedule, columns=columns)
 
     def summary(self) -> pd.DataFrame:
-        """Trials ranked by ``metric`` (failed and unfinished last), one row each."""
-        rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs, "reason": t.reason,
-                 self.metric: t.metrics.get(self.metric, math.nan), **t.config} for t in self.trials]
+        """One row per trial, in :meth:`ranked` order: status, epochs, ``best_epoch``, the
+        metric there (``best_<metric>``) and at the last epoch (``<metric>``), why it ended,
+        and its config."""
+        rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs, "best_epoch": t.best_epoch,
+                 f"best_{self.metric}": t.best_metrics.get(self.metric, math.nan),
+                 self.metric: t.metrics.get(self.metric, math.nan), "reason": t.reason, **t.config}
+                for t in self.ranked()]
         table = pd.DataFrame(rows)
-        if table.empty:
-            return table
-        return table.sort_values(self.metric, ascending=self.mode == "min", na_position="last",
-                                 kind="stable").reset_index(drop=True)
+        if not table.empty:
+            table["best_epoch"] = table["best_epoch"].astype("Int64")     # a trial without one: <NA>
+        return table
 
     def __repr__(self) -> str:
         return f"Result({self.run_dir!r}, trials={len(self._trials)}, finished={self.finished})"

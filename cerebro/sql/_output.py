@@ -75,7 +75,7 @@ def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescr
     models, info = [], []
     for trial in result.trials:
         spec, key = by_trial[trial.trial_id], keys[trial.trial_id]
-        weights = flat_weights(trial.state_dict()) if trial.epochs else None
+        weights = flat_weights(trial.state_dict("last")) if trial.epochs else None     # MADlib's: the last
         if weights is not None:
             with open(os.path.join(weights_dir, f"{key}.weights"), "wb") as f:
                 f.write(weights)

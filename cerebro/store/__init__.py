@@ -26,11 +26,12 @@ from ._events import (
     WorkerNotReplaced,
     WorkerReplaced,
     WorkersRestarted,
+    improved,
     parse_event,
 )
 from ._legacy_pickle import UntrustedStateError
 from ._lock import StoreInUseError
-from ._run_store import STATE_FORMAT, DamagedLine, RunStore
+from ._run_store import BEST, STATE_FORMAT, DamagedLine, RunStore
 from ._state_codec import (
     StateFormatError,
     TensorBytes,
@@ -43,10 +44,10 @@ from ._state_codec import (
     write_message,
 )
 
-__all__ = ["EVENTS", "STATE_FORMAT", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd", "Event", "Exploited",
-           "JournalRepaired", "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed", "RunStarted",
-           "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch", "SubEpochAborted",
-           "SubEpochStarted", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded", "TrialRetried",
-           "TrialRolledBack", "TrialStatus", "TrialTakenUp", "UntrustedStateError", "WorkerLost",
-           "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "frames", "pack_tensors", "parse",
+__all__ = ["BEST", "EVENTS", "STATE_FORMAT", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd", "Event",
+           "Exploited", "JournalRepaired", "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed",
+           "RunStarted", "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch",
+           "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded",
+           "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialTakenUp", "UntrustedStateError", "WorkerLost",
+           "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "improved", "frames", "pack_tensors", "parse",
            "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]

@@ -8,6 +8,7 @@ with :func:`parse_event`. ``time`` is seconds since the run started (its ``clock
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -179,6 +180,18 @@ class EpochEnd(Event):
     epoch: int
     metrics: dict[str, float]
     time: float
+
+
+def improved(best: tuple[int, float] | None, epoch: int, metrics: dict[str, float], metric: str,
+             mode: str) -> tuple[int, float] | None:
+    """(``epoch``, its ``metric``) where that is better under ``mode`` than ``best`` (a tie
+    keeps the earlier epoch); else None. A missing or non-finite metric is never better."""
+    value = metrics.get(metric)
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    if best is None or (value < best[1] if mode == "min" else value > best[1]):
+        return epoch, float(value)
+    return None
 
 
 @dataclass(frozen=True)

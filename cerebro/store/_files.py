@@ -94,6 +94,20 @@ def move(source: str, target: str) -> None:
     fs.mv(path, _fs(target)[1])
 
 
+def link_atomic(source: str, target: str) -> None:
+    """Make ``target`` a second name of the file ``source`` (a hard link on a local disk, a
+    copy elsewhere), put in place as :func:`write_atomic` does."""
+    if "://" not in source and "://" not in target:
+        if os.path.lexists(target + ".tmp"):
+            os.remove(target + ".tmp")
+        os.link(source, target + ".tmp")
+        os.replace(target + ".tmp", target)
+        return
+    fs, path = _fs(target)
+    fs.copy(_fs(source)[1], path + ".tmp")
+    fs.mv(path + ".tmp", path)
+
+
 def remove(location: str) -> None:
     fs, path = _fs(location)
     if fs.exists(path):

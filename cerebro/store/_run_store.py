@@ -14,6 +14,8 @@
                              (see _state_codec), after a header line with its epoch, size and
                              CRC-32
     trials/t0000/checkpoint.prev.state  the one before it
+    trials/t0000/checkpoint.best.state  the epoch with the best metric so far (a hard link
+                             of its checkpoint on a local disk)
     trials/t0000/error.txt       the traceback of a failed trial
     history.csv, schedule.csv    written when the run finishes
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
 STATE_FORMAT = "data/1"     # run.json and every checkpoint header name it; older runs pickled
+BEST = "checkpoint.best.state"
 
 
 class RunStore:
@@ -196,28 +199,39 @@ class RunStore:
     def write_config(self, trial_id: str, config: dict[str, Any]) -> None:
         files.write_atomic(self.file("trials", trial_id, "config.json"), json.dumps(config, indent=1).encode())
 
-    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None:
+    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False,
+                         best: bool = False) -> None:
         """Save a trial's packed state (see :func:`pack_tensors`) after ``epoch`` (``exploit``:
-        just copied from another trial by PBT); the previous one is kept as the fallback."""
+        just copied from another trial by PBT); the previous one is kept as the fallback.
+        ``best``: the epoch's metric is the trial's best so far, kept as ``checkpoint.best``
+        (written first, so a crash between the two never leaves an older best behind a newer
+        checkpoint)."""
         parts, crc, size = frames(state), 0, 0      # encoded once: checked, then written
         for frame in parts:
             crc, size = zlib.crc32(frame, crc), size + memoryview(frame).nbytes
         header = json.dumps({"trial_id": trial_id, "epoch": epoch, "exploit": exploit, "size": size,
                              "crc": crc, "format": STATE_FORMAT}).encode() + b"\n"
-        current = self.file("trials", trial_id, "checkpoint.state")
+        current, kept = self.file("trials", trial_id, "checkpoint.state"), self.file("trials", trial_id, BEST)
+        if best:
+            files.write_atomic(kept, writer=lambda f: [f.write(part) for part in (header, *parts)])
         if files.exists(current):
             files.move(current, self.file("trials", trial_id, "checkpoint.prev.state"))
-        files.write_atomic(current, writer=lambda f: [f.write(part) for part in (header, *parts)])
+        if best:
+            files.link_atomic(kept, current)
+        else:
+            files.write_atomic(current, writer=lambda f: [f.write(part) for part in (header, *parts)])
 
-    def checkpoints(self, trial_id: str) -> list[dict[str, Any]]:
-        """A trial's checkpoints, newest first: their headers with ``state`` (packed), or
-        ``problem`` where the file is torn, corrupted or not data only.
+    def checkpoints(self, trial_id: str, names: tuple[str, ...] = ("checkpoint.state", "checkpoint.prev.state")
+                    ) -> list[dict[str, Any]]:
+        """A trial's checkpoints, newest first (``names``: which files; the best epoch's is
+        :data:`BEST`): their headers with ``state`` (packed), or ``problem`` where the file is
+        torn, corrupted or not data only.
 
         Raises :class:`UntrustedStateError` for a pickled checkpoint of an older version
         unless the store was opened with ``trust=True``.
         """
         found = []
-        for name in ("checkpoint.state", "checkpoint.prev.state"):
+        for name in names:
             path = self.file("trials", trial_id, name)
             if not files.exists(path):
                 continue
