@@ -37,7 +37,7 @@ class QuietRecorder:
     def emit(self, event) -> None:
         pass
 
-    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False, best=False) -> None:
         pass
 
     def write_config(self, trial_id, config) -> None:
@@ -73,7 +73,7 @@ class Recorder(QuietRecorder):
         elif isinstance(event, TrialEnded):
             self.trials[event.trial_id].status = event.status
 
-    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False, best=False) -> None:
         self.trials[trial_id].values = list(state)      # an exploit's: the source's values
 
 

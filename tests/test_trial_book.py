@@ -29,7 +29,7 @@ class Recorder(QuietRecorder):
     def emit(self, event) -> None:
         self.lines.append(json.dumps({"event": event.name, **event.record()}))
 
-    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False, best=False) -> None:
         self.checkpoints.append((trial_id, epoch))
 
     def events(self, name: str) -> list[dict]:
@@ -213,8 +213,8 @@ class StateRecorder(Recorder):
         super().__init__()
         self.states: dict[tuple[str, int], object] = {}
 
-    def write_checkpoint(self, trial_id, state, epoch, exploit=False) -> None:
-        super().write_checkpoint(trial_id, state, epoch, exploit)
+    def write_checkpoint(self, trial_id, state, epoch, exploit=False, best=False) -> None:
+        super().write_checkpoint(trial_id, state, epoch, exploit, best)
         self.states[trial_id, epoch] = state
 
 

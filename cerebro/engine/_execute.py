@@ -134,7 +134,8 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     policy.start(seed)
     progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
     run_settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN, data.storage,
-                               keras_backend=keras_backend, metric=settings["metric"], mode=settings["mode"])
+                               keras_backend=keras_backend, metric=settings["metric"], mode=settings["mode"],
+                               patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0))
     Driver(policy, run_store, backend, run_settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)
 

@@ -53,7 +53,7 @@ from ._execute import (
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
 from ._preflight import build_cheaply, check_metric
 from ._settings import Limits, RunSettings
-from ._trials import Trial, TrialBook, describe, diverged
+from ._trials import Trial, TrialBook, describe, diverged, plateau
 from ._visit_order import LEGACY_SCHEME, VisitScheme
 
 
@@ -77,6 +77,8 @@ class RecoveredTrial:
     pending: Decision | Exploit | None = None   # decided by decide(), not carried out yet
     exploited_at: int | None = None
     best: tuple[int, float] | None = None     # (epoch, metric) of its best epoch (see TrialBook)
+    improved_at: tuple[int, float] | None = None   # early stopping (see _trials.plateau)
+    stop_reason: str | None = None
 
 
 @dataclass
@@ -88,10 +90,9 @@ class Recovered:
     last_time: float
 
 
-def replay(policy: SearchPolicy, events: list[dict[str, Any]], metric: str = "val_loss",
-           mode: str = "min") -> Recovered:
+def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSettings) -> Recovered:
     """Call ``policy`` as the driver did for ``events``; the trials as the journal leaves them
-    (with their best epochs by ``metric`` and ``mode``)."""
+    (with their best epochs and early stopping by ``settings``)."""
     trials: dict[str, RecoveredTrial] = {}
     suggested: list[TrialRequest] = []
     last_time = 0.0
@@ -115,10 +116,13 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], metric: str = "va
                 trials[event.trial_id] = RecoveredTrial(event.trial_id, dict(event.config), event.max_epochs)
             case EpochEnd():
                 trial.epoch, trial.metrics, trial.pending = event.epoch, event.metrics, None
-                trial.best = improved(trial.best, event.epoch, event.metrics, metric, mode) or trial.best
+                trial.best = improved(trial.best, event.epoch, event.metrics, settings.metric, settings.mode) \
+                    or trial.best
                 trial.decision, trial.decision_journaled = None, False
                 if not diverged(trial.metrics):
                     trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
+                    trial.improved_at, trial.decision, trial.stop_reason = plateau(
+                        trial.improved_at, trial.epoch, trial.max_epochs, trial.metrics, trial.decision, settings)
             case Decided():
                 if trial.decision is None or trial.decision.value != event.decision:
                     raise ResumeError(f"the searcher answers {trial.decision} for {trial.trial_id} after epoch "
@@ -200,9 +204,9 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])
         policy.start(info["seed"])
+        settings = run_settings(info)
         try:
-            recovered = replay(policy, kept + [{"event": TrialRetried.name, "trial_id": t} for t in retry],
-                               info["searcher"]["metric"], info["searcher"]["mode"])
+            recovered = replay(policy, kept + [{"event": TrialRetried.name, "trial_id": t} for t in retry], settings)
         except ResumeError as error:
             if not retry:
                 raise
@@ -213,12 +217,6 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             store.emit(JournalRepaired(store.truncate_journal(cut.offset), 0.0))
         progress, mlflow_log = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
                                          info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
-        settings = RunSettings(info["seed"], info["data"]["partitions"], sum(info["data"]["val_rows"]) > 0,
-                               Limits(**info.get("limits", {})),
-                               VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
-                               Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")),
-                               keras_backend=info.get("keras_backend"), metric=info["searcher"]["metric"],
-                               mode=info["searcher"]["mode"])
         driver = Driver(policy, store, backend, settings, build_blob=build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, recovered, retry),
                         time_offset=recovered.last_time)
@@ -280,6 +278,16 @@ def failed_trials(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {trial_id: configs[trial_id] for trial_id, is_failed in failed.items() if is_failed}
 
 
+def run_settings(info: dict[str, Any]) -> RunSettings:
+    """The settings of the run whose run.json holds ``info`` (older runs lack some: defaults)."""
+    searcher = info["searcher"]
+    return RunSettings(info["seed"], info["data"]["partitions"], sum(info["data"]["val_rows"]) > 0,
+                       Limits(**info.get("limits", {})), VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
+                       Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")),
+                       keras_backend=info.get("keras_backend"), metric=searcher["metric"], mode=searcher["mode"],
+                       patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0))
+
+
 def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[str, dict[str, Any]]) -> None:
     """Put the live trials of the crashed run into ``book``: each continues from the
     checkpoint of its last journaled epoch, or, where that checkpoint is damaged, from an
@@ -294,7 +302,8 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
     for rt in recovered.trials.values():
         if rt.status is not None:
             continue
-        trial = Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch, best=rt.best)
+        trial = Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch, best=rt.best,
+                      improved_at=rt.improved_at)
         book.adopt(trial)
         if rt.epoch == 0:
             actions.append((trial, None))

@@ -50,6 +50,7 @@ class RunSettings:
         startup_timeout: seconds a worker may take to connect and load its partitions.
         keras_backend: the Keras backend the workers use, where the build makes Keras models.
         metric, mode: what makes an epoch a trial's best (its weights are kept apart).
+        patience, min_delta: early stopping (see :func:`._trials.plateau`); None: never.
     """
 
     seed: int
@@ -63,3 +64,5 @@ class RunSettings:
     keras_backend: str | None = None
     metric: str = "val_loss"
     mode: str = "min"
+    patience: int | None = None
+    min_delta: float = 0.0

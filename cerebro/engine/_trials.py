@@ -91,6 +91,8 @@ class Trial:
     catch_up: int = 0
     recovered: Any = None
     best: tuple[int, float] | None = None      # (epoch, metric) of its best epoch so far
+    improved_at: tuple[int, float] | None = None   # its last improvement by more than min_delta
+    stop_reason: str | None = None             # why early stopping ended it
 
     def holdings(self) -> list[Trial | Evaluation]:
         """The states the driver holds for it, each with its version and holders: the latest,
@@ -237,7 +239,7 @@ class TrialBook:
         evaluation = trial.evaluations.pop(epoch)
         decision = self._report(trial, epoch, evaluation.state, evaluation.train_sums, evaluation.eval_sums)
         if decision is Decision.STOP:
-            self.end(trial, TrialStatus.STOPPED, self.policy.stop_reason(trial.trial_id))
+            self.end(trial, TrialStatus.STOPPED, trial.stop_reason or self.policy.stop_reason(trial.trial_id))
         elif decision is Decision.PAUSE:
             raise RuntimeError(f"{type(self.policy).__name__} paused {trial.trial_id} after epoch {epoch}, "
                                f"where its continues_after promised CONTINUE whatever the metrics")
@@ -262,6 +264,8 @@ class TrialBook:
             self.end(trial, TrialStatus.DIVERGED, f"{bad} is {metrics[bad]} after epoch {epoch}")
             return None
         decision = self.policy.report(trial.trial_id, epoch, metrics)
+        trial.improved_at, decision, trial.stop_reason = plateau(trial.improved_at, epoch, trial.max_epochs, metrics,
+                                                                 decision, self.settings)
         self.recorder.emit(Decided(trial.trial_id, epoch, decision.value))
         self.decide_due = True
         return decision
@@ -280,12 +284,13 @@ class TrialBook:
             return
         if not resumed.decision_journaled:
             self.recorder.emit(Decided(trial.trial_id, trial.epoch, resumed.decision.value))
+        trial.stop_reason = resumed.stop_reason
         self.go_on(trial, resumed.decision)
 
     def go_on(self, trial: Trial, decision: Decision) -> None:
         """Carry out CONTINUE or STOP for a trial at the end of an epoch."""
         if decision is Decision.STOP and trial.epoch < trial.max_epochs:
-            self.end(trial, TrialStatus.STOPPED, self.policy.stop_reason(trial.trial_id))
+            self.end(trial, TrialStatus.STOPPED, trial.stop_reason or self.policy.stop_reason(trial.trial_id))
         elif decision in (Decision.STOP, Decision.CONTINUE) and trial.epoch >= trial.max_epochs:
             self.end(trial, TrialStatus.COMPLETED, None)
         elif decision is Decision.CONTINUE:
@@ -378,6 +383,25 @@ def describe(decision: Decision | Exploit) -> str | dict:
     if isinstance(decision, Exploit):
         return {"exploit": decision.source, "config": decision.config}
     return decision.value
+
+
+def plateau(improved_at: tuple[int, float] | None, epoch: int, max_epochs: int, metrics: dict[str, float],
+            decision: Decision, settings: RunSettings) -> tuple[tuple[int, float] | None, Decision, str | None]:
+    """Early stopping after ``epoch``: (the trial's last improvement of ``settings.metric`` by
+    more than ``min_delta``, as (epoch, value); the decision; why it stops, where it does).
+    A trial the searcher lets go on stops once ``patience`` epochs passed without such an
+    improvement. It reads the trial's metrics only, so a resume replays it exactly."""
+    value = metrics.get(settings.metric)
+    if isinstance(value, (int, float)) and math.isfinite(value) and (
+            improved_at is None or (improved_at[1] - value if settings.mode == "min" else value - improved_at[1])
+            > settings.min_delta):
+        improved_at = (epoch, float(value))
+    if settings.patience is None or improved_at is None or decision is not Decision.CONTINUE \
+            or epoch >= max_epochs or epoch - improved_at[0] < settings.patience:
+        return improved_at, decision, None
+    return improved_at, Decision.STOP, (f"no improvement of {settings.metric} by more than {settings.min_delta:g} "
+                                        f"for {epoch - improved_at[0]} epochs (best {improved_at[1]:.4g} at epoch "
+                                        f"{improved_at[0]})")
 
 
 def diverged(metrics: dict[str, float]) -> str | None:

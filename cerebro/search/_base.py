@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import _checks
-from .._checks import Constraint, OneOf, String
+from .._checks import Constraint, Integer, OneOf, Optional, Real, String
 from ..engine._interface import Decision, Exploit, TrialRequest
 from ._space import SearchSpace
 
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from ..data import Dataset
     from ..report import Result
     from ..worker import Trainable
+
+
+_UNSET = {"patience": None, "min_delta": 0.0}
 
 
 class Searcher(ABC):
@@ -39,6 +42,11 @@ class Searcher(ABC):
         metric: what ``result.best`` ranks by: ``val_loss`` (default), ``train_loss``, or
             ``train_<name>`` / ``val_<name>`` for a metric the trainable logs.
         mode: ``"min"`` or ``"max"``.
+        patience: early stopping: a trial whose ``metric`` has not improved by more than
+            ``min_delta`` for ``patience`` epochs ends ``stopped`` (None: never). Checked where
+            the searcher lets the trial go on; it depends on the trial's metrics only, so the
+            same trials stop at the same epochs on any worker count and on resume.
+        min_delta: the least change of ``metric`` that counts as an improvement.
 
     Each class declares its own constructor arguments once, in ``_parameters``: name ->
     :class:`cerebro._checks.Constraint`. The declarations, merged along the class hierarchy
@@ -52,15 +60,23 @@ class Searcher(ABC):
         "space": SearchSpace(),
         "metric": String(description="a string such as 'val_loss'"),
         "mode": OneOf("min", "max"),
+        "patience": Optional(Integer(low=1)),
+        "min_delta": Real(low=0.0),
     }
 
+    patience: int | None = None     # as the class has them: searchers pickled before they existed
+    min_delta: float = 0.0
+
     def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
-                 metric: str = "val_loss", mode: str = "min") -> None:
+                 metric: str = "val_loss", mode: str = "min", patience: int | None = None,
+                 min_delta: float = 0.0) -> None:
         """Store the arguments as given; ``fit`` checks them."""
         self.build = build
         self.space = space
         self.metric = metric
         self.mode = mode
+        self.patience = patience
+        self.min_delta = min_delta
 
     # --- narrow waist 1 -----------------------------------------------------------------
     @abstractmethod
@@ -121,14 +137,20 @@ class Searcher(ABC):
         space's primitives as text, then the other declared arguments (not ``build``,
         which is pickled)."""
         rest = {name: getattr(self, name) for name in self._declared()
-                if name not in ("build", "space", "metric", "mode")}
+                if name not in ("build", "space", "metric", "mode") and not self._unset(name)}
         return {"class": type(self).__name__, "metric": self.metric, "mode": self.mode,
                 "space": {key: repr(value) for key, value in self.space.items()}, **rest}
+
+    def _unset(self, name: str) -> bool:
+        """Early stopping's arguments at their defaults are left out of run.json and the
+        ``repr``, as runs (and pickled searchers) from before they existed have them."""
+        return name in _UNSET and getattr(self, name) == _UNSET[name]
 
     def __repr__(self) -> str:
         """The constructor call with every declared argument, e.g. ``ASHA(build=build, ...)``;
         a function shows as its name."""
-        arguments = ", ".join(f"{name}={_shown(getattr(self, name))}" for name in self._declared())
+        arguments = ", ".join(f"{name}={_shown(getattr(self, name))}" for name in self._declared()
+                              if not self._unset(name))
         return f"{type(self).__name__}({arguments})"
 
     # --- running it ---------------------------------------------------------------------

@@ -31,9 +31,10 @@ class GridSearch(Searcher):
     _parameters: ClassVar[dict[str, Constraint]] = {"epochs": Integer(low=1)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, epochs: int = 10,
-                 metric: str = "val_loss", mode: str = "min") -> None:
+                 metric: str = "val_loss", mode: str = "min",
+                 patience: int | None = None, min_delta: float = 0.0) -> None:
         """Store the arguments as given; ``fit`` checks them."""
-        super().__init__(build, space, metric=metric, mode=mode)
+        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta)
         self.epochs = epochs
 
     def _check(self) -> None:

@@ -54,9 +54,10 @@ class Hyperband(Searcher):
     _parameters: ClassVar[dict[str, Constraint]] = {"max_epochs": Integer(low=1), "eta": Real(low=2)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, max_epochs: int = 81, eta: float = 3,
-                 metric: str = "val_loss", mode: str = "min") -> None:
+                 metric: str = "val_loss", mode: str = "min",
+                 patience: int | None = None, min_delta: float = 0.0) -> None:
         """Store the arguments as given; ``fit`` checks them."""
-        super().__init__(build, space, metric=metric, mode=mode)
+        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta)
         self.max_epochs = max_epochs
         self.eta = eta
 

@@ -54,9 +54,10 @@ class PBT(Searcher):
     def __init__(self, build: Callable, space: Mapping[str, Any], *, population: int = 8, epochs: int = 10,
                  perturbation_interval: int = 2, mutations: Collection[str] | None = None,
                  quantile_fraction: float = 0.25, resample_probability: float = 0.25,
-                 metric: str = "val_loss", mode: str = "min") -> None:
+                 metric: str = "val_loss", mode: str = "min",
+                 patience: int | None = None, min_delta: float = 0.0) -> None:
         """Store the arguments as given; ``fit`` checks them."""
-        super().__init__(build, space, metric=metric, mode=mode)
+        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta)
         self.population = population
         self.epochs = epochs
         self.perturbation_interval = perturbation_interval

@@ -73,9 +73,10 @@ class TPESearch(Searcher):
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 20, epochs: int = 10,
                  max_concurrent: int = 8, n_startup_trials: int = 10, grace_period: int | None = None,
-                 reduction_factor: float = 3, metric: str = "val_loss", mode: str = "min") -> None:
+                 reduction_factor: float = 3, metric: str = "val_loss", mode: str = "min",
+                 patience: int | None = None, min_delta: float = 0.0) -> None:
         """Store the arguments as given; ``fit`` checks them."""
-        super().__init__(build, space, metric=metric, mode=mode)
+        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta)
         self.num_trials = num_trials
         self.epochs = epochs
         self.max_concurrent = max_concurrent
