@@ -48,14 +48,25 @@ def test_a_damaged_middle_line_is_skipped_with_a_warning_and_the_run_stays_finis
 
 
 def test_a_damaged_latest_checkpoint_says_which_epoch_the_weights_are_from(finished, tmp_path):
+    """A finished trial keeps its best and last epochs (copied apart here): with the last
+    damaged, its weights come from the best epoch's file, with a warning where that is an
+    earlier epoch; with both damaged, the error names each file's problem."""
     copy = shutil.copytree(finished.run_dir, tmp_path / "run")
     path = os.path.join(copy, "trials", "t0001", "checkpoint.state")
     flip(path, os.path.getsize(path) - 100)
-    trial = cb.load(copy).trials[1]
-    with pytest.warns(UserWarning, match=rf"^t0001's checkpoint of epoch 3 is damaged \({path}: ValueError: .*CRC.*\); "
-                                         rf"these weights are from epoch 2$"):
-        weights = trial.state_dict("last")
-    assert all(isinstance(w, torch.Tensor) for w in weights.values())
+    trial, original = cb.load(copy).trials[1], finished.trials[1]
+    if original.best_epoch == original.epochs:
+        weights = trial.state_dict("last")       # the best epoch's file holds the last epoch too
+    else:
+        with pytest.warns(UserWarning, match=rf"^t0001's checkpoint of epoch 3 is damaged \({path}: ValueError: "
+                                             rf".*CRC.*\); these weights are from epoch {original.best_epoch}$"):
+            weights = trial.state_dict("last")
+    expected = original.state_dict("best")
+    assert all(torch.equal(weights[k], v) for k, v in expected.items())
+    best = os.path.join(copy, "trials", "t0001", "checkpoint.best.state")
+    flip(best, os.path.getsize(best) - 100)
+    with pytest.raises(ValueError, match=r"every checkpoint of trial t0001 .* is damaged: .*CRC"):
+        trial.state_dict("last")
 
 
 def test_status_report_and_export_say_which_journal_line_is_damaged(finished, tmp_path):

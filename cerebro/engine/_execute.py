@@ -40,7 +40,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, trial_timeout: float | None = None,
-            max_failures: int | None = None, max_trial_losses: int = 3, tensorboard: bool = True,
+            max_failures: int | None = None, max_trial_losses: int = 3, keep_checkpoints: int | None = None,
+            tensorboard: bool = True,
             mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
@@ -62,7 +63,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         Integer(low=0, description="a non-negative integer or None").check("seed", seed)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    limits = Limits(trial_timeout, max_failures, max_trial_losses)
+    limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints)
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)

@@ -298,6 +298,9 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
         book.recorder.emit(TrialRetried(trial_id, recovered.trials[trial_id].epoch, book.recorder.now()))
     book.created = len(recovered.trials)
     book.decide_due = True
+    book.kept = [(rt.trial_id, rt.best[1] if rt.best and not rt.status.is_failure else None)
+                 for rt in recovered.trials.values() if rt.status is not None]
+    book.trim_kept()        # again: the crash may have come before the writer deleted them
     actions: list[tuple[Trial, RecoveredTrial | None]] = []     # None: start its next epoch
     for rt in recovered.trials.values():
         if rt.status is not None:

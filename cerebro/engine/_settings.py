@@ -11,12 +11,14 @@ from ._visit_order import VisitScheme
 
 @dataclass(frozen=True)
 class Limits:
-    """How long a sub-epoch may take, how many trials may fail before the run stops, and on
-    how many lost workers a trial may be before it is taken for their cause and fails."""
+    """How long a sub-epoch may take, how many trials may fail before the run stops, on how
+    many lost workers a trial may be before it is taken for their cause and fails, and the
+    finished trials whose weights stay on disk (``keep_checkpoints``: the best k; None: all)."""
 
     trial_timeout: float | None = None
     max_failures: int | None = None
     max_trial_losses: int = 3
+    keep_checkpoints: int | None = None
 
     def __post_init__(self) -> None:
         for name, constraint in _LIMITS.items():
@@ -25,6 +27,8 @@ class Limits:
         if self.max_failures is not None:
             object.__setattr__(self, "max_failures", int(self.max_failures))
         object.__setattr__(self, "max_trial_losses", int(self.max_trial_losses))
+        if self.keep_checkpoints is not None:
+            object.__setattr__(self, "keep_checkpoints", int(self.keep_checkpoints))
         if self.trial_timeout is not None and type(self.trial_timeout) not in (int, float):
             object.__setattr__(self, "trial_timeout", float(self.trial_timeout))
 
@@ -32,7 +36,8 @@ class Limits:
 _LIMITS = {"trial_timeout": Optional(Real(0, math.inf, low_open=True, high_open=True,
                                           description="a positive number of seconds or None")),
            "max_failures": Optional(Integer(low=0, description="an integer >= 0 or None")),
-           "max_trial_losses": Integer(low=1, description="a positive integer")}
+           "max_trial_losses": Integer(low=1, description="a positive integer"),
+           "keep_checkpoints": Optional(Integer(low=1, description="a positive integer or None"))}
 
 
 @dataclass(frozen=True)

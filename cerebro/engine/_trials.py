@@ -113,6 +113,8 @@ class TrialBook:
         self.suggest_due = True
         self.decide_due = False
         self._search_state = SearchStateLog()
+        # keep_checkpoints: finished trials whose weights are kept, best first (see _retain)
+        self.kept: list[tuple[str, float | None]] = []
 
     # --- creation -----------------------------------------------------------------------
     def add_trials(self) -> None:
@@ -352,6 +354,26 @@ class TrialBook:
         self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch, True)
 
     # --- ends ---------------------------------------------------------------------------
+    def _retain(self, trial_id: str, best: float | None) -> None:
+        """A trial ended: its ``prev`` checkpoint goes; with ``keep_checkpoints=k``, so do all
+        the weights of every finished trial not among the k best (by the best epoch's metric;
+        failed ones last). A trial dropped never comes back, as later ones only raise the bar,
+        so the kept set ends as the k best whatever the order trials ended in."""
+        self.recorder.remove_checkpoints(trial_id, keep=("best", "last"))
+        self.kept.append((trial_id, best))
+        self.trim_kept()
+
+    def trim_kept(self) -> None:
+        """Delete the weights of the finished trials beyond the ``keep_checkpoints`` best."""
+        limit = self.settings.limits.keep_checkpoints
+        if limit is None:
+            return
+        sign = 1 if self.settings.mode == "min" else -1
+        self.kept.sort(key=lambda kept: (kept[1] is None, 0.0 if kept[1] is None else sign * kept[1], kept[0]))
+        for dropped, _ in self.kept[limit:]:
+            self.recorder.remove_checkpoints(dropped)
+        del self.kept[limit:]
+
     def end(self, trial: Trial, status: TrialStatus, reason: str | None, epoch: int | None = None) -> None:
         """``trial`` ends as ``status``; too many failures stop the run (``max_failures``).
         A failure in ``epoch``, the one it trains in, while an earlier epoch's evals still run
@@ -368,6 +390,7 @@ class TrialBook:
             self.recorder.write_error(trial.trial_id, reason)
         self.recorder.emit(TrialEnded(trial.trial_id, status, reason, self.recorder.now()))
         self.policy.trial_ended(trial.trial_id, status)
+        self._retain(trial.trial_id, trial.best[1] if trial.best and not status.is_failure else None)
         if status.is_failure:
             self.failures.append(f"{trial.trial_id} {status} ({(reason or '').strip().splitlines()[-1][:200]})")
             limit = self.settings.limits.max_failures

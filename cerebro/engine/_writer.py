@@ -76,6 +76,9 @@ class StoreRecorder:
                          best: bool = False) -> None:
         self._writer.submit(self.store.write_checkpoint, trial_id, state, epoch, exploit, best)
 
+    def remove_checkpoints(self, trial_id: str, keep: tuple[str, ...] = ()) -> None:
+        self._writer.submit(self.store.remove_checkpoints, trial_id, keep)
+
     def write_config(self, trial_id: str, config: dict[str, Any]) -> None:
         self._writer.submit(self.store.write_config, trial_id, config)
 

@@ -74,10 +74,16 @@ class TrialResult:
         with the best metric, kept apart as it happened), ``"last"`` (the last finished one;
         where its checkpoint is damaged, the newest sound one's, with a warning naming the
         file and the epoch the weights are really from) or an epoch number whose weights were
-        kept (the best, the last and the one before it)."""
+        kept (a finished trial's best and last; a live one's last two too)."""
         store = self._require_result().store
+        limit = self._require_result().keep_checkpoints
+        if self.status.is_finished and self.epochs and not store.checkpoints(
+                self.trial_id, (BEST, "checkpoint.state", "checkpoint.prev.state")):
+            raise FileNotFoundError(f"{self.trial_id} kept no weights: the run kept only the best "
+                                    f"{limit} finished trials' (keep_checkpoints={limit})" if limit else
+                                    f"{self.trial_id} has no checkpoint in {store.path!r}")
         if epoch == "last" or (epoch == "best" and self.best_epoch is None):
-            sound, found = store.sound_checkpoint(self.trial_id)
+            sound, found = self._newest_sound(store)
             if sound["epoch"] < self.epochs:
                 damaged = "; ".join(f"{c['path']}: {c['problem']}" for c in found if "problem" in c)
                 warnings.warn(f"{self.trial_id}'s checkpoint of epoch {self.epochs} is damaged ({damaged}); these "
@@ -98,6 +104,15 @@ class TrialResult:
             raise ValueError(f"{self.trial_id} kept no weights of epoch {wanted}; it kept epochs "
                              f"{sorted({c['epoch'] for c in sound})}")
         return unpack_tensors(match["state"]["model"])
+
+    def _newest_sound(self, store: RunStore) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The kept checkpoint of the latest epoch that passes its check (a finished trial's
+        best epoch's, where its last is damaged), and every one found; raises if none does."""
+        found = store.checkpoints(self.trial_id, ("checkpoint.state", "checkpoint.prev.state", BEST))
+        sound = [c for c in found if "state" in c]
+        if sound:       # the latest epoch; of equal ones, the first: the checkpoint itself
+            return max(sound, key=lambda c: c["epoch"]), found
+        return store.sound_checkpoint(self.trial_id)      # raises, naming each file's problem
 
     def save_weights(self, path: str | os.PathLike, epoch: int | str = "best") -> None:
         """Write :meth:`state_dict` of ``epoch`` to ``path`` as safetensors, data only, with the
@@ -144,6 +159,7 @@ class Result:
         self.seed: int = info["seed"]
         self.metric: str = info["searcher"]["metric"]
         self.mode: str = info["searcher"]["mode"]
+        self.keep_checkpoints: int | None = info.get("limits", {}).get("keep_checkpoints")
         self._trials: dict[str, TrialResult] = {}
         self._history: list[dict[str, Any]] = []
         self._schedule: list[dict[str, Any]] = []

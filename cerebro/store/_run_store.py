@@ -257,6 +257,14 @@ class RunStore:
                 found.append({"path": path, "problem": f"{type(error).__name__}: {error}"})
         return found
 
+    def remove_checkpoints(self, trial_id: str, keep: tuple[str, ...] = ()) -> None:
+        """Delete a finished trial's checkpoints but those named in ``keep`` (``"last"``, the
+        latest epoch's; ``"best"``, :data:`BEST`)."""
+        names = {"last": "checkpoint.state", "prev": "checkpoint.prev.state", "best": BEST}
+        for which, name in names.items():
+            if which not in keep:
+                files.remove(self.file("trials", trial_id, name))
+
     def read_checkpoint(self, trial_id: str) -> Any:
         """A trial's latest packed state that passes its check; :func:`unpack_tensors` turns
         it into tensors."""
