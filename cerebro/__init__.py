@@ -15,7 +15,8 @@ from ._version import __version__ as __version__
 _EXPORTS = {
     **dict.fromkeys(["Backend", "LocalBackend", "SparkBackend"], ".backends"),
     "Dataset": ".data",
-    **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "resume"], ".engine"),
+    **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "resume", "stop"],
+                    ".engine"),
     "metrics": ".metrics",
     "sql": ".sql",
     **dict.fromkeys(["Result", "TrialResult", "load"], ".report"),
@@ -29,7 +30,7 @@ __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "Kera
            "RandomSearch", "Result", "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError",
            "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult", "UntrustedStateError",
            "WorkerLostError",
-           "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "sql", "uniform"]
+           "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "sql", "stop", "uniform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from . import metrics, sql
     from .backends import Backend, LocalBackend, SparkBackend
     from .data import Dataset
-    from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError, resume
+    from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError, resume, stop
     from .report import Result, TrialResult, load
     from .search import (
         ASHA,

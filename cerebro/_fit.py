@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
         store: str | os.PathLike | None, seed: int | None, verbose: int, trial_timeout: float | None,
-        max_failures: int | None, max_trial_losses: int, keep_checkpoints: int | None, tensorboard: bool,
-        mlflow: bool | str) -> Result:
+        max_failures: int | None, max_trial_losses: int, keep_checkpoints: int | None, time_budget: float | None,
+        tensorboard: bool, mlflow: bool | str) -> Result:
     """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
     return execute(searcher, build=searcher.build,
@@ -31,6 +31,6 @@ def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: i
                    metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
                    backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                    trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
-                   keep_checkpoints=keep_checkpoints,
+                   keep_checkpoints=keep_checkpoints, time_budget=time_budget,
                    tensorboard=tensorboard, mlflow=mlflow)
 

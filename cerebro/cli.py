@@ -51,7 +51,8 @@ Examples:
   cerebro run experiment.py --workers 4 --store runs/exp1 --seed 0
   cerebro status runs/exp1                      where a run stands, live or finished
   cerebro report runs/exp1                      runs/exp1/report.html, opens offline
-  cerebro resume runs/exp1                      finish a run whose driver died
+  cerebro resume runs/exp1                      finish a run whose driver died (or that stopped)
+  cerebro stop runs/exp1                        a live run stops at its next epoch boundaries, resumable
   cerebro export runs/exp1 --trial best -o model.safetensors
   cerebro sql install --dsn postgresql:///mydb  the SQL functions (MADlib's API) in PostgreSQL
 
@@ -126,10 +127,12 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
 @click.option("--max-trial-losses", default=3, show_default=True, type=int,
               help="a trial on this many lost workers fails as their cause")
 @click.option("--mlflow", default=None, help="'local' for RUN_DIR/mlflow.db, or a tracking URI")
+@click.option("--time-budget", default=None, type=float,
+              help="seconds; then the run stops at its trials' next epoch boundaries, resumable")
 @click.option("--quiet", is_flag=True, help="no live progress")
 def run(experiment: str, workers: int, backend: str, store: str | None, seed: int | None,
         trial_timeout: float | None, max_failures: int | None, max_trial_losses: int, mlflow: str | None,
-        quiet: bool) -> None:
+        time_budget: float | None, quiet: bool) -> None:
     """Run the searcher that EXPERIMENT (a Python file) defines.
 
     The file defines ``data`` (a cb.Dataset) and ``search`` (a searcher such as
@@ -160,6 +163,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
         chosen, workers_arg = "local", workers
     result = search.fit(data, backend=chosen, workers=workers_arg, store=store, seed=seed, verbose=0 if quiet else 1,
                         trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
+                        time_budget=time_budget,
                         mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
     print_summary(result, Console())
     exit_if_failed(result)
@@ -183,6 +187,19 @@ def status(run_dir: str) -> None:
                       + (f" ({incidents[WorkerNotReplaced]} could not be)" if incidents[WorkerNotReplaced]
                          else "") + f", all restarted {incidents[WorkersRestarted]} times")
     print_summary(result, console)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def stop(run_dir: str) -> None:
+    """Ask a live run to stop: it starts no new trial or epoch, lets the epochs in flight end,
+    and stays resumable (cerebro resume RUN_DIR goes on to the same results).
+
+    Example: cerebro stop runs/exp1
+    """
+    from . import stop as stop_run
+    stop_run(run_dir)
+    click.echo(f"asked {run_dir} to stop at its trials' next epoch boundaries")
 
 
 @main.command()

@@ -1,3 +1,4 @@
+from ._control import stop
 from ._driver import Driver
 from ._errors import StoreWriteError, TooManyFailuresError, WorkerLostError
 from ._execute import execute
@@ -9,5 +10,5 @@ from ._visit_order import VisitScheme, visit_order
 
 __all__ = ["Decision", "Driver", "EVAL", "Exploit", "MOPScheduler", "ResumeError", "SearchPolicy", "StoreWriteError",
            "TRAIN", "Task", "TaskKind", "TooManyFailuresError", "TrialRequest", "WorkerLostError", "execute",
-           "init_seed", "resume", "search_rng", "subepoch_seed", "trial_index", "trial_name", "VisitScheme",
+           "init_seed", "resume", "search_rng", "stop", "subepoch_seed", "trial_index", "trial_name", "VisitScheme",
            "visit_order"]

@@ -8,12 +8,14 @@ happens.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
 from ..backends import Backend
 from ..report import Progress
 from ..store import (
+    STOP_FILE,
     PartitionsMoved,
     RunFinished,
     RunInterrupted,
@@ -74,9 +76,11 @@ class Driver:
                 self._take_up(self.book)
             self.book.apply_decisions()
             self.book.add_trials()
-            while self.book.live or self._busy():
+            while (self.book.live or self._busy()) and not (self.book.drained() and not self._busy()):
                 self._step()
-            self.recorder.emit(RunFinished(self._now(), *self.pool.traffic()))
+            stopped = bool(self.book.live)      # drained: at epoch boundaries, resumable
+            self.recorder.emit(RunInterrupted(self._now()) if stopped
+                               else RunFinished(self._now(), *self.pool.traffic()))
         except BaseException as error:
             interrupted = isinstance(error, KeyboardInterrupt)
             if interrupted:    # Ctrl-C or SIGTERM: leave it resumable
@@ -87,7 +91,7 @@ class Driver:
             except RuntimeError:
                 pass    # the error already on its way is the one to report
             raise
-        self.pool.close("finished", self.progress.finish)
+        self.pool.close("interrupted" if stopped else "finished", self.progress.finish)
         self.recorder.close()
 
     def _busy(self) -> bool:
@@ -97,6 +101,7 @@ class Driver:
         """One turn of the loop: start what can start, take what the workers answered (for
         up to a heartbeat interval), act on lost and regained workers, then let the searcher
         decide and add trials."""
+        self._check_stop()
         self._dispatch()
         self.book.check_not_stuck(self._busy())
         for worker, message in self.pool.poll(self.settings.heartbeat_interval):
@@ -116,6 +121,23 @@ class Driver:
         self._handle_pool_events()
         self.book.apply_decisions()
         self.book.add_trials()
+
+    def _check_stop(self) -> None:
+        """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file in the run
+        directory), the run stops at its trials' next epoch boundaries."""
+        if self.book.draining:
+            return
+        budget = self.settings.time_budget
+        if budget is not None and self._now() >= budget:
+            why = f"its time_budget of {budget:g} s has passed"
+        elif self.store.has(STOP_FILE):
+            why = "cerebro stop asked it to"
+            self.store.remove(STOP_FILE)
+        else:
+            return
+        self.book.draining = True
+        logging.getLogger("cerebro").warning("the run stops at its trials' next epoch boundaries (%s); "
+                                             "cerebro resume %s goes on", why, self.store.path)
 
     # --- sub-epochs ---------------------------------------------------------------------
     def _dispatch(self) -> None:

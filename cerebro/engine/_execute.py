@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import platform
 import secrets
@@ -21,7 +22,7 @@ import cloudpickle
 import numpy as np
 import torch
 
-from .._checks import Boolean, Integer
+from .._checks import Boolean, Integer, Optional, Real
 from .._version import __version__
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
@@ -41,7 +42,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, trial_timeout: float | None = None,
             max_failures: int | None = None, max_trial_losses: int = 3, keep_checkpoints: int | None = None,
-            tensorboard: bool = True,
+            time_budget: float | None = None, tensorboard: bool = True,
             mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
@@ -64,6 +65,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
     limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints)
+    Optional(Real(0, math.inf, low_open=True, high_open=True, description="a positive number of seconds or None")
+             ).check("time_budget", time_budget)
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
     build_blob = pickle_build(build)
@@ -78,7 +81,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     try:
         with sigterm_interrupts():
             return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions,
-                        backend, int(seed), verbose, limits, tensorboard, mlflow, keras_backend)
+                        backend, int(seed), verbose, limits, tensorboard, mlflow, keras_backend, time_budget)
     finally:
         lock.close()
 
@@ -103,12 +106,17 @@ def sigterm_interrupts() -> Iterator[None]:
 def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,
          searcher_blob: bytes, settings: dict[str, Any], data: Dataset, num_partitions: int, backend: Backend,
          seed: int, verbose: int, limits: Limits, tensorboard: bool, mlflow: bool | str,
-         keras_backend: str | None) -> Result:
+         keras_backend: str | None, time_budget: float | None) -> Result:
     """Write the run directory (partitions, build, searcher, run.json), drive the run, and
     return its :class:`Result`; the arguments are ``execute``'s, checked."""
     layout = data.write(run_store.data_dir, num_partitions)
     run_store.write_code(build_blob, searcher_blob)
     note = reproducibility_caveat(backend)
+    budget = None if time_budget is None else {"seconds": time_budget, "note": (
+        f"time_budget={time_budget:g}: the run stops at its trials' first epoch boundaries after {time_budget:g} s, "
+        f"so which trials and epochs finish by then depends on timing (resume goes on to the reproducible results)")}
+    if budget is not None:
+        logging.getLogger("cerebro").warning("%s", budget["note"])
     run_store.write_run_info({
         "state_format": STATE_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -119,6 +127,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "threads_per_worker": backend.threads_per_worker,
         "reproducible": {"across_worker_counts_and_backends": note is None, "why_not": note},
         "limits": dataclasses.asdict(limits),
+        "time_budget": budget,
         "visit_order": VisitScheme.LATIN.value,
         "keras_backend": keras_backend,
         "tensorboard": tensorboard,
@@ -136,6 +145,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
     run_settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN, data.storage,
                                keras_backend=keras_backend, metric=settings["metric"], mode=settings["mode"],
+                               time_budget=time_budget,
                                patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0))
     Driver(policy, run_store, backend, run_settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)

@@ -56,6 +56,8 @@ class RunSettings:
         keras_backend: the Keras backend the workers use, where the build makes Keras models.
         metric, mode: what makes an epoch a trial's best (its weights are kept apart).
         patience, min_delta: early stopping (see :func:`._trials.plateau`); None: never.
+        time_budget: seconds after which the run stops at its trials' next epoch boundaries,
+            resumable (None: none; a resume has none).
     """
 
     seed: int
@@ -71,3 +73,4 @@ class RunSettings:
     mode: str = "min"
     patience: int | None = None
     min_delta: float = 0.0
+    time_budget: float | None = None

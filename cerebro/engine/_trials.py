@@ -93,6 +93,7 @@ class Trial:
     best: tuple[int, float] | None = None      # (epoch, metric) of its best epoch so far
     improved_at: tuple[int, float] | None = None   # its last improvement by more than min_delta
     stop_reason: str | None = None             # why early stopping ended it
+    parked: bool = False                       # the run is stopping: its next epoch waits for a resume
 
     def holdings(self) -> list[Trial | Evaluation]:
         """The states the driver holds for it, each with its version and holders: the latest,
@@ -115,11 +116,12 @@ class TrialBook:
         self._search_state = SearchStateLog()
         # keep_checkpoints: finished trials whose weights are kept, best first (see _retain)
         self.kept: list[tuple[str, float | None]] = []
+        self.draining = False     # the run stops: no new trial, no new epoch (see drained)
 
     # --- creation -----------------------------------------------------------------------
     def add_trials(self) -> None:
         """Ask the searcher for trials at the start and after an epoch or a trial ended."""
-        if not self.suggest_due:
+        if not self.suggest_due or self.draining:
             return
         self.suggest_due = False
         requests = self.policy.suggest()
@@ -143,7 +145,11 @@ class TrialBook:
         self.recorder.emit(TrialTakenUp(trial.trial_id, trial.config, trial.max_epochs))
 
     def start_epoch(self, trial: Trial) -> None:
-        """Schedule ``trial``'s next epoch in its visit order (from the seed, never timing)."""
+        """Schedule ``trial``'s next epoch in its visit order (from the seed, never timing);
+        while the run stops, park it instead: a resume starts that epoch."""
+        if self.draining:
+            trial.parked = True
+            return
         trial.epoch += 1
         trial.train_sums, trial.eval_sums, trial.epoch_waits = {}, {}, False
         continues = getattr(self.policy, "continues_after", None)
@@ -180,7 +186,7 @@ class TrialBook:
                 trial.epoch_waits = True       # epochs are reported in order
             else:
                 self._end_epoch(trial, task.epoch)
-        if trial.trial_id in self.live and trial.overlap and not trial.epoch_waits and \
+        if trial.trial_id in self.live and trial.overlap and not trial.epoch_waits and not self.draining and \
                 self.scheduler.may_start_next(trial.trial_id):
             # Training done, evals to run: they go on alongside the next epoch.
             trial.evaluations[trial.epoch] = Evaluation(trial.state, trial.version, set(trial.holders),
@@ -326,6 +332,10 @@ class TrialBook:
                 decision = Decision.CONTINUE
             trial.paused = False
             self.go_on(trial, decision)
+
+    def drained(self) -> bool:
+        """The run is stopping and every live trial waits at an epoch boundary."""
+        return self.draining and all(t.parked or t.paused for t in self.live.values())
 
     def check_not_stuck(self, running: bool) -> None:
         """Every live trial paused with nothing ``running`` and no ``decide`` due (what the

@@ -157,8 +157,8 @@ class Searcher(ABC):
     def fit(self, data: Dataset, *, backend: str | Backend = "local", workers: int | None = None,
             store: str | os.PathLike | None = None, seed: int | None = None,
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
-            max_trial_losses: int = 3, keep_checkpoints: int | None = None, tensorboard: bool = True,
-            mlflow: bool | str = False) -> Result:
+            max_trial_losses: int = 3, keep_checkpoints: int | None = None, time_budget: float | None = None,
+            tensorboard: bool = True, mlflow: bool | str = False) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -183,6 +183,10 @@ class Searcher(ABC):
             keep_checkpoints: keep the weights of the best k finished trials only (by their best
                 epoch), deleting the others' as trials end, besides what live trials and resume
                 need. ``None`` (the default) keeps every finished trial's best and last epoch.
+            time_budget: seconds; once they have passed, the run starts no new trial or epoch,
+                lets the epochs in flight end and returns, resumable (``cb.resume`` goes on).
+                Which trials finish by then depends on timing; the run says so in the log
+                and run.json. ``None``: no budget. (``cb.stop(run_dir)`` does the same on demand.)
             tensorboard: write per-trial scalars and hyperparameters under
                 ``store/tensorboard`` (local stores) for ``tensorboard --logdir``.
             mlflow: ``True`` logs to MLflow in ``sqlite:///store/mlflow.db``, a string to that
@@ -191,7 +195,8 @@ class Searcher(ABC):
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
         return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                    trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
-                   keep_checkpoints=keep_checkpoints, tensorboard=tensorboard, mlflow=mlflow)
+                   keep_checkpoints=keep_checkpoints, time_budget=time_budget, tensorboard=tensorboard,
+                   mlflow=mlflow)
 
 
 def _shown(value: Any) -> str:

@@ -31,7 +31,7 @@ from ._events import (
 )
 from ._legacy_pickle import UntrustedStateError
 from ._lock import StoreInUseError
-from ._run_store import BEST, STATE_FORMAT, DamagedLine, RunStore
+from ._run_store import BEST, STATE_FORMAT, STOP_FILE, DamagedLine, RunStore
 from ._state_codec import (
     StateFormatError,
     TensorBytes,
@@ -44,8 +44,8 @@ from ._state_codec import (
     write_message,
 )
 
-__all__ = ["BEST", "EVENTS", "STATE_FORMAT", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd", "Event",
-           "Exploited", "JournalRepaired", "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed",
+__all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
+           "Event", "Exploited", "JournalRepaired", "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed",
            "RunStarted", "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch",
            "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded",
            "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialTakenUp", "UntrustedStateError", "WorkerLost",

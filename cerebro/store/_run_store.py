@@ -18,6 +18,7 @@
                              of its checkpoint on a local disk)
     trials/t0000/error.txt       the traceback of a failed trial
     history.csv, schedule.csv    written when the run finishes
+    stop                     cb.stop's request to a live run (its driver deletes it as it stops)
 
 Runs written before states were data only hold pickles (checkpoints, searcher.pkl); they are
 read only when the store is opened with ``trust=True`` (see :mod:`._legacy_pickle`).
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
 STATE_FORMAT = "data/1"     # run.json and every checkpoint header name it; older runs pickled
 BEST = "checkpoint.best.state"
+STOP_FILE = "stop"
 
 
 class RunStore:
@@ -132,6 +134,9 @@ class RunStore:
         head, _, blobs = content[len(_CODE_MAGIC):].partition(b"\n")
         sizes = json.loads(head)
         return blobs[:sizes["build"]], blobs[sizes["build"]:sizes["build"] + sizes["searcher"]]
+
+    def remove(self, *parts: str) -> None:
+        files.remove(self.file(*parts))
 
     def has(self, *parts: str) -> bool:
         return files.exists(self.file(*parts))
