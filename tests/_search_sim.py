@@ -40,6 +40,9 @@ class QuietRecorder:
     def write_checkpoint(self, trial_id, state, epoch, exploit=False, best=False) -> None:
         pass
 
+    def remove_checkpoints(self, trial_id, keep=()) -> None:
+        pass
+
     def write_config(self, trial_id, config) -> None:
         pass
 
