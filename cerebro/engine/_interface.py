@@ -78,3 +78,10 @@ class SearchPolicy(Protocol):
 
     def state(self) -> dict[str, Any]:
         """The searcher's state as JSON-safe data, written to the journal at each decision."""
+
+
+def describe(decision: Decision | Exploit) -> str | dict:
+    """A decision as journal data."""
+    if isinstance(decision, Exploit):
+        return {"exploit": decision.source, "config": decision.config}
+    return decision.value

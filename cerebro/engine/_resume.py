@@ -42,6 +42,7 @@ from ..store import (
     parse_event,
 )
 from ._driver import Driver
+from ._epoch_rules import diverged, plateau
 from ._execute import (
     finished,
     observers,
@@ -50,10 +51,10 @@ from ._execute import (
     resolve_backend,
     sigterm_interrupts,
 )
-from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
+from ._interface import Decision, Exploit, SearchPolicy, TrialRequest, describe
 from ._preflight import build_cheaply, check_metric
 from ._settings import Limits, RunSettings
-from ._trials import Trial, TrialBook, describe, diverged, plateau
+from ._trials import Trial, TrialBook
 from ._visit_order import LEGACY_SCHEME, VisitScheme
 
 
@@ -77,7 +78,7 @@ class RecoveredTrial:
     pending: Decision | Exploit | None = None   # decided by decide(), not carried out yet
     exploited_at: int | None = None
     best: tuple[int, float] | None = None     # (epoch, metric) of its best epoch (see TrialBook)
-    improved_at: tuple[int, float] | None = None   # early stopping (see _trials.plateau)
+    improved_at: tuple[int, float] | None = None   # early stopping (see _epoch_rules.plateau)
     stop_reason: str | None = None
 
 
@@ -298,9 +299,8 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
         book.recorder.emit(TrialRetried(trial_id, recovered.trials[trial_id].epoch, book.recorder.now()))
     book.created = len(recovered.trials)
     book.decide_due = True
-    book.kept = [(rt.trial_id, rt.best[1] if rt.best and not rt.status.is_failure else None)
-                 for rt in recovered.trials.values() if rt.status is not None]
-    book.trim_kept()        # again: the crash may have come before the writer deleted them
+    book.retention.restore([(rt.trial_id, rt.best[1] if rt.best and not rt.status.is_failure else None)
+                            for rt in recovered.trials.values() if rt.status is not None])
     actions: list[tuple[Trial, RecoveredTrial | None]] = []     # None: start its next epoch
     for rt in recovered.trials.values():
         if rt.status is not None:

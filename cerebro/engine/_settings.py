@@ -55,7 +55,7 @@ class RunSettings:
         startup_timeout: seconds a worker may take to connect and load its partitions.
         keras_backend: the Keras backend the workers use, where the build makes Keras models.
         metric, mode: what makes an epoch a trial's best (its weights are kept apart).
-        patience, min_delta: early stopping (see :func:`._trials.plateau`); None: never.
+        patience, min_delta: early stopping (see :func:`._epoch_rules.plateau`); None: never.
         time_budget: seconds after which the run stops at its trials' next epoch boundaries,
             resumable (None: none; a resume has none).
     """

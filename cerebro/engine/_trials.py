@@ -33,8 +33,10 @@ from ..store import (
     improved,
 )
 from ..worker import Sums
+from ._epoch_rules import diverged, mean_metrics, plateau
 from ._errors import TooManyFailuresError
-from ._interface import Decision, Exploit, SearchPolicy, TrialRequest
+from ._interface import Decision, Exploit, SearchPolicy, TrialRequest, describe
+from ._retention import Retention
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._search_state import SearchStateLog
 from ._seeds import trial_name
@@ -49,7 +51,9 @@ class Recorder(Protocol):
     path: str     # the run directory, for error messages
 
     def emit(self, event: Event) -> None: ...
-    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False) -> None: ...
+    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False,
+                         best: bool = False) -> None: ...
+    def remove_checkpoints(self, trial_id: str, keep: tuple[str, ...] = ()) -> None: ...
     def write_config(self, trial_id: str, config: dict[str, Any]) -> None: ...
     def write_error(self, trial_id: str, error: str) -> None: ...
     def now(self) -> float: ...
@@ -114,8 +118,7 @@ class TrialBook:
         self.suggest_due = True
         self.decide_due = False
         self._search_state = SearchStateLog()
-        # keep_checkpoints: finished trials whose weights are kept, best first (see _retain)
-        self.kept: list[tuple[str, float | None]] = []
+        self.retention = Retention(settings, recorder)
         self.draining = False     # the run stops: no new trial, no new epoch (see drained)
 
     # --- creation -----------------------------------------------------------------------
@@ -364,26 +367,6 @@ class TrialBook:
         self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch, True)
 
     # --- ends ---------------------------------------------------------------------------
-    def _retain(self, trial_id: str, best: float | None) -> None:
-        """A trial ended: its ``prev`` checkpoint goes; with ``keep_checkpoints=k``, so do all
-        the weights of every finished trial not among the k best (by the best epoch's metric;
-        failed ones last). A trial dropped never comes back, as later ones only raise the bar,
-        so the kept set ends as the k best whatever the order trials ended in."""
-        self.recorder.remove_checkpoints(trial_id, keep=("best", "last"))
-        self.kept.append((trial_id, best))
-        self.trim_kept()
-
-    def trim_kept(self) -> None:
-        """Delete the weights of the finished trials beyond the ``keep_checkpoints`` best."""
-        limit = self.settings.limits.keep_checkpoints
-        if limit is None:
-            return
-        sign = 1 if self.settings.mode == "min" else -1
-        self.kept.sort(key=lambda kept: (kept[1] is None, 0.0 if kept[1] is None else sign * kept[1], kept[0]))
-        for dropped, _ in self.kept[limit:]:
-            self.recorder.remove_checkpoints(dropped)
-        del self.kept[limit:]
-
     def end(self, trial: Trial, status: TrialStatus, reason: str | None, epoch: int | None = None) -> None:
         """``trial`` ends as ``status``; too many failures stop the run (``max_failures``).
         A failure in ``epoch``, the one it trains in, while an earlier epoch's evals still run
@@ -400,7 +383,7 @@ class TrialBook:
             self.recorder.write_error(trial.trial_id, reason)
         self.recorder.emit(TrialEnded(trial.trial_id, status, reason, self.recorder.now()))
         self.policy.trial_ended(trial.trial_id, status)
-        self._retain(trial.trial_id, trial.best[1] if trial.best and not status.is_failure else None)
+        self.retention.ended(trial.trial_id, trial.best[1] if trial.best and not status.is_failure else None)
         if status.is_failure:
             self.failures.append(f"{trial.trial_id} {status} ({(reason or '').strip().splitlines()[-1][:200]})")
             limit = self.settings.limits.max_failures
@@ -409,48 +392,3 @@ class TrialBook:
                     f"{len(self.failures)} trials ended failed, diverged or timeout, more than max_failures="
                     f"{limit}: {'; '.join(self.failures)}. The run stopped; its journal and "
                     f"checkpoints are in {self.recorder.path}")
-
-
-def describe(decision: Decision | Exploit) -> str | dict:
-    """A decision as journal data."""
-    if isinstance(decision, Exploit):
-        return {"exploit": decision.source, "config": decision.config}
-    return decision.value
-
-
-def plateau(improved_at: tuple[int, float] | None, epoch: int, max_epochs: int, metrics: dict[str, float],
-            decision: Decision, settings: RunSettings) -> tuple[tuple[int, float] | None, Decision, str | None]:
-    """Early stopping after ``epoch``: (the trial's last improvement of ``settings.metric`` by
-    more than ``min_delta``, as (epoch, value); the decision; why it stops, where it does).
-    A trial the searcher lets go on stops once ``patience`` epochs passed without such an
-    improvement. It reads the trial's metrics only, so a resume replays it exactly."""
-    value = metrics.get(settings.metric)
-    if isinstance(value, (int, float)) and math.isfinite(value) and (
-            improved_at is None or (improved_at[1] - value if settings.mode == "min" else value - improved_at[1])
-            > settings.min_delta):
-        improved_at = (epoch, float(value))
-    if settings.patience is None or improved_at is None or decision is not Decision.CONTINUE \
-            or epoch >= max_epochs or epoch - improved_at[0] < settings.patience:
-        return improved_at, decision, None
-    return improved_at, Decision.STOP, (f"no improvement of {settings.metric} by more than {settings.min_delta:g} "
-                                        f"for {epoch - improved_at[0]} epochs (best {improved_at[1]:.4g} at epoch "
-                                        f"{improved_at[0]})")
-
-
-def diverged(metrics: dict[str, float]) -> str | None:
-    """The first loss in ``metrics`` that is not finite: the trial diverged."""
-    return next((name for name in ("train_loss", "val_loss") if name in metrics and not math.isfinite(metrics[name])),
-                None)
-
-
-def mean_metrics(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:
-    """Row-weighted means over partitions, added in partition order so results are bitwise stable."""
-    if not sums:
-        return {}
-    ordered = [sums[p] for p in sorted(sums)]
-    total = sum(ordered, Sums.empty(ordered[0].metrics))
-    if total.rows == 0:
-        return {}
-    return {f"{prefix}_loss": total.loss / total.rows,
-            **{f"{prefix}_{name}": value / total.rows for name, value in total.metrics.items()}}
-
