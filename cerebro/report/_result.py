@@ -77,8 +77,8 @@ class TrialResult:
         kept (a finished trial's best and last; a live one's last two too)."""
         store = self._require_result().store
         limit = self._require_result().keep_checkpoints
-        if self.status.is_finished and self.epochs and not store.checkpoints(
-                self.trial_id, (BEST, "checkpoint.state", "checkpoint.prev.state")):
+        kept = (BEST, "checkpoint.state", "checkpoint.prev.state")     # checked by name: reading them is later
+        if self.status.is_finished and self.epochs and not any(store.has("trials", self.trial_id, n) for n in kept):
             raise FileNotFoundError(f"{self.trial_id} kept no weights: the run kept only the best "
                                     f"{limit} finished trials' (keep_checkpoints={limit})" if limit else
                                     f"{self.trial_id} has no checkpoint in {store.path!r}")
