@@ -23,7 +23,7 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cerebro ")
     installed = sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")
-    assert installed[0][0] == len(FUNCTIONS) == 22
+    assert installed[0][0] == len(FUNCTIONS) == 24
 
 
 def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):

@@ -168,3 +168,67 @@ def test_a_packed_table_whose_bytes_do_not_fill_its_shape_is_refused_before_trai
     sql(iris, "UPDATE forged SET attributes_shape = ARRAY[150, 4]", "UPDATE forged_summary SET normalizing_const = 0")
     assert error_of(iris, "SELECT cerebro.fit_multiple_model('forged', 'forged_model', 'forged_mst', 1)") == \
         "ValueError: source_table 'forged': its summary's normalizing_const 0.0 must be a positive number"
+
+
+_COMPILE = "$$ loss='categorical_crossentropy', optimizer='adam', metrics=['accuracy'] $$"
+
+
+def test_madlibs_single_model_page_runs_as_typed(iris):
+    """MADlib's ``madlib_keras_fit`` page: fit (``epochs=3`` per iteration), its summary,
+    evaluate and predict on the model table, a validation table every 3rd iteration, and a
+    warm start that continues from the table's weights."""
+    if not sql(iris, "SELECT to_regclass('iris_train_packed') IS NOT NULL")[0][0]:
+        pytest.skip("needs test_madlibs_iris_session_runs_as_typed's packed tables")
+    sql(iris, "DROP TABLE IF EXISTS model_arch_one", "SELECT cerebro.load_keras_model('model_arch_one', "
+              f"$${keras_2_json(1, 2)}$$::json, NULL, 'Sophie', 'A simple model')",
+        "DROP TABLE IF EXISTS iris_model, iris_model_summary",
+        f"SELECT cerebro.madlib_keras_fit('iris_train_packed', 'iris_model', 'model_arch_one', 1, {_COMPILE}, "
+        "$$ batch_size=5, epochs=3 $$, 10)")
+    summary = sql(iris, "SELECT source_table, model, dependent_varname, independent_varname, model_id, "
+                        "num_iterations, metrics_compute_frequency, model_type, num_classes, dependent_vartype, "
+                        "normalizing_const, metrics_type, loss_type, metrics_iters, class_text_class_values, "
+                        "array_length(training_loss, 1), validation_loss FROM iris_model_summary")
+    assert summary == [("iris_train_packed", "iris_model", ["class_text"], ["attributes"], 1, 10, 10,
+                        "madlib_keras", [3], ["character varying"], 1.0, ["accuracy"], "categorical_crossentropy",
+                        [10], ["Iris-setosa", "Iris-versicolor", "Iris-virginica"], 1, None)]
+    assert sql(iris, "SELECT count(*), bool_and(model_weights IS NOT NULL) FROM iris_model") == [(1, True)]
+    evaluated = sql(iris, "DROP TABLE IF EXISTS iris_validate",
+                    "SELECT cerebro.madlib_keras_evaluate('iris_model', 'iris_test_packed', 'iris_validate')",
+                    "SELECT metrics_type, loss_type FROM iris_validate")
+    assert evaluated == [(["accuracy"], "categorical_crossentropy")]
+    predicted = sql(iris, "DROP TABLE IF EXISTS iris_predict",
+                    "SELECT cerebro.madlib_keras_predict('iris_model', 'iris_test', 'id', 'attributes', "
+                    "'iris_predict')", "SELECT class_name, count(*), count(DISTINCT id) FROM iris_predict "
+                                       "GROUP BY class_name")
+    assert predicted == [("class_text", 90, 30)]
+    sql(iris, "DROP TABLE IF EXISTS iris_model, iris_model_summary",
+        f"SELECT cerebro.madlib_keras_fit('iris_train_packed', 'iris_model', 'model_arch_one', 1, {_COMPILE}, "
+        "$$ batch_size=5, epochs=3 $$, 10, FALSE, 'iris_test_packed', 3, FALSE, 'Sophie L.', "
+        "'Simple MLP for iris dataset')")
+    assert sql(iris, "SELECT metrics_iters, array_length(validation_metrics, 1), name FROM iris_model_summary") == \
+        [([3, 6, 9, 10], 4, "Sophie L.")]
+
+
+def test_a_single_model_fit_trains_as_a_model_selection_of_one_row_for_its_epochs(iris):
+    """``epochs=k`` per iteration is k epochs of sequential SGD: 2 iterations of 2 epochs are
+    bitwise the weights of a one-row model selection trained 4 iterations; a warm start at
+    learning rate 0 leaves those weights as they were, so it starts from them."""
+    if not sql(iris, "SELECT to_regclass('iris_train_packed') IS NOT NULL")[0][0]:
+        pytest.skip("needs test_madlibs_iris_session_runs_as_typed's packed tables")
+    sql(iris, "DROP TABLE IF EXISTS arch_one", f"SELECT cerebro.load_keras_model('arch_one', "
+              f"$${keras_2_json(1, 1)}$$::json)",
+        "DROP TABLE IF EXISTS one_model, one_model_summary",
+        f"SELECT cerebro.madlib_keras_fit('iris_train_packed', 'one_model', 'arch_one', 1, {_COMPILE}, "
+        "'batch_size=8, epochs=2', 2)",
+        "DROP TABLE IF EXISTS one_mst, one_mst_summary, one_multi, one_multi_info, one_multi_summary",
+        f"SELECT cerebro.load_model_selection_table('arch_one', 'one_mst', ARRAY[1], ARRAY[{_COMPILE}], "
+        "ARRAY['batch_size=8'])",
+        "SELECT cerebro.fit_multiple_model('iris_train_packed', 'one_multi', 'one_mst', 4)")
+    single, = sql(iris, "SELECT model_weights FROM one_model")
+    multiple, = sql(iris, "SELECT model_weights FROM one_multi")
+    assert single == multiple
+    warm = sql(iris, "SELECT cerebro.madlib_keras_fit('iris_train_packed', 'one_model', 'arch_one', 1, "
+                     "$$loss='categorical_crossentropy', optimizer='SGD(lr=0.0)', metrics=['accuracy']$$, "
+                     "'batch_size=8', 1, warm_start => TRUE)",
+               "SELECT model_weights, num_iterations, fit_params FROM one_model, one_model_summary")
+    assert warm == [(single[0], 1, "batch_size=8")]

@@ -95,7 +95,8 @@ def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
         space: dict[str, Any] = {"mst_key": choice(sorted(models))}
 
         def searcher(space: dict[str, Any]) -> Searcher:
-            return GridSearch(build, space, epochs=run.num_iterations, metric=metric, mode="min")
+            return GridSearch(build, space, epochs=run.num_iterations * run.epochs_per_iteration, metric=metric,
+                              mode="min")
     else:
         architectures = {int(m): (arch, _weights(job_dir, f"arch-{m}", has))
                          for m, (arch, has) in job["architectures"].items()}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -45,7 +45,7 @@ def fit_multiple_model(db: Database, source_table: str, model_output_table: str,
     accepted and needs nothing: each worker holds its partition for the whole run. The
     source is a table of rows or one ``training_preprocessor_dl`` packed (see
     :func:`_read_data`)."""
-    _check_iterations(num_iterations, metrics_compute_frequency)
+    check_iterations(num_iterations, metrics_compute_frequency)
     db.lock_output(model_output_table, "model_output_table")
     model_arch_table, models = read_model_selection(db, model_selection_table)
     if warm_start:
@@ -54,12 +54,12 @@ def fit_multiple_model(db: Database, source_table: str, model_output_table: str,
         _require_no_output(db, model_output_table)
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
                          model_selection_table, num_iterations, metrics_compute_frequency or num_iterations,
-                         bool(warm_start), name, description, method="grid", **_settings(db, model_output_table))
+                         bool(warm_start), name, description, method="grid", **run_settings(db, model_output_table))
     build = SelectionBuild(models, one_hot=False)
     weights = {f"model-{key}": spec.weights for key, spec in models.items() if spec.weights is not None}
     job = {"models": {str(key): _spec_fields(spec) for key, spec in models.items()}}
     warm = hashlib.sha256(b"".join(spec.weights or b"" for spec in models.values())).hexdigest()
-    _train(db, job, repr((build.models, warm)), weights, run, use_gpus, model_output_table)
+    train_in_child(db, job, repr((build.models, warm)), weights, run, use_gpus, model_output_table)
 
 
 def automl(db: Database, source_table: str, model_output_table: str, model_arch_table: str,
@@ -83,8 +83,8 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     params = keyword_arguments(automl_params, "automl_params", "R=6, eta=3", bare_names=True) \
         if automl_params else {}
     iterations = _automl_iterations(method, params, automl_params, automl_method)
-    _check_iterations(iterations, metrics_compute_frequency, "R" if method == "hyperband" else "num_iterations")
-    settings = _settings(db, model_output_table)
+    check_iterations(iterations, metrics_compute_frequency, "R" if method == "hyperband" else "num_iterations")
+    settings = run_settings(db, model_output_table)
     if random_state is not None:
         settings["seed"] = random_state
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
@@ -94,7 +94,7 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     job = {"architectures": {str(m): [arch, w is not None] for m, (arch, w) in architectures.items()},
            "grid": [list(model_id_list), compile_params_grid, fit_params_grid], "params": params}
     build = GridBuild(architectures, grid, one_hot=False)
-    tried = _train(db, job, repr((build.grid, sorted(architectures.items()))), weights, run, use_gpus,
+    tried = train_in_child(db, job, repr((build.grid, sorted(architectures.items()))), weights, run, use_gpus,
                    model_output_table)
     write_selection(db, model_arch_table, model_selection_table, [tuple(row) for row in tried["selection"]], None)
 
@@ -115,10 +115,11 @@ def _automl_iterations(method: str, params: Mapping[str, Any], automl_params: st
     raise ValueError(f"automl_method={given!r} must be one of {', '.join(map(repr, AUTOML_METHODS))}")
 
 
-def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[str, bytes], run: RunDescription,
-           use_gpus: bool, output_table: str) -> dict[str, Any]:
+def train_in_child(db: Database, job: dict[str, Any], identity: str, weights: Mapping[str, bytes],
+                   run: RunDescription, use_gpus: bool, output_table: str,
+                   write: Callable[..., None] = write_outputs) -> dict[str, Any]:
     """Read the data as the caller, have a child process train (or resume the interrupted
-    run of the same call), write the output tables; returns the child's answer. The store
+    run of the same call), ``write`` the output tables; returns the child's answer. The store
     is named by a digest of the call (trials, data, seed), so a run directory is resumed
     only by the call that made it."""
     arrays, run = _read_data(db, run)
@@ -132,7 +133,7 @@ def _train(db: Database, job: dict[str, Any], identity: str, weights: Mapping[st
                          keras_backend=db.keras_backend(), use_gpus=bool(use_gpus))
         if answer["resumed"]:
             db.notice(f"continued the run in {store} (a finished one is read back as it is)")
-        write_outputs(db, output_table, answer, run, job_dir)
+        write(db, output_table, answer, run, job_dir)
         return answer
 
 
@@ -205,13 +206,13 @@ def _spec_fields(spec: ModelSpec) -> list[Any]:
     return [spec.model_id, spec.model_arch, spec.compile_params, spec.fit_params, spec.weights is not None]
 
 
-def _settings(db: Database, output_table: str) -> dict[str, Any]:
+def run_settings(db: Database, output_table: str) -> dict[str, Any]:
     """The run's settings from the session (see :mod:`._database`)."""
     return {"store": db.store(output_table), "seed": db.integer_setting("seed", 0, 0), "workers": db.workers(),
             "started": time.time()}
 
 
-def _check_iterations(num_iterations: Any, frequency: Any, name: str = "num_iterations") -> None:
+def check_iterations(num_iterations: Any, frequency: Any, name: str = "num_iterations") -> None:
     if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
         raise ValueError(f"{name}={num_iterations!r} must be a positive integer")
     if frequency is not None and not 1 <= frequency <= num_iterations:

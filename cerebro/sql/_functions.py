@@ -10,6 +10,7 @@ from typing import Any
 from .._version import __version__
 from ._database import Database, Installation
 from ._fit_multiple import automl, fit_multiple_model
+from ._fit_one import fit
 from ._model_tables import (
     delete_model_arch,
     generate_model_configs,
@@ -38,7 +39,7 @@ def delete_keras_model(db: Database, keras_model_arch_table: str, model_id: int)
 
 ENTRIES = {function.__name__: function for function in (
     version, load_model_arch, load_keras_model, delete_keras_model, load_model_selection_table,
-    generate_model_configs, hyperband_schedule, fit_multiple_model, automl, predict, evaluate,
+    generate_model_configs, hyperband_schedule, fit, fit_multiple_model, automl, predict, evaluate,
     training_preprocessor_dl, validation_preprocessor_dl, train_test_split)}
 
 

@@ -61,6 +61,11 @@ FUNCTIONS = (
         *_TABLE_ARGS, "model_selection_table varchar", "num_iterations integer", *_RUN_ARGS,
         "warm_start boolean DEFAULT false", "name varchar DEFAULT NULL", "description varchar DEFAULT NULL",
         "use_caching boolean DEFAULT false", *_COLUMNS), "void", "fit_multiple_model"),
+    SqlFunction("fit", (
+        "source_table varchar", "model varchar", "model_arch_table varchar", "model_id integer",
+        "compile_params varchar", "fit_params varchar", "num_iterations integer", *_RUN_ARGS,
+        "warm_start boolean DEFAULT false", "name varchar DEFAULT NULL", "description varchar DEFAULT NULL",
+        "object_table varchar DEFAULT NULL", *_COLUMNS), "void", "fit"),
     SqlFunction("automl", (
         *_TABLE_ARGS, "model_arch_table varchar", "model_selection_table varchar", "model_id_list integer[]",
         "compile_params_grid varchar", "fit_params_grid varchar", "automl_method varchar DEFAULT 'hyperband'",
@@ -90,8 +95,8 @@ FUNCTIONS = (
         "mst_key integer DEFAULT NULL", *_COLUMNS), "void", "evaluate"),
 )
 # MADlib's names of the same functions, so a MADlib notebook runs with madlib. -> cerebro.
-MADLIB_NAMES = {"fit_multiple_model": "madlib_keras_fit_multiple_model", "automl": "madlib_keras_automl",
-                "predict": "madlib_keras_predict", "evaluate": "madlib_keras_evaluate"}
+MADLIB_NAMES = {"fit": "madlib_keras_fit", "fit_multiple_model": "madlib_keras_fit_multiple_model",
+                "automl": "madlib_keras_automl", "predict": "madlib_keras_predict", "evaluate": "madlib_keras_evaluate"}
 FUNCTIONS += tuple(SqlFunction(MADLIB_NAMES[f.name], f.arguments, f.returns, f.entry)
                    for f in FUNCTIONS if f.name in MADLIB_NAMES)
 

@@ -146,7 +146,8 @@ def keras_trainable(spec: ModelSpec, *, one_hot: bool) -> KerasTrainable:
     model = keras_model(spec.model_arch, spec.compile_params, one_hot=one_hot)
     if spec.weights is not None:
         load_flat_weights(model, spec.weights)
-    return KerasTrainable(model, batch_size=parse_fit_params(spec.fit_params).batch_size)
+    # The rows were checked as they were read, each by the rule of the call that read it.
+    return KerasTrainable(model, batch_size=parse_fit_params(spec.fit_params, epochs_per_iteration=True).batch_size)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class RunDescription:
     independent_varname: str | None
     dependent_varname: str | None
     model_arch_table: str
-    model_selection_table: str
+    model_selection_table: str | None      # None: madlib_keras_fit's one model
     num_iterations: int
     metrics_compute_frequency: int
     warm_start: bool
@@ -42,6 +42,7 @@ class RunDescription:
     dependent_vartype: str | None = None
     automl_params: str | None = None
     normalizing_const: float = 1.0      # what predict divides features by (training_preprocessor_dl's)
+    epochs_per_iteration: int = 1     # madlib_keras_fit's fit_params epochs; a selection's iteration is an epoch
 
 
 def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
@@ -61,13 +62,21 @@ def hyperband_rounds(brackets: Sequence[tuple[int, Sequence[int], int]], result:
     return found
 
 
+# The values of an <out>_info row, as output_rows hands them over (model_type is written by SQL).
+INFO_FIELDS = ("mst_key", "model_id", "compile_params", "fit_params", "model_size", "metrics_elapsed_time",
+               "metrics_type", "loss_type", "training_metrics_final", "training_loss_final", "training_metrics",
+               "training_loss", "validation_metrics_final", "validation_loss_final", "validation_metrics",
+               "validation_loss", "status", "reason", "iterations", "trial_id")
+
+
 def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescription,
                 weights_dir: str, rounds: Mapping[str, list[int]] | None = None) -> dict[str, Any]:
     """The rows of ``<out>`` and ``<out>_info`` for ``result``'s trials, as plain data (each
     trial's weights in a file of ``weights_dir``), and the best trial's key: what the child
     process that trained (see :mod:`._job`) hands back to the session for
     :func:`write_outputs`. ``by_trial`` gives each trial's model selection row."""
-    iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
+    iterations = [i * run.epochs_per_iteration
+                  for i in metrics_iterations(run.num_iterations, run.metrics_compute_frequency)]
     history = result.history()
     ends = result.schedule().groupby(["trial_id", "epoch"])["end"].max().to_dict()
     # A model selection table's trial carries its key; an AutoML trial's key is its place.
@@ -177,11 +186,71 @@ def _loss_name(spec: ModelSpec) -> str:
     return parse_compile_params(spec.compile_params).loss
 
 
-def _column(rows: Any, name: str) -> list[float | None]:
-    """A history column as SQL numbers: NaN (an epoch without that metric) is NULL."""
+def _column(rows: Any, name: str) -> list[float | None] | None:
+    """A history column as SQL numbers: NaN (an epoch without that metric) is NULL, and so
+    is a column the run has not (validation metrics without a validation table), as in MADlib."""
     return [None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-            for v in rows[name]] if name in rows else []
+            for v in rows[name]] if name in rows else None
 
 
-def _last(values: Sequence[float | None]) -> float | None:
+def _last(values: Sequence[float | None] | None) -> float | None:
     return values[-1] if values else None
+
+
+# madlib_keras_fit's <model>_summary, MADlib's columns in MADlib's order, then Cerebro's run.
+_FIT_SUMMARY = (
+    ("source_table", "text"), ("model", "text"), ("dependent_varname", "text[]"), ("independent_varname", "text[]"),
+    ("model_arch_table", "text"), ("model_id", "integer"), ("compile_params", "text"), ("fit_params", "text"),
+    ("num_iterations", "integer"), ("validation_table", "text"), ("object_table", "text"),
+    ("metrics_compute_frequency", "integer"), ("name", "text"), ("description", "text"), ("model_type", "text"),
+    ("model_size", "float8"), ("start_training_time", "timestamptz"), ("end_training_time", "timestamptz"),
+    ("metrics_elapsed_time", "float8[]"), ("madlib_version", "text"), ("num_classes", "integer[]"),
+    ("dependent_vartype", "text[]"), ("normalizing_const", "real"), ("metrics_type", "text[]"),
+    ("loss_type", "text"), ("training_metrics_final", "float8"), ("training_loss_final", "float8"),
+    ("training_metrics", "float8[]"), ("training_loss", "float8[]"), ("validation_metrics_final", "float8"),
+    ("validation_loss_final", "float8"), ("validation_metrics", "float8[]"), ("validation_loss", "float8[]"),
+    ("metrics_iters", "integer[]"), ("class_values", "text[]"), ("warm_start", "boolean"), ("store", "text"),
+    ("seed", "integer"), ("workers", "integer"), ("cerebro_version", "text"))
+
+
+def write_model_output(db: Database, model: str, rows: Mapping[str, Any], run: RunDescription,
+                       weights_dir: str) -> None:
+    """``madlib_keras_fit``'s tables: ``model`` (its one row: ``model_weights``, ``model_arch``)
+    and ``model_summary`` (:data:`_FIT_SUMMARY`; the class values column is named
+    ``<dependent_varname>_class_values``, as MADlib names it). A model that failed to train
+    is an error naming why, and writes nothing."""
+    (key, model_id, model_arch, compile_params, fit_params, trained), = rows["models"]
+    info = dict(zip(INFO_FIELDS, rows["info"][0]))
+    if info["status"] != "completed" or not trained:
+        raise ValueError(f"the model did not train: {info['status']} after {info['iterations']} epochs: "
+                         f"{info['reason']}; its run directory is {rows['store']}")
+    with open(os.path.join(weights_dir, f"{key}.weights"), "rb") as f:
+        weights = f.read()
+    tables = {suffix: db.qualified(f"{model}{suffix}", "model") for suffix in ("", "_summary")}
+    for suffix, table in tables.items():
+        if db.exists(f"{model}{suffix}", "model"):      # warm_start replaces them
+            db.query(f"DROP TABLE {table}")
+    db.query(f"CREATE TABLE {tables['']} (model_weights BYTEA, model_arch JSON)")
+    db.query(f"INSERT INTO {tables['']} VALUES ($1, $2)", [weights, model_arch], ["bytea", "json"])
+    label = run.dependent_varname or "dependent_var"
+    try:
+        class_column = db.quoted(f"{label}_class_values", "dependent_varname")
+    except ValueError:      # a label whose name no column name can carry
+        class_column = "class_values"
+    names = [class_column if name == "class_values" else name for name, _ in _FIT_SUMMARY]
+    db.query(f"CREATE TABLE {tables['_summary']} ("
+             + ", ".join(f"{n} {t.replace('float8', 'DOUBLE PRECISION')}" for n, (_, t) in zip(names, _FIT_SUMMARY))
+             + ")")
+    values = [run.source_table, model, [label], [run.independent_varname], run.model_arch_table, model_id,
+              compile_params, fit_params, run.num_iterations, run.validation_table, None,
+              run.metrics_compute_frequency, run.name, run.description, "madlib_keras", info["model_size"],
+              run.started, rows["ended"], info["metrics_elapsed_time"], f"cerebro {__version__}",
+              None if run.class_values is None else [len(run.class_values)],
+              [run.dependent_vartype], run.normalizing_const,
+              *(info[name] for name, _ in _FIT_SUMMARY[23:33]),
+              metrics_iterations(run.num_iterations, run.metrics_compute_frequency), run.class_values,
+              run.warm_start, rows["store"], run.seed, run.workers, __version__]
+    places = ", ".join(f"to_timestamp(${i + 1})" if t == "timestamptz" else f"${i + 1}"
+                       for i, (_, t) in enumerate(_FIT_SUMMARY))
+    db.query(f"INSERT INTO {tables['_summary']} VALUES ({places})", values,
+             ["float8" if t == "timestamptz" else t for _, t in _FIT_SUMMARY])

@@ -31,9 +31,11 @@ class CompileParams:
 
 @dataclass(frozen=True)
 class FitParams:
-    """What a sub-epoch's training loop needs from ``fit_params``."""
+    """What training needs from ``fit_params``: the batch size, and (``madlib_keras_fit``
+    alone) the epochs each iteration trains."""
 
     batch_size: int
+    epochs: int = 1
 
 
 def keyword_arguments(text: str, what: str, example: str, *, bare_names: bool = False) -> dict[str, Any]:
@@ -106,15 +108,18 @@ def _optimizer(text: str, params: str) -> tuple[str, tuple[tuple[str, Any], ...]
     raise ValueError(f"compile_params {params!r}: optimizer {text!r} is not {rule}")
 
 
-def parse_fit_params(text: str) -> FitParams:
-    """``text`` as :class:`FitParams`. A sub-epoch is one pass over a partition, so
-    ``epochs`` (MADlib's passes per visit) must be 1; ``num_iterations`` counts epochs."""
+def parse_fit_params(text: str, *, epochs_per_iteration: bool = False) -> FitParams:
+    """``text`` as :class:`FitParams`. In a model selection a sub-epoch is one pass over a
+    partition, so ``epochs`` (MADlib's passes per visit) must be 1 and ``num_iterations``
+    counts epochs; ``madlib_keras_fit`` (``epochs_per_iteration``) trains one model, whose
+    iteration is ``epochs`` passes over all the data."""
     what = "fit_params"
     params = _known_keywords(text, what, FIT_EXAMPLE, _FIT_KEYS)
-    batch_size = params.get("batch_size", 32)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"{what} {text!r}: batch_size={batch_size!r} must be a positive integer")
-    if params.get("epochs", 1) != 1:
-        raise ValueError(f"{what} {text!r}: epochs={params['epochs']!r} must be 1: each iteration is one pass over "
+    batch_size, epochs = params.get("batch_size", 32), params.get("epochs", 1)
+    for name, value in (("batch_size", batch_size), ("epochs", epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{what} {text!r}: {name}={value!r} must be a positive integer")
+    if epochs != 1 and not epochs_per_iteration:
+        raise ValueError(f"{what} {text!r}: epochs={epochs!r} must be 1: each iteration is one pass over "
                          f"every partition; train longer with num_iterations")
-    return FitParams(batch_size)
+    return FitParams(batch_size, epochs)

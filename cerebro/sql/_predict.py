@@ -125,8 +125,12 @@ def evaluate(db: Database, model_table: str, test_table: str, output_table: str,
 
 
 def _model_row(db: Database, model_table: str, mst_key: int | None) -> dict:
-    """The one trained model of ``model_table`` (the one with ``mst_key``)."""
+    """The one trained model of ``model_table``: the one with ``mst_key`` of a model
+    selection's table, or the one row ``madlib_keras_fit`` wrote, whose ``compile_params``
+    its summary holds."""
     table = db.require(model_table, "model_table")
+    if "mst_key" not in db.columns(model_table, "model_table"):
+        return _fit_model_row(db, model_table, table, mst_key)
     db.require_columns(model_table, "model_table", ["mst_key", "model_arch", "compile_params", "model_weights"])
     rows = db.query(f"SELECT mst_key, model_arch::text AS model_arch, compile_params, model_weights FROM {table}"
                     + ("" if mst_key is None else " WHERE mst_key = $1"),
@@ -139,19 +143,40 @@ def _model_row(db: Database, model_table: str, mst_key: int | None) -> dict:
     return rows[0]
 
 
+def _fit_model_row(db: Database, model_table: str, table: str, mst_key: int | None) -> dict:
+    if mst_key is not None:
+        raise ValueError(f"mst_key={mst_key!r}: model_table {model_table!r} holds one model (madlib_keras_fit's), "
+                         f"without keys; give NULL")
+    db.require_columns(model_table, "model_table", ["model_arch", "model_weights"])
+    summary = f"{model_table}_summary"
+    db.require_columns(summary, "model_table's summary", ["compile_params"])
+    rows = db.query(f"SELECT model_arch::text AS model_arch, model_weights FROM {table}")
+    if len(rows) != 1 or rows[0]["model_weights"] is None:
+        raise ValueError(f"model_table {model_table!r} must hold one row with model_weights; it holds "
+                         f"{len(rows)} rows")
+    compile_params = db.query(f"SELECT compile_params FROM {db.qualified(summary, 'model_table summary')}")
+    if len(compile_params) != 1:
+        raise ValueError(f"{summary!r} must hold one row; it holds {len(compile_params)}")
+    return {**rows[0], "compile_params": compile_params[0]["compile_params"]}
+
+
 def _trained_on(db: Database, model_table: str) -> dict[str, Any]:
     """What the model's summary says of its training data: ``class_values`` (None: class
     ids), ``dependent_varname`` and ``normalizing_const``; a model table without a summary
-    (or an older one) was trained on class ids, unnormalized."""
+    (or an older one) was trained on class ids, unnormalized. ``madlib_keras_fit``'s summary
+    holds the name as an array and the classes as ``<dependent_varname>_class_values``."""
     summary = f"{model_table}_summary"
-    found = {"class_values": None, "dependent_varname": None, "normalizing_const": 1.0}
+    found: dict[str, Any] = {"class_values": None, "dependent_varname": None, "normalizing_const": 1.0}
     if not db.exists(summary, "model_table's summary"):
         return found
-    columns = [c for c in found if c in db.columns(summary, "model_table's summary")]
-    rows = db.query(f"SELECT {', '.join(columns)} FROM {db.qualified(summary, 'model_table summary')}") \
-        if columns else []
-    if len(rows) == 1:
-        found.update({c: rows[0][c] for c in columns if rows[0][c] is not None})
+    rows = db.query(f"SELECT * FROM {db.qualified(summary, 'model_table summary')}")
+    if len(rows) != 1:
+        return found
+    row = rows[0]
+    if isinstance(row.get("dependent_varname"), list):
+        row = {**row, "dependent_varname": (row["dependent_varname"] or [None])[0],
+               "class_values": row.get(f"{(row['dependent_varname'] or [''])[0]}_class_values")}
+    found.update({c: row[c] for c in found if row.get(c) is not None})
     return found
 
 
