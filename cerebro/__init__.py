@@ -15,7 +15,8 @@ from ._version import __version__ as __version__
 _EXPORTS = {
     **dict.fromkeys(["Backend", "LocalBackend", "SparkBackend"], ".backends"),
     "Dataset": ".data",
-    **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "resume", "stop"],
+    **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "add_trial", "resume",
+                     "stop"],
                     ".engine"),
     "metrics": ".metrics",
     "sql": ".sql",
@@ -29,7 +30,7 @@ _EXPORTS = {
 __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable", "LocalBackend",
            "RandomSearch", "Result", "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError",
            "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult", "UntrustedStateError",
-           "WorkerLostError",
+           "WorkerLostError", "add_trial",
            "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "sql", "stop", "uniform"]
 
 
@@ -50,7 +51,15 @@ if TYPE_CHECKING:
     from . import metrics, sql
     from .backends import Backend, LocalBackend, SparkBackend
     from .data import Dataset
-    from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError, resume, stop
+    from .engine import (
+        ResumeError,
+        StoreWriteError,
+        TooManyFailuresError,
+        WorkerLostError,
+        add_trial,
+        resume,
+        stop,
+    )
     from .report import Result, TrialResult, load
     from .search import (
         ASHA,

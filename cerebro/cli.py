@@ -52,7 +52,10 @@ Examples:
   cerebro status runs/exp1                      where a run stands, live or finished
   cerebro report runs/exp1                      runs/exp1/report.html, opens offline
   cerebro resume runs/exp1                      finish a run whose driver died (or that stopped)
+  cerebro resume runs/exp1 --epochs 20          train a finished grid, random or PBT run on to 20 epochs
   cerebro stop runs/exp1                        a live run stops at its next epoch boundaries, resumable
+  cerebro stop runs/exp1 --trial t0003          one trial of a live run ends, the others go on
+  cerebro add runs/exp1 --config '{"lr": 0.01}' a trial more in a live grid or random search
   cerebro export runs/exp1 --trial best -o model.safetensors
   cerebro sql install --dsn postgresql:///mydb  the SQL functions (MADlib's API) in PostgreSQL
 
@@ -83,6 +86,9 @@ def entry() -> None:
         sys.exit(1)
     except (WorkerLostError, TooManyFailuresError, ResumeError, StoreWriteError, StoreInUseError) as error:
         click.echo(f"the run failed: {error}", err=True)
+        sys.exit(1)
+    except TimeoutError as error:     # a live run's driver did not take a command (stop --trial, add)
+        click.echo(f"error: {error}", err=True)
         sys.exit(1)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError) as error:
         click.echo(f"error: {error}", err=True)
@@ -191,15 +197,36 @@ def status(run_dir: str) -> None:
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-def stop(run_dir: str) -> None:
+@click.option("--trial", default=None, help="stop only this trial (e.g. t0003), at its epoch end; the others go on")
+def stop(run_dir: str, trial: str | None) -> None:
     """Ask a live run to stop: it starts no new trial or epoch, lets the epochs in flight end,
-    and stays resumable (cerebro resume RUN_DIR goes on to the same results).
+    and stays resumable (cerebro resume RUN_DIR goes on to the same results). With --trial,
+    that trial alone ends, stopped by the user.
 
-    Example: cerebro stop runs/exp1
+    Example: cerebro stop runs/exp1 --trial t0003
     """
     from . import stop as stop_run
-    stop_run(run_dir)
-    click.echo(f"asked {run_dir} to stop at its trials' next epoch boundaries")
+    stop_run(run_dir, trial=trial)
+    click.echo(f"asked {run_dir} to stop at its trials' next epoch boundaries" if trial is None
+               else f"{trial} ends stopped at its epoch end; the other trials go on")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--config", "config_json", required=True, help="the trial's config as JSON, with every key of the space")
+def add(run_dir: str, config_json: str) -> None:
+    """Add a trial to a live grid or random search; prints its id.
+
+    Example: cerebro add runs/exp1 --config '{"lr": 0.005, "hidden": 64}'
+    """
+    import json
+
+    from . import add_trial
+    try:
+        config = json.loads(config_json)
+    except ValueError as error:
+        raise click.BadParameter(f"{config_json!r} is not JSON: {error}", param_hint="--config") from None
+    click.echo(add_trial(run_dir, config))
 
 
 @main.command()
@@ -208,14 +235,20 @@ def stop(run_dir: str) -> None:
 @click.option("--quiet", is_flag=True, help="no live progress")
 @click.option("--trust", is_flag=True, help="read the pickled states of a run written by an older version")
 @click.option("--retry-failed", is_flag=True, help="run the trials that failed again, from their last good epoch")
-def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_failed: bool) -> None:
+@click.option("--epochs", default=None, type=click.IntRange(min=1),
+              help="train a grid, random or PBT run on to this many epochs (as if it had had them from the start)")
+def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_failed: bool,
+           epochs: int | None) -> None:
     """Finish a run whose driver died (killed, crashed, Ctrl-C), from its journal and
-    checkpoints; the results are those the run would have had without the crash.
+    checkpoints; the results are those the run would have had without the crash. With
+    --epochs, extend a finished grid, random or PBT run: its trials train on to that many
+    epochs.
 
-    Example: cerebro resume cerebro_runs/gridsearch-20261122-101500-ab12
+    Example: cerebro resume cerebro_runs/gridsearch-20261122-101500-ab12 --epochs 20
     """
     from . import resume as resume_run
-    result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust, retry_failed=retry_failed)
+    result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust, retry_failed=retry_failed,
+                        epochs=epochs)
     print_summary(result, Console())
     exit_if_failed(result)
 

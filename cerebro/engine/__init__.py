@@ -1,4 +1,4 @@
-from ._control import stop
+from ._control import add_trial, stop
 from ._driver import Driver
 from ._errors import StoreWriteError, TooManyFailuresError, WorkerLostError
 from ._execute import execute
@@ -8,7 +8,7 @@ from ._scheduler import EVAL, TRAIN, MOPScheduler, Task, TaskKind
 from ._seeds import init_seed, search_rng, subepoch_seed, trial_index, trial_name
 from ._visit_order import VisitScheme, visit_order
 
-__all__ = ["Decision", "Driver", "EVAL", "Exploit", "MOPScheduler", "ResumeError", "SearchPolicy", "StoreWriteError",
-           "TRAIN", "Task", "TaskKind", "TooManyFailuresError", "TrialRequest", "WorkerLostError", "execute",
-           "init_seed", "resume", "search_rng", "stop", "subepoch_seed", "trial_index", "trial_name", "VisitScheme",
-           "visit_order"]
+__all__ = ["add_trial", "Decision", "Driver", "EVAL", "Exploit", "MOPScheduler", "ResumeError", "SearchPolicy",
+           "StoreWriteError", "TRAIN", "Task", "TaskKind", "TooManyFailuresError", "TrialRequest", "WorkerLostError",
+           "execute", "init_seed", "resume", "search_rng", "stop", "subepoch_seed", "trial_index", "trial_name",
+           "VisitScheme", "visit_order"]

@@ -1,27 +1,163 @@
 """Steering a live run from outside its driver, through its run directory (so it works on
-any backend and on a shared store): :func:`stop` asks the driver to stop at its trials' next
-epoch boundaries, resumable."""
+any backend and on a shared store).
+
+:func:`stop` without a trial writes the ``stop`` file: the driver stops at its trials' next
+epoch boundaries, resumable. Stopping one trial and adding one are *commands*: the asking
+process writes ``commands/<id>.json`` (JSON, never code), the driver takes it at its next
+step (:func:`obey`), journals what it did (``trial_stop_asked``, ``trial_added``, so a
+resume replays it at the same point) and writes ``commands/<id>.answer.json``, which the
+asking process waits for: a refused command raises there, with the driver's reason, and
+leaves the run untouched.
+"""
 from __future__ import annotations
 
 import json
 import os
 import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
 
-from ..store import STOP_FILE, RunStore
+from ..store import STOP_FILE, RunStore, StoreInUseError, TrialAdded, TrialStopAsked
 from ..store import _files as files
+from ._interface import Decision
+from ._trials import TrialBook
+
+COMMANDS = "commands"
+_ANSWER = ".answer.json"
+_MAX_COMMAND_BYTES = 1 << 20
+_POLL_SECONDS = 0.1
 
 
-def stop(run_dir: str | os.PathLike) -> None:
+def stop(run_dir: str | os.PathLike, trial: str | None = None, *, timeout: float = 60.0) -> None:
     """Ask the live run in ``run_dir`` to stop: its driver starts no new trial and no new
     epoch, lets the epochs in flight end, and leaves the run resumable (``cb.resume`` goes
-    on, to the results the run would have had). Returns at once; the run's ``fit`` returns
-    an unfinished :class:`cerebro.Result` when it has stopped.
+    on, to the results the run would have had); this returns at once, and the run's ``fit``
+    returns an unfinished :class:`cerebro.Result` when it has stopped. With ``trial``, only
+    that trial ends, ``stopped`` with the reason "stopped by the user", where it would next
+    go on (its epoch end), while the others go on; this returns once the driver took it.
 
     Example (a fragment: it needs a live run):
-        >>> cb.stop("runs/exp1")
+        >>> cb.stop("runs/exp1")                   # or: cerebro stop runs/exp1
+        >>> cb.stop("runs/exp1", trial="t0003")    # or: cerebro stop runs/exp1 --trial t0003
     """
+    store = _live(run_dir, "there is nothing to stop")
+    if trial is None:
+        files.write_atomic(store.file(STOP_FILE), json.dumps({"asked": time.time()}).encode())
+        return
+    if not isinstance(trial, str):
+        raise TypeError(f"trial={trial!r} must be a trial id such as 't0003'")
+    _ask(store, {"kind": "stop_trial", "trial": trial}, timeout)
+
+
+def add_trial(run_dir: str | os.PathLike, config: Mapping[str, Any], *, timeout: float = 60.0) -> str:
+    """Add a trial with ``config`` to the live grid or random search in ``run_dir``; returns
+    its id once the driver created it. ``config`` must have the space's keys, each value of
+    its key's kind; a config that does not is refused with the reason, the run untouched.
+
+    Example (a fragment: it needs a live run):
+        >>> cb.add_trial("runs/exp1", {"lr": 0.005, "hidden": 64})   # or: cerebro add runs/exp1 --config '{...}'
+        't0004'
+    """
+    try:
+        text = json.dumps(dict(config), allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"config={config!r} must be a dict of JSON values (numbers, strings, booleans, None, "
+                        f"lists): {error}") from None
+    store = _live(run_dir, "trials cannot be added to it (cb.resume(run_dir, epochs=N) trains a finished grid, "
+                           "random or PBT run longer)")
+    return _ask(store, {"kind": "add_trial", "config": json.loads(text)}, timeout)["trial_id"]
+
+
+def _live(run_dir: str | os.PathLike, finished: str) -> RunStore:
+    """The store of a run that a driver runs now; else an error saying what to do (for a
+    finished run: ``finished``)."""
     store = RunStore.open(run_dir)
     events = [e["event"] for e in store.events()]
     if events and events[-1] == "run_finished":
-        raise ValueError(f"run {store.path!r} has finished; there is nothing to stop")
-    files.write_atomic(store.file(STOP_FILE), json.dumps({"asked": time.time()}).encode())
+        raise ValueError(f"run {store.path!r} has finished; {finished}")
+    try:
+        store.lock().close()
+    except StoreInUseError:
+        return store          # its driver holds it: live
+    raise ValueError(f"no driver runs {store.path!r} now; `cerebro resume {store.path}` goes on with it")
+
+
+def _ask(store: RunStore, command: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Write ``command``, wait for the driver's answer; raise the error it answered."""
+    name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
+    asked, answered = store.file(COMMANDS, f"{name}.json"), store.file(COMMANDS, f"{name}{_ANSWER}")
+    files.write_atomic(asked, json.dumps(command).encode())
+    deadline = time.monotonic() + timeout
+    while not files.exists(answered):
+        if time.monotonic() > deadline and files.exists(asked):
+            files.remove(asked)
+            raise TimeoutError(f"the driver of {store.path!r} did not take the command within {timeout:g} s; "
+                               f"nothing was done")
+        time.sleep(_POLL_SECONDS)       # another process answers: a file is all we share
+    with files.open_file(answered) as f:
+        answer = json.load(f)
+    files.remove(answered)
+    if "error" in answer:
+        raise ValueError(answer["error"])
+    return answer
+
+
+def take_commands(store: RunStore) -> list[tuple[str, Any]]:
+    """The driver's side: the commands waiting, oldest first, each removed as it is read
+    (one that is not JSON is answered with an error)."""
+    taken = []
+    for name in files.listdir(store.file(COMMANDS)):
+        if not name.endswith(".json") or name.endswith(_ANSWER):
+            continue
+        path = store.file(COMMANDS, name)
+        try:
+            with files.open_file(path) as f:
+                command = json.loads(f.read(_MAX_COMMAND_BYTES))
+        except (OSError, ValueError) as error:
+            command = error
+        files.remove(path)
+        taken.append((name[:-len(".json")], command))
+    return taken
+
+
+def answer(store: RunStore, name: str, reply: dict[str, Any]) -> None:
+    files.write_atomic(store.file(COMMANDS, f"{name}{_ANSWER}"), json.dumps(reply).encode())
+
+
+def obey(book: TrialBook, command: Any) -> dict[str, Any]:
+    """Carry out one command on the live trials; the answer for the asking process."""
+    try:
+        if isinstance(command, Exception):
+            raise ValueError(f"the command is not readable JSON: {command}")
+        kind = command.get("kind") if isinstance(command, dict) else None
+        if kind == "stop_trial":
+            return _stop_trial(book, command.get("trial"))
+        if kind == "add_trial":
+            return _add_trial(book, command.get("config"))
+        raise ValueError(f"unknown command {command!r}; expected stop_trial or add_trial")
+    except (ValueError, TypeError) as error:
+        return {"error": str(error)}
+
+
+def _stop_trial(book: TrialBook, trial_id: Any) -> dict[str, Any]:
+    trial = book.live.get(trial_id) if isinstance(trial_id, str) else None
+    if trial is None:
+        raise ValueError(f"trial {trial_id!r} is not a live trial of this run; the live ones are {sorted(book.live)}")
+    # The next decision about it: the earliest epoch whose evals still run, else the one in flight
+    # (or at which it paused, or, the run stopping, at whose end it is parked).
+    trial.stop_epoch = min(trial.evaluations, default=trial.epoch)
+    book.recorder.emit(TrialStopAsked(trial.trial_id, trial.stop_epoch, book.recorder.now()))
+    if trial.parked and not trial.paused:        # the run is stopping: it ends now, at its epoch boundary
+        book.go_on(trial, Decision.CONTINUE)
+    return {"trial_id": trial.trial_id}
+
+
+def _add_trial(book: TrialBook, config: Any) -> dict[str, Any]:
+    added = getattr(book.policy, "added", None)
+    if added is None:
+        raise ValueError(f"trials cannot be added to a {type(book.policy).__name__} run: it has no added(config)")
+    request = added(config)
+    book.recorder.emit(TrialAdded(request.config, book.recorder.now()))
+    return {"trial_id": book.create(request).trial_id}
+

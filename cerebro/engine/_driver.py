@@ -30,6 +30,7 @@ from ..store import (
     WorkersRestarted,
 )
 from ..worker._protocol import RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
+from ._control import answer, obey, take_commands
 from ._errors import WorkerLostError
 from ._interface import SearchPolicy
 from ._pool import Joined, Lost, Worker, WorkerPool
@@ -78,6 +79,8 @@ class Driver:
             self.book.add_trials()
             while (self.book.live or self._busy()) and not (self.book.drained() and not self._busy()):
                 self._step()
+                if not self.book.live and not self._busy():
+                    self._check_stop()           # a trial added at the very end still runs
             stopped = bool(self.book.live)      # drained: at epoch boundaries, resumable
             self.recorder.emit(RunInterrupted(self._now()) if stopped
                                else RunFinished(self._now(), *self.pool.traffic()))
@@ -124,7 +127,10 @@ class Driver:
 
     def _check_stop(self) -> None:
         """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file in the run
-        directory), the run stops at its trials' next epoch boundaries."""
+        directory), the run stops at its trials' next epoch boundaries; the commands waiting
+        (``cb.stop(run_dir, trial=...)``, ``cb.add_trial``) are carried out and answered."""
+        for name, command in take_commands(self.store):
+            answer(self.store, name, obey(self.book, command))
         if self.book.draining:
             return
         budget = self.settings.time_budget

@@ -9,6 +9,8 @@ from ..worker import Sums
 from ._interface import Decision
 from ._settings import RunSettings
 
+USER_STOP = "stopped by the user"      # the reason of a trial cb.stop(run_dir, trial=...) ended
+
 
 def plateau(improved_at: tuple[int, float] | None, epoch: int, max_epochs: int, metrics: dict[str, float],
             decision: Decision, settings: RunSettings) -> tuple[tuple[int, float] | None, Decision, str | None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cloudpickle
@@ -28,15 +28,18 @@ from ..store import (
     EpochEnd,
     Exploited,
     JournalRepaired,
+    RunExtended,
     RunFinished,
     RunResumed,
     RunStarted,
     RunStore,
+    TrialAdded,
     TrialCreated,
     TrialEnded,
     TrialRetried,
     TrialRolledBack,
     TrialStatus,
+    TrialStopAsked,
     UntrustedStateError,
     improved,
     parse_event,
@@ -51,6 +54,7 @@ from ._execute import (
     resolve_backend,
     sigterm_interrupts,
 )
+from ._extend import as_extended, extension
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest, describe
 from ._preflight import build_cheaply, check_metric
 from ._settings import Limits, RunSettings
@@ -80,6 +84,7 @@ class RecoveredTrial:
     best: tuple[int, float] | None = None     # (epoch, metric) of its best epoch (see TrialBook)
     improved_at: tuple[int, float] | None = None   # early stopping (see _epoch_rules.plateau)
     stop_reason: str | None = None
+    stop_epoch: int | None = None             # cb.stop(run_dir, trial=...): it ends going on after it
 
 
 @dataclass
@@ -96,8 +101,12 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
     (with their best epochs and early stopping by ``settings``)."""
     trials: dict[str, RecoveredTrial] = {}
     suggested: list[TrialRequest] = []
+    added: list[TrialRequest] = []            # what the users added (cb.add_trial), to be created next
     last_time = 0.0
-    parsed = [event for event in map(parse_event, events) if event is not None]
+    parsed = as_extended(_parsed(events))
+    for event in parsed:
+        if isinstance(event, RunExtended):
+            policy.extend(event.epochs)       # type: ignore[attr-defined]  # extension() checked it has it
     undone = retried_ends(parsed)
     for index, event in enumerate(parsed):
         if index in undone:
@@ -105,16 +114,10 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
         last_time = max(last_time, getattr(event, "time", None) or getattr(event, "end", None) or 0.0)
         trial = trials.get(getattr(event, "trial_id", ""))
         match event:
+            case TrialAdded():
+                added.append(policy.added(event.config))     # type: ignore[attr-defined]  # it had it then
             case TrialCreated():
-                if not suggested:
-                    suggested = list(policy.suggest())
-                if not suggested:
-                    raise ResumeError(f"the searcher suggests no trial where the journal created {event.trial_id}")
-                request = suggested.pop(0)
-                if request.config != event.config or request.max_epochs != event.max_epochs:
-                    raise ResumeError(f"the searcher suggests {request} where the journal created {event.trial_id} "
-                                      f"with {event.config} for {event.max_epochs} epochs")
-                trials[event.trial_id] = RecoveredTrial(event.trial_id, dict(event.config), event.max_epochs)
+                trials[event.trial_id] = _created(event, policy, added, suggested)
             case EpochEnd():
                 trial.epoch, trial.metrics, trial.pending = event.epoch, event.metrics, None
                 trial.best = improved(trial.best, event.epoch, event.metrics, settings.metric, settings.mode) \
@@ -137,10 +140,27 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
                     trials[trial_id].pending = decision
             case Exploited():
                 trial.config, trial.exploited_at, trial.pending = dict(event.config), event.epoch, Decision.CONTINUE
+            case TrialStopAsked():
+                trial.stop_epoch = event.epoch
             case TrialEnded():
                 trial.status, trial.pending = event.status, None
                 policy.trial_ended(trial.trial_id, trial.status)
-    return Recovered(trials, suggested, last_time)
+    return Recovered(trials, added + suggested, last_time)
+
+
+def _created(event: TrialCreated, policy: SearchPolicy, added: list[TrialRequest],
+             suggested: list[TrialRequest]) -> RecoveredTrial:
+    """The trial ``event`` created, once it is the next one a user added, or the searcher
+    suggests (asked again once its last suggestions are used up)."""
+    if not added and not suggested:
+        suggested.extend(policy.suggest())
+    if not added and not suggested:
+        raise ResumeError(f"the searcher suggests no trial where the journal created {event.trial_id}")
+    request = (added or suggested).pop(0)
+    if request.config != event.config or request.max_epochs != event.max_epochs:
+        raise ResumeError(f"the searcher suggests {request} where the journal created {event.trial_id} "
+                          f"with {event.config} for {event.max_epochs} epochs")
+    return RecoveredTrial(event.trial_id, dict(event.config), event.max_epochs)
 
 
 def retried_ends(events: list[Any]) -> frozenset[int]:
@@ -155,9 +175,23 @@ def retried_ends(events: list[Any]) -> frozenset[int]:
     return frozenset(undone)
 
 
+@dataclass
+class _Plan:
+    """What :func:`resume` found, checked, before it writes anything."""
+
+    info: dict[str, Any]
+    policy: SearchPolicy
+    settings: RunSettings
+    recovered: Recovered
+    retry: dict[str, dict[str, Any]]
+    build_blob: bytes
+    cut: DamagedLine | None
+    extended: RunExtended | None
+
+
 def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
            backend: str | Backend = "local", workers: int | None = None, verbose: int = 1,
-           trust: bool = False, retry_failed: bool = False) -> Result:
+           trust: bool = False, retry_failed: bool = False, epochs: int | None = None) -> Result:
     """Finish the run in ``run_dir`` whose driver died, and return its :class:`Result`.
 
     The result is the one the run would have had without the crash, bitwise. A finished run
@@ -166,9 +200,12 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     ``workers`` may differ from the first driver's: results do not depend on them.
     ``retry_failed=True`` runs the trials that failed (status ``failed``, e.g. because of a
     bug in ``build``) again from their last good epoch, also in a finished run, where the
-    searcher's later decisions did not depend on their failure. ``trust=True`` reads the
-    pickled states of a run written by an older version, which could run code: only for run
-    directories you trust.
+    searcher's later decisions did not depend on their failure. ``epochs=N`` extends a
+    grid, random or PBT run, finished or not, to ``N`` epochs: its completed trials go on
+    from their last checkpoints, and the result is bitwise that of the run with ``epochs=N``
+    from the start (see :mod:`._extend`; ASHA, Hyperband and TPE runs are refused, saying
+    why). ``trust=True`` reads the pickled states of a run written by an older version,
+    which could run code: only for run directories you trust.
 
     Everything is checked before anything is written: a ``build`` that cannot make the
     run's model, a damaged journal line that resume cannot do without (the run goes on from
@@ -177,50 +214,31 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     Example:
         >>> result = cb.resume("runs/exp1")          # or: cerebro resume runs/exp1
         >>> result = cb.resume("runs/exp1", fixed_build, retry_failed=True)
+        >>> result = cb.resume("runs/exp1", epochs=20)     # or: cerebro resume runs/exp1 --epochs 20
     """
     store = RunStore.open(run_dir, trust)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
     lock = store.lock()
     try:
-        info = store.read_run_info()
-        events, damaged = store.read_journal()
-        retry = failed_trials(events) if retry_failed else {}
-        if has_finished(events) and not retry:
-            warnings.warn(f"run {store.path!r} has finished{' and no trial failed' if retry_failed else ''}; "
-                          f"there is nothing to resume, so its Result is returned as it is", stacklevel=2)
+        plan = _plan(store, build, trust, retry_failed, epochs)
+        if plan is None:
             return Result(store, build)
-        if store.pickled_states and not trust:
-            raise UntrustedStateError(store.path)
-        if not store.has("build.pkl"):
-            raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
-        policy = cloudpickle.loads(store.read_searcher())
-        kept, cut = replayable(events, damaged)
-        if build is not None:
-            check_fits_checkpoints(build, store, kept, info)
-        retry_build = (build or cloudpickle.loads(store.read_build())) if retry else None
-        for trial_id, config in retry.items():
-            check_build(retry_build, trial_id, config, info)
-        build_blob = pickle_build(build) if build is not None else store.read_build()
+        info = plan.info
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else info["workers"])
-        policy.start(info["seed"])
-        settings = run_settings(info)
-        try:
-            recovered = replay(policy, kept + [{"event": TrialRetried.name, "trial_id": t} for t in retry], settings)
-        except ResumeError as error:
-            if not retry:
-                raise
-            raise ResumeError(f"cannot retry {sorted(retry)}: the searcher's later decisions depended on their "
-                              f"failure ({error}); nothing was resumed") from error
         reproducibility_caveat(backend)
-        if cut is not None:
-            store.emit(JournalRepaired(store.truncate_journal(cut.offset), 0.0))
+        if plan.cut is not None:
+            store.emit(JournalRepaired(store.truncate_journal(plan.cut.offset), 0.0))
+        if plan.extended is not None:
+            store.emit(replace(plan.extended, time=plan.recovered.last_time))
+            info["searcher"]["epochs"] = plan.extended.epochs
+            store.write_run_info(info)
         progress, mlflow_log = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
                                          info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
-        driver = Driver(policy, store, backend, settings, build_blob=build_blob, progress=progress,
-                        take_up=lambda book: take_up(book, store, recovered, retry),
-                        time_offset=recovered.last_time)
+        driver = Driver(plan.policy, store, backend, plan.settings, build_blob=plan.build_blob, progress=progress,
+                        take_up=lambda book: take_up(book, store, plan.recovered, plan.retry),
+                        time_offset=plan.recovered.last_time)
         with sigterm_interrupts():
             driver.run()
     finally:
@@ -228,10 +246,55 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     return finished(store, build, mlflow_log)
 
 
+def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, retry_failed: bool,
+          epochs: int | None) -> _Plan | None:
+    """Read and check everything resume needs, and replay the journal; None where the run
+    finished and there is nothing to retry or extend (with a warning)."""
+    info = store.read_run_info()
+    events, damaged = store.read_journal()
+    retry = failed_trials(events) if retry_failed else {}
+    policy = cloudpickle.loads(store.read_searcher()) if epochs is not None else None
+    extended = None if policy is None else extension(policy, _parsed(events), epochs)
+    if has_finished(events) and not retry and extended is None:
+        warnings.warn(f"run {store.path!r} has finished{' and no trial failed' if retry_failed else ''}"
+                      f"{f' with epochs={epochs} already' if epochs is not None else ''}; there is nothing to "
+                      f"resume, so its Result is returned as it is", stacklevel=3)
+        return None
+    if store.pickled_states and not trust:
+        raise UntrustedStateError(store.path)
+    if not store.has("build.pkl"):
+        raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
+    policy = cloudpickle.loads(store.read_searcher())
+    kept, cut = replayable(events, damaged)
+    if build is not None:
+        check_fits_checkpoints(build, store, kept, info)
+    retry_build = (build or cloudpickle.loads(store.read_build())) if retry else None
+    for trial_id, config in retry.items():
+        check_build(retry_build, trial_id, config, info)
+    policy.start(info["seed"])
+    settings = run_settings(info)
+    added = [{"event": TrialRetried.name, "trial_id": t} for t in retry]
+    added += [] if extended is None else [{"event": RunExtended.name, **extended.record()}]
+    try:
+        recovered = replay(policy, kept + added, settings)
+    except ResumeError as error:
+        if not retry:
+            raise
+        raise ResumeError(f"cannot retry {sorted(retry)}: the searcher's later decisions depended on their "
+                          f"failure ({error}); nothing was resumed") from error
+    build_blob = pickle_build(build) if build is not None else store.read_build()
+    return _Plan(info, policy, settings, recovered, retry, build_blob, cut, extended)
+
+
+def _parsed(events: list[dict[str, Any]]) -> list[Any]:
+    return [event for event in map(parse_event, events) if event is not None]
+
+
 # The events replay needs: without one, the searcher cannot be called as the driver did. A
 # lost line of any other kind loses a row of the schedule or of the workers' story, never a
 # decision (a lost ``decision`` line is report's answer, which replay recomputes).
-NEEDED = frozenset(cls.name for cls in (TrialCreated, EpochEnd, DecidedPaused, Exploited, TrialEnded, TrialRetried))
+NEEDED = frozenset(cls.name for cls in (TrialCreated, EpochEnd, DecidedPaused, Exploited, TrialEnded, TrialRetried,
+                                        RunExtended, TrialStopAsked, TrialAdded))
 
 
 def replayable(events: list[dict[str, Any]], damaged: list[DamagedLine]) -> tuple[list[dict[str, Any]],
@@ -260,7 +323,8 @@ def replayable(events: list[dict[str, Any]], damaged: list[DamagedLine]) -> tupl
 
 def has_finished(events: list[dict[str, Any]]) -> bool:
     """Whether the run's last driver finished it."""
-    ends = [e["event"] for e in events if e["event"] in (RunStarted.name, RunResumed.name, RunFinished.name)]
+    ends = [e["event"] for e in events
+            if e["event"] in (RunStarted.name, RunResumed.name, RunFinished.name, RunExtended.name)]
     return bool(ends) and ends[-1] == RunFinished.name
 
 
@@ -306,7 +370,7 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
         if rt.status is not None:
             continue
         trial = Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch, best=rt.best,
-                      improved_at=rt.improved_at)
+                      improved_at=rt.improved_at, stop_epoch=rt.stop_epoch)
         book.adopt(trial)
         if rt.epoch == 0:
             actions.append((trial, None))

@@ -33,7 +33,7 @@ from ..store import (
     improved,
 )
 from ..worker import Sums
-from ._epoch_rules import diverged, mean_metrics, plateau
+from ._epoch_rules import USER_STOP, diverged, mean_metrics, plateau
 from ._errors import TooManyFailuresError
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest, describe
 from ._retention import Retention
@@ -98,6 +98,7 @@ class Trial:
     improved_at: tuple[int, float] | None = None   # its last improvement by more than min_delta
     stop_reason: str | None = None             # why early stopping ended it
     parked: bool = False                       # the run is stopping: its next epoch waits for a resume
+    stop_epoch: int | None = None              # cb.stop(run_dir, trial=...): it ends going on after it
 
     def holdings(self) -> list[Trial | Evaluation]:
         """The states the driver holds for it, each with its version and holders: the latest,
@@ -133,7 +134,7 @@ class TrialBook:
         for request in requests:
             self.create(request)
 
-    def create(self, request: TrialRequest) -> None:
+    def create(self, request: TrialRequest) -> Trial:
         """Start a new trial, named in creation order, at its first epoch."""
         trial = Trial(trial_name(self.created), dict(request.config), request.max_epochs)
         self.created += 1
@@ -141,6 +142,7 @@ class TrialBook:
         self.recorder.write_config(trial.trial_id, trial.config)
         self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now()))
         self.start_epoch(trial)
+        return trial
 
     def adopt(self, trial: Trial) -> None:
         """Take up a trial of the run before a crash (resume)."""
@@ -249,7 +251,9 @@ class TrialBook:
         it goes on whatever the metrics, but they may have diverged, or it may stop it anyway."""
         evaluation = trial.evaluations.pop(epoch)
         decision = self._report(trial, epoch, evaluation.state, evaluation.train_sums, evaluation.eval_sums)
-        if decision is Decision.STOP:
+        if decision is Decision.CONTINUE and trial.stop_epoch is not None and epoch >= trial.stop_epoch:
+            self.end(trial, TrialStatus.STOPPED, USER_STOP)
+        elif decision is Decision.STOP:
             self.end(trial, TrialStatus.STOPPED, trial.stop_reason or self.policy.stop_reason(trial.trial_id))
         elif decision is Decision.PAUSE:
             raise RuntimeError(f"{type(self.policy).__name__} paused {trial.trial_id} after epoch {epoch}, "
@@ -299,8 +303,12 @@ class TrialBook:
         self.go_on(trial, resumed.decision)
 
     def go_on(self, trial: Trial, decision: Decision) -> None:
-        """Carry out CONTINUE or STOP for a trial at the end of an epoch."""
-        if decision is Decision.STOP and trial.epoch < trial.max_epochs:
+        """Carry out CONTINUE or STOP for a trial at the end of an epoch (a trial the user asked
+        to stop ends there, unless it has completed)."""
+        if decision is Decision.CONTINUE and trial.stop_epoch is not None and \
+                trial.stop_epoch <= trial.epoch < trial.max_epochs:
+            self.end(trial, TrialStatus.STOPPED, USER_STOP)
+        elif decision is Decision.STOP and trial.epoch < trial.max_epochs:
             self.end(trial, TrialStatus.STOPPED, trial.stop_reason or self.policy.stop_reason(trial.trial_id))
         elif decision in (Decision.STOP, Decision.CONTINUE) and trial.epoch >= trial.max_epochs:
             self.end(trial, TrialStatus.COMPLETED, None)

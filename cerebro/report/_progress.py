@@ -3,7 +3,6 @@ the overall progress with an ETA and the top trials; elsewhere (CI, files), plai
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from typing import Any
@@ -21,6 +20,7 @@ from ..store import (
     TrialCreated,
     TrialEnded,
     TrialTakenUp,
+    improved,
 )
 
 
@@ -65,8 +65,9 @@ NoProgress = Progress
 class ConsoleProgress(Progress):
     """On a terminal, a live view refreshed a few times a second: per worker what it trains
     (trial, epoch, partition) and its utilization; epochs done of planned with an ETA; the
-    top 5 trials by ``metric``. On anything else, one plain line per epoch end and per ended
-    trial."""
+    top 5 trials by their best epoch's ``metric`` (as ``result.best`` ranks them), with the
+    last epoch's beside it. On anything else, one plain line per epoch end and per ended
+    trial, which says its best epoch too."""
 
     def __init__(self, metric: str, mode: str, console: Console | None = None, top: int = 5) -> None:
         self.metric, self.mode, self.top = metric, mode, top
@@ -75,6 +76,7 @@ class ConsoleProgress(Progress):
         self._planned: dict[str, int] = {}
         self._configs: dict[str, dict[str, Any]] = {}
         self._last: dict[str, tuple[int, dict[str, float]]] = {}
+        self._best: dict[str, tuple[int, float]] = {}      # trial -> (its best epoch, its metric)
         self._status: dict[str, str] = {}
         self._doing: dict[int, tuple[str, float]] = {}       # worker -> (what, since)
         self._busy: dict[int, float] = {}
@@ -107,6 +109,8 @@ class ConsoleProgress(Progress):
     def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
         with self._lock:
             self._last[trial_id] = (epoch, metrics)
+            self._best[trial_id] = improved(self._best.get(trial_id), epoch, metrics, self.metric, self.mode) \
+                or self._best.get(trial_id)
             self._done += 1
         if self._live is None:
             shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
@@ -117,8 +121,9 @@ class ConsoleProgress(Progress):
         epoch, metrics = self._last.get(trial_id, (0, {}))
         with self._lock:
             self._planned[trial_id], self._status[trial_id] = epoch, status    # frees its unplanned epochs
-        value = metrics.get(self.metric)
+        value, best = metrics.get(self.metric), self._best.get(trial_id)
         shown = f"{self.metric}={value:.4f}" if value is not None else ""
+        shown += f" (best {best[1]:.4f} at epoch {best[0]})" if best is not None and best[0] != epoch else ""
         why = f" ({reason.strip().splitlines()[-1]})" if reason and status != "completed" else ""
         self.console.print(f"{trial_id} {status} after {epoch} epochs {shown}{why}", highlight=False, soft_wrap=True)
 
@@ -138,10 +143,9 @@ class ConsoleProgress(Progress):
         return f", ETA {_duration((time.monotonic() - self._started) / self._done * left)}"
 
     def ranked(self) -> list[tuple[str, float]]:
-        """Trials by their latest ``metric``, best first, as ``result.best`` ranks them."""
-        scored = [(t, m[self.metric]) for t, (_, m) in self._last.items()
-                  if isinstance(m.get(self.metric), (int, float)) and math.isfinite(m[self.metric])
-                  and self._status.get(t) not in ("failed", "diverged", "timeout")]
+        """Trials by their best epoch's ``metric``, best first, as ``result.best`` ranks them."""
+        scored = [(t, value) for t, (_, value) in self._best.items()
+                  if self._status.get(t) not in ("failed", "diverged", "timeout")]
         return sorted(scored, key=lambda item: (item[1] if self.mode == "min" else -item[1], item[0]))
 
     def _view(self) -> Group:
@@ -155,11 +159,13 @@ class ConsoleProgress(Progress):
             what, since = self._doing.get(worker, ("idle", now))
             busy = self._busy[worker] + (now - since if worker in self._doing else 0.0)
             workers.add_row(f"worker {worker}", what, f"{busy / elapsed:.0%}")
-        top = Table("trial", "epochs", self.metric, "config", box=None, pad_edge=False,
-                    title=f"top {self.top} by {self.metric} ({self.mode})", title_justify="left")
+        top = Table("trial", "epochs", f"best {self.metric}", "at epoch", "last", "config", box=None,
+                    pad_edge=False, title=f"top {self.top} by {self.metric} ({self.mode})", title_justify="left")
         for trial_id, value in self.ranked()[:self.top]:
-            top.add_row(trial_id, str(self._last[trial_id][0]), f"{value:.4f}",
-                        json.dumps(self._configs.get(trial_id, {}))[:80])
+            epoch, metrics = self._last[trial_id]
+            last = metrics.get(self.metric)
+            top.add_row(trial_id, str(epoch), f"{value:.4f}", str(self._best[trial_id][0]),
+                        "" if last is None else f"{last:.4f}", json.dumps(self._configs.get(trial_id, {}))[:80])
         header = (f"{self._done}/{self._total()} epochs · {sum(s == 'running' for s in self._status.values())} "
                   f"trials live · {_duration(elapsed)} elapsed{self._eta()}")
         return Group(header, workers, top)

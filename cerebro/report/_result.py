@@ -19,6 +19,7 @@ from ..store import (
     BEST,
     EpochEnd,
     Exploited,
+    RunExtended,
     RunFinished,
     RunResumed,
     RunStarted,
@@ -208,6 +209,10 @@ class Result:
             case TrialRetried() as event:
                 trial = self._trials[event.trial_id]
                 trial.status, trial.reason, trial.error = TrialStatus.RUNNING, None, None
+            case RunExtended() as event:        # resume(..., epochs=N): the completed trials go on
+                self.finished = False
+                for trial_id in event.trials:
+                    self._trials[trial_id].status, self._trials[trial_id].reason = TrialStatus.RUNNING, None
             case RunStarted() | WorkersRestarted() | WorkerReplaced() as event:
                 self.finished = self.finished and not isinstance(event, RunResumed)
                 self.workers = {int(index): info for index, info in event.workers.items()}

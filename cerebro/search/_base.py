@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import _checks
 from .._checks import Constraint, Integer, OneOf, Optional, Real, String
 from ..engine._interface import Decision, Exploit, TrialRequest
-from ._space import SearchSpace
+from ._space import SearchSpace, check_config
 
 if TYPE_CHECKING:
     from ..backends import Backend
@@ -66,6 +66,11 @@ class Searcher(ABC):
 
     patience: int | None = None     # as the class has them: searchers pickled before they existed
     min_delta: float = 0.0
+    # Why a run of this searcher cannot be trained longer (``resume(..., epochs=N)``), or ""
+    # where it can: where its decisions up to an epoch never depend on the epoch budget.
+    _not_extensible: ClassVar[str] = "it does not say whether its decisions depend on the epoch budget"
+    # Why a user cannot add trials to a live run of this searcher (``cb.add_trial``), or "".
+    _not_addable: ClassVar[str] = "it chooses its trials itself, and its decisions depend on which it chose"
 
     def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min", patience: int | None = None,
@@ -109,6 +114,28 @@ class Searcher(ABC):
 
     def start(self, seed: int) -> None:
         """Reset the search for a new run with the run's ``seed``; called once per ``fit``."""
+
+    def extend(self, epochs: int) -> None:
+        """Raise every trial's epoch budget to ``epochs``: what :func:`cerebro.resume` does
+        with ``epochs=N``, so that the run goes on as if it had had ``epochs=N`` from the
+        start. Refused, with the reason, by searchers whose decisions depend on the budget."""
+        if self._not_extensible:
+            raise ValueError(f"a {type(self).__name__} run cannot be extended: {self._not_extensible}; to train "
+                             f"its best trials longer, run cb.GridSearch over their configs "
+                             f"([t.config for t in result.ranked()[:k]]) with the epochs you want")
+        current = self.epochs
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < current:
+            raise ValueError(f"epochs={epochs!r} must be an integer of at least the run's epochs ({current}): a run "
+                             f"is extended, never shortened (every epoch's metrics are in result.history())")
+        self.epochs = epochs
+
+    def added(self, config: Mapping[str, Any]) -> TrialRequest:
+        """The trial a user adds to a live run (:func:`cerebro.add_trial`): ``config``, checked
+        against the space, for the run's epochs. The searcher needs to know nothing else of
+        it where its trials are independent of each other (grid and random search)."""
+        if self._not_addable:
+            raise ValueError(f"trials cannot be added to a {type(self).__name__} run: {self._not_addable}")
+        return TrialRequest(check_config(self.space, config), self.epochs)
 
     # --- the declared arguments -----------------------------------------------------------
     @classmethod

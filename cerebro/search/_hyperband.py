@@ -51,6 +51,8 @@ class Hyperband(Searcher):
         True
     """
 
+    _not_extensible: ClassVar[str] = (
+        "its brackets and rungs are sized by max_epochs, so with another budget other trials would have run")
     _parameters: ClassVar[dict[str, Constraint]] = {"max_epochs": Integer(low=1), "eta": Real(low=2)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, max_epochs: int = 81, eta: float = 3,

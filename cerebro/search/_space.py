@@ -162,6 +162,38 @@ def sample_config(space: Mapping[str, Any], rng: np.random.Generator) -> dict[st
             for key, value in space.items()}
 
 
+def check_config(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
+    """``config`` as plain data, once it has the space's keys and each value is of its key's
+    kind: one of a ``choice``'s types (a number where its values are numbers), a number in a
+    ``uniform``'s, ``loguniform``'s or ``quniform``'s [low, high], an integer in a
+    ``randint``'s [low, high), a value of a constant's type; else an error naming the key."""
+    if not isinstance(config, Mapping):
+        raise TypeError(f"config={config!r} must be a dict from parameter name to value")
+    if set(config) != set(space):
+        raise ValueError(f"config has keys {sorted(config)}; the space has {sorted(space)}: give every key, and no "
+                         f"other")
+    plain = {key: plain_value(config[key], f"config[{key!r}]") for key in space}
+    for key, primitive in space.items():
+        value, number = plain[key], (int, float)
+        if isinstance(primitive, choice):
+            kinds = {number if isinstance(v, number) and not isinstance(v, bool) else type(v) for v in primitive.values}
+            fits = any(isinstance(value, kind) and not (kind is number and isinstance(value, bool)) for kind in kinds)
+            rule = f"a value of the kind of {primitive!r}'s"
+        elif isinstance(primitive, randint):
+            fits = isinstance(value, int) and not isinstance(value, bool) and primitive.low <= value < primitive.high
+            rule = f"an integer in [{primitive.low}, {primitive.high})"
+        elif isinstance(primitive, Distribution):
+            low, high = primitive.low, primitive.high       # type: ignore[attr-defined]
+            fits = isinstance(value, number) and not isinstance(value, bool) and low <= value <= high
+            rule = f"a number in [{low!r}, {high!r}] ({primitive!r})"
+        else:
+            fits = type(value) is type(primitive) or (isinstance(value, number) and isinstance(primitive, float))
+            rule = f"a {type(primitive).__name__}, as the space's {primitive!r}"
+        if not fits:
+            raise ValueError(f"config[{key!r}]={value!r} must be {rule}")
+    return plain
+
+
 class SearchSpace(Constraint):
     """The constraint on a searcher's ``space``: :func:`check_space`, with its messages."""
 

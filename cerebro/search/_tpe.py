@@ -67,6 +67,9 @@ class TPESearch(Searcher):
         True
     """
 
+    _not_extensible: ClassVar[str] = (
+        "each trial it suggested was drawn from the metrics the trials before it ended with, which a longer "
+        "budget changes")
     _parameters: ClassVar[dict[str, Constraint]] = {
         "num_trials": Integer(low=1), "epochs": Integer(low=1), "max_concurrent": Integer(low=1),
         "n_startup_trials": Integer(low=0), "grace_period": Optional(Integer(low=1)), "reduction_factor": Real(low=2)}

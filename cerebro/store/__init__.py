@@ -7,6 +7,7 @@ from ._events import (
     Exploited,
     JournalRepaired,
     PartitionsMoved,
+    RunExtended,
     RunFinished,
     RunInterrupted,
     RunResumed,
@@ -16,11 +17,13 @@ from ._events import (
     SubEpochAborted,
     SubEpochStarted,
     TaskKind,
+    TrialAdded,
     TrialCreated,
     TrialEnded,
     TrialRetried,
     TrialRolledBack,
     TrialStatus,
+    TrialStopAsked,
     TrialTakenUp,
     WorkerLost,
     WorkerNotReplaced,
@@ -45,9 +48,10 @@ from ._state_codec import (
 )
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
-           "Event", "Exploited", "JournalRepaired", "PartitionsMoved", "RunFinished", "RunInterrupted", "RunResumed",
-           "RunStarted", "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch",
-           "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialCreated", "TrialEnded",
-           "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialTakenUp", "UntrustedStateError", "WorkerLost",
-           "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "improved", "frames", "pack_tensors", "parse",
-           "parse_event", "read_exactly", "read_message", "unpack_tensors", "write_message"]
+           "Event", "Exploited", "JournalRepaired", "PartitionsMoved", "RunExtended", "RunFinished", "RunInterrupted",
+           "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch",
+           "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialAdded", "TrialCreated",
+           "TrialEnded", "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialStopAsked", "TrialTakenUp",
+           "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "improved",
+           "frames", "pack_tensors", "parse", "parse_event", "read_exactly", "read_message", "unpack_tensors",
+           "write_message"]

@@ -282,10 +282,46 @@ class TrialRetried(Event):
     time: float
 
 
+@dataclass(frozen=True)
+class RunExtended(Event):
+    """``resume(..., epochs=N)``: from here on the run is the one it would have been with
+    ``epochs`` from the start. Every trial's budget is ``epochs``, and the ``trials`` that had
+    completed at the old budget go on: their ``decision`` and ``trial_ended`` at that epoch,
+    before this line, no longer count."""
+
+    name = "run_extended"
+    epochs: int
+    trials: list[str]
+    time: float
+
+
+@dataclass(frozen=True)
+class TrialStopAsked(Event):
+    """``cb.stop(run_dir, trial=...)``: the trial ends ``stopped`` at the first decision to go
+    on after it, the one about ``epoch`` (its epoch in flight; with the evals of an earlier
+    epoch still running, that one; where it pauses, the epoch it paused at)."""
+
+    name = "trial_stop_asked"
+    trial_id: str
+    epoch: int
+    time: float
+
+
+@dataclass(frozen=True)
+class TrialAdded(Event):
+    """``cb.add_trial``: the next ``trial_created`` is this config, which the user gave, not
+    the searcher."""
+
+    name = "trial_added"
+    config: dict[str, Any]
+    time: float
+
+
 EVENTS: dict[str, type[Event]] = {cls.name: cls for cls in (
     RunStarted, RunResumed, RunFinished, RunInterrupted, JournalRepaired, WorkerLost, PartitionsMoved,
     WorkerReplaced, WorkerNotReplaced, WorkersRestarted, TrialCreated, SubEpoch, EpochEnd, Decided,
-    DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack, TrialRetried)}
+    DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack, TrialRetried, RunExtended, TrialStopAsked,
+    TrialAdded)}
 
 
 def parse_event(record: dict[str, Any]) -> Event | None:

@@ -59,6 +59,14 @@ def is_empty_dir(location: str) -> bool | None:
     return (len(fs.ls(path)) == 0) if fs.isdir(path) else None
 
 
+def listdir(location: str) -> list[str]:
+    """The names in the directory ``location``, sorted; none where it does not exist."""
+    fs, path = _fs(location)
+    if not fs.isdir(path):
+        return []
+    return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False))
+
+
 def makedirs(location: str) -> None:
     fs, path = _fs(location)
     fs.makedirs(path, exist_ok=True)

@@ -1,0 +1,40 @@
+"""docs/guide.md's "Selection workflow" section runs as written: its Python blocks, one
+after the other in one namespace, in a fresh directory, printing what the text says."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+
+import pytest
+
+pytestmark = pytest.mark.slow
+GUIDE = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "guide.md")
+
+
+def section_blocks(title: str) -> list[str]:
+    with open(GUIDE) as f:
+        text = f.read()
+    start = text.index(f"\n## {title}")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```python\n(.*?)```", text[start:end if end >= 0 else None], flags=re.S)
+
+
+def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = section_blocks("Selection workflow")
+    assert len(blocks) == 8
+    namespace: dict = {}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for block in blocks:
+            exec(compile(block, GUIDE, "exec"), namespace)     # noqa: S102  (our own docs)
+    out = printed.getvalue()
+    assert "kept no weights: the run kept only the best 1 finished trials'" in out
+    assert "[10, 10]" in out
+    steered = namespace["steered"]
+    assert [(t.trial_id, t.status, t.reason) for t in steered.trials] == [
+        ("t0000", "completed", None), ("t0001", "stopped", "stopped by the user"), ("t0002", "completed", None)]
+    assert namespace["added"] == "t0002" and namespace["broken"].failure is not None
+    assert namespace["finished"].finished and not namespace["budgeted"].finished
