@@ -19,6 +19,7 @@ _EXPORTS = {
                      "stop"],
                     ".engine"),
     "metrics": ".metrics",
+    "predict": ".serve",
     "sql": ".sql",
     **dict.fromkeys(["Result", "TrialResult", "load"], ".report"),
     **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
@@ -30,8 +31,8 @@ _EXPORTS = {
 __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable", "LocalBackend",
            "RandomSearch", "Result", "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError",
            "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult", "UntrustedStateError",
-           "WorkerLostError", "add_trial",
-           "choice", "load", "loguniform", "metrics", "quniform", "randint", "resume", "sql", "stop", "uniform"]
+           "WorkerLostError", "add_trial", "choice", "load", "loguniform", "metrics", "predict", "quniform",
+           "randint", "resume", "sql", "stop", "uniform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -75,5 +76,6 @@ if TYPE_CHECKING:
         randint,
         uniform,
     )
+    from .serve import predict
     from .store import StoreInUseError, UntrustedStateError
     from .worker import KerasTrainable, TorchTrainable, Trainable

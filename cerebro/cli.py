@@ -57,6 +57,7 @@ Examples:
   cerebro stop runs/exp1 --trial t0003          one trial of a live run ends, the others go on
   cerebro add runs/exp1 --config '{"lr": 0.01}' a trial more in a live grid or random search
   cerebro export runs/exp1 --trial best -o model.safetensors
+  cerebro predict runs/exp1 test.parquet -o predictions.parquet --top-k 3
   cerebro sql install --dsn postgresql:///mydb  the SQL functions (MADlib's API) in PostgreSQL
 
 Exit codes: 0 success, 1 the run failed or was interrupted, 2 bad usage or bad input.""")
@@ -265,6 +266,27 @@ def report(run_dir: str, out: str | None) -> None:
     """
     from .report import write_report
     click.echo(write_report(run_dir, out))
+
+
+@main.command("predict")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
+@click.option("-o", "--out", required=True, help="the Parquet file to write the predictions to")
+@click.option("--trial", default="best", show_default=True, help="a trial id such as t0003, or 'best'")
+@click.option("--epoch", default="best", show_default=True, help="'best', 'last', or an epoch whose weights were kept")
+@click.option("--top-k", "top_k", default=None, type=click.IntRange(min=1), help="the k likeliest classes per row")
+@click.option("--workers", default=None, type=click.IntRange(min=1), help="worker processes (default: as the run had)")
+def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: str, top_k: int | None,
+                    workers: int | None) -> None:
+    """Apply a trial of a run to the rows of a Parquet file (the training's feature columns;
+    an id column is kept) and write the outputs, or the top-k classes, as Parquet.
+
+    Example: cerebro predict runs/exp1 test.parquet -o predictions.parquet --top-k 3 --workers 2
+    """
+    from .serve import predict
+    written = predict(run_dir, input_path, trial=trial, epoch=int(epoch) if epoch.isdigit() else epoch,
+                      workers=workers, top_k=top_k, out=out)
+    click.echo(written)
 
 
 @main.command()

@@ -129,8 +129,12 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
                     seed: int = 0, in_memory: bool | str = "auto",
                     cache_dir: str | os.PathLike | None = None) -> ArrayDataset:
         """See :meth:`cerebro.Dataset.from_pandas`."""
-        return cls(*_frame_arrays(df, features, label), validation=validation, partitions=partitions, seed=seed,
-                   in_memory=in_memory, cache_dir=cache_dir)
+        dataset = cls(*_frame_arrays(df, features, label), validation=validation, partitions=partitions, seed=seed,
+                      in_memory=in_memory, cache_dir=cache_dir)
+        named = [c for c in df.columns if c != label] if features is None else \
+            [features] if isinstance(features, str) else list(features)
+        dataset.feature_columns = [str(c) for c in named]
+        return dataset
 
     @classmethod
     def from_parquet(cls, path: str | os.PathLike, *, features: Sequence[str] | None = None,

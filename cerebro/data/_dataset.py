@@ -63,6 +63,9 @@ class Dataset(abc.ABC):
     """
 
     _builders: ClassVar[dict[str, type[Dataset]]] = {}
+    # The columns the features came from, in order (from_pandas, from_parquet), so predict can
+    # take a DataFrame with them; None where the features came without names.
+    feature_columns: list[str] | None = None
 
     def __init_subclass__(cls, *, constructors: Sequence[str] = (), **kwargs: Any) -> None:
         """Make ``cls`` what the named constructors (classmethods it overrides) build."""

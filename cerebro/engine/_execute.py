@@ -135,6 +135,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
         "data": {"fingerprint": data.fingerprint(), "partitions": num_partitions,
                  "train_rows": layout.rows["train"], "val_rows": layout.rows["val"],
                  "feature_shape": list(layout.feature_shape), "feature_dtype": layout.feature_dtype,
+                 "feature_columns": data.feature_columns,
                  "label_dtype": layout.label_dtype, "split_seed": data.seed,
                  "sample_order": layout.sample_order.value, "row_group_rows": layout.row_group_rows,
                  "in_memory": data.storage.in_memory, "cache_dir": data.storage.cache_dir},

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import pandas as pd
 import torch
 
+from ..data import FeatureSpec, prediction_rows
 from ..store import (
     BEST,
     EpochEnd,
@@ -35,7 +37,7 @@ from ..store import (
     parse_event,
     unpack_tensors,
 )
-from ..worker import Trainable
+from ..worker import Trainable, predict_rows
 
 _ERROR_LINES = 8     # of a failed trial's traceback, in Result.failure
 _RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*:")     # "ValueError: ..."
@@ -127,12 +129,31 @@ class TrialResult:
     def model(self, epoch: int | str = "best") -> Any:
         """The model that ``build(config)`` makes (a ``torch.nn.Module`` in eval mode, or a
         ``keras.Model``), with the weights of ``epoch`` (see :meth:`state_dict`) loaded."""
+        return self.trainable(epoch).trained_model()
+
+    def trainable(self, epoch: int | str = "best") -> Trainable:
+        """What ``build(config)`` returns, with the weights of ``epoch`` loaded."""
         trainable = self._require_result().build(self.config)
         if not isinstance(trainable, Trainable):
             raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
                             f"got {type(trainable).__name__}")
         trainable.load_weights(self.state_dict(epoch))
-        return trainable.trained_model()
+        return trainable
+
+    def predict(self, data: Any, *, epoch: int | str = "best", batch_size: int | None = None) -> np.ndarray:
+        """The model's outputs for ``data`` (a numpy array, a pandas DataFrame with the
+        training's feature columns, a Parquet path or a :class:`cerebro.Dataset`), one row per
+        input row, in order: the weights of ``epoch`` (see :meth:`state_dict`), the rows made
+        as evaluation made them in training (the ``eval_transform``, not ``transform``), in
+        batches of ``batch_size`` (default: the trainable's), on the GPU where there is one.
+        Rows of another shape or dtype than the run's are refused before any batch runs.
+
+        Example (a fragment: ``result`` is a finished run's):
+            >>> outputs = result.best.predict(X_test)          # (rows, outputs), e.g. logits
+        """
+        spec = FeatureSpec.of_run(self._require_result().store.read_run_info()["data"])
+        features, _ = prediction_rows(data, spec)
+        return predict_rows(self.trainable(epoch), features, batch_size)
 
     def epoch_number(self, epoch: int | str) -> int:
         """The epoch number ``epoch`` (as :meth:`state_dict` takes it) names."""

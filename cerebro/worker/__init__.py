@@ -1,7 +1,9 @@
 from ._keras import KerasTrainable, driver_keras_backend
 from ._loop import run_worker
+from ._predict import inference_device, predict_rows
 from ._protocol import Sums
 from ._torch import TorchTrainable
 from ._trainable import Trainable
 
-__all__ = ["KerasTrainable", "Sums", "TorchTrainable", "Trainable", "driver_keras_backend", "run_worker"]
+__all__ = ["KerasTrainable", "Sums", "TorchTrainable", "Trainable", "driver_keras_backend", "inference_device",
+           "predict_rows", "run_worker"]

@@ -173,6 +173,9 @@ class KerasTrainable(Trainable):
             check_deadline(deadline)
         return sums
 
+    def predict_batches(self, batches: Iterable[Any]) -> np.ndarray:
+        return np.concatenate([np.asarray(self.model.predict_on_batch(inputs)) for inputs, _ in batches])
+
     def _sums(self, logs: Mapping[str, Any], rows: int) -> Sums:
         missing = [name for name in self._metric_names if name not in logs]
         if missing:

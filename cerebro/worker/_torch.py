@@ -212,6 +212,12 @@ class TorchTrainable(Trainable):
             check_deadline(deadline)
         return sums
 
+    @torch.no_grad()
+    def predict_batches(self, batches: Batches) -> np.ndarray:
+        """The model's outputs over ``batches``, in eval mode."""
+        self.model.eval()
+        return np.concatenate([self.model(inputs).detach().cpu().numpy() for inputs, _ in batches])
+
     def _schedule_epoch(self, epoch: int) -> None:
         """Step an epoch-wise schedule to ``epoch``, wherever the trial's last epoch ended."""
         if self.lr_scheduler is None or self.lr_scheduler_step is not SchedulerStep.EPOCH:

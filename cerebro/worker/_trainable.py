@@ -92,6 +92,11 @@ class Trainable(abc.ABC):
     def evaluate_batches(self, batches: Iterable[Any], deadline: float | None = None) -> Sums:
         """Loss and metrics over ``batches``."""
 
+    @abc.abstractmethod
+    def predict_batches(self, batches: Iterable[Any]) -> np.ndarray:
+        """The model's outputs for ``batches`` (made by :meth:`batch`, ``train=False``), in
+        inference mode, as one numpy array on the CPU, rows in order."""
+
     # --- the state that hops ------------------------------------------------------------
     @abc.abstractmethod
     def state(self) -> dict[str, Any]:

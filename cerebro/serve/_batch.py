@@ -1,0 +1,107 @@
+"""``cb.predict``: batch inference with a run's trial over workers, the reverse of MOP: the
+rows are split once into one contiguous share per worker and stay there, the model (build,
+config and weights) goes to every worker once, and each worker predicts its share in batches.
+The outputs come back in the input's row order."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..data import FeatureSpec, prediction_rows
+from ..report import Result, TrialResult, load
+from ..worker import predict_rows
+from ._outputs import output_frame, top_k_classes
+from ._worker import write_share
+
+BACKENDS = ("local",)
+
+
+def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str = "best",
+            epoch: int | str = "best", workers: int | None = None, backend: str = "local",
+            top_k: int | None = None, out: str | os.PathLike | None = None,
+            batch_size: int | None = None) -> pd.DataFrame | str:
+    """Apply a trial of a run to ``data`` (a numpy array, a pandas DataFrame with the
+    training's feature columns, a Parquet path or a :class:`cerebro.Dataset`) over
+    ``workers`` processes (default: as many as the run had, at most the CPUs).
+
+    Returns a DataFrame, one row per input row in order: the input's ``id`` column where it
+    has one, then the model's outputs (``output_0``, ``output_1``, ...), or with ``top_k``
+    the k likeliest classes (``class_1, prob_1, ...``; outputs that are not probabilities
+    already, rows non-negative summing to 1, are taken as logits and softmaxed). With
+    ``out``, writes that table as Parquet there and returns the path. ``trial`` is
+    ``"best"`` (by its best epoch) or a trial id; ``epoch`` as :meth:`TrialResult.state_dict`.
+
+    Example (a fragment: it needs a finished run):
+        >>> cb.predict("runs/exp1", X_test, workers=2, top_k=3)      # or: cerebro predict RUN IN.parquet -o OUT
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise ValueError(f"workers={workers!r} must be a positive integer")
+    result = run_or_result if isinstance(run_or_result, Result) else load(run_or_result)
+    chosen = _trial(result, trial)
+    info = result.store.read_run_info()
+    features, ids = prediction_rows(data, FeatureSpec.of_run(info["data"]))
+    count = min(workers or info.get("workers", 1), os.cpu_count() or 1, len(features))
+    outputs = _over_workers(result, chosen, epoch, features, count, batch_size)
+    table = top_k_classes(outputs, top_k) if top_k is not None else output_frame(outputs)
+    if ids is not None:
+        table.insert(0, "id", ids)
+    if out is None:
+        return table
+    table.to_parquet(out, index=False)
+    return str(out)
+
+
+def _trial(result: Result, trial: str) -> TrialResult:
+    if trial == "best":
+        return result.best
+    found = {t.trial_id: t for t in result.trials}
+    if trial not in found:
+        raise ValueError(f"trial={trial!r} is not a trial of {result.run_dir!r}; its trials are {sorted(found)}")
+    return found[trial]
+
+
+def _over_workers(result: Result, trial: TrialResult, epoch: int | str, features: np.ndarray, count: int,
+                  batch_size: int | None) -> np.ndarray:
+    """The outputs for ``features``: in this process for one worker, else one contiguous share
+    per worker process (:mod:`._worker`), each of which builds the model once."""
+    if count <= 1:
+        return predict_rows(trial.trainable(epoch), features, batch_size)
+    from safetensors.torch import save_file
+
+    with tempfile.TemporaryDirectory(prefix="cerebro-predict-") as job_dir:
+        with open(os.path.join(job_dir, "build.pkl"), "wb") as f:
+            f.write(result.store.read_build())
+        save_file({k: v.contiguous() for k, v in trial.state_dict(epoch).items()},
+                  os.path.join(job_dir, "weights.safetensors"))
+        with open(os.path.join(job_dir, "job.json"), "w") as f:
+            json.dump({"config": trial.config, "batch_size": batch_size,
+                       "threads": max(1, (os.cpu_count() or 1) // count)}, f)
+        for index, share in enumerate(_shares(features, count, batch_size or trial.trainable(epoch).batch_size)):
+            write_share(job_dir, index, share)
+        workers = [subprocess.Popen([sys.executable, "-m", "cerebro.serve._worker", job_dir, str(index)],
+                                    stderr=subprocess.PIPE, text=True) for index in range(count)]
+        failed = [(index, worker.communicate()[1]) for index, worker in enumerate(workers)]
+        failed = [(index, err) for (index, err), worker in zip(failed, workers) if worker.returncode != 0]
+        if failed:
+            index, err = failed[0]
+            last = err.strip().splitlines()[-1] if err.strip() else f"exit status {workers[index].returncode}"
+            raise RuntimeError(f"prediction worker {index} failed: {last}\n{err}")
+        return np.concatenate([np.load(os.path.join(job_dir, f"outputs-{i}.npy"), allow_pickle=False)
+                               for i in range(count)])
+
+
+def _shares(features: np.ndarray, count: int, batch_size: int) -> list[np.ndarray]:
+    """``count`` contiguous shares of the rows, cut at multiples of ``batch_size``: each
+    worker's batches are the ones a single process makes, so the outputs are its bits."""
+    batches = -(-len(features) // batch_size)
+    cuts = [min(len(features), batch_size * int(b)) for b in np.linspace(0, batches, count + 1)[1:-1].round()]
+    return np.split(features, cuts)
