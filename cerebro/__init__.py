@@ -24,15 +24,15 @@ _EXPORTS = {
     **dict.fromkeys(["Result", "TrialResult", "load"], ".report"),
     **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
                      "loguniform", "quniform", "randint", "uniform"], ".search"),
-    **dict.fromkeys(["StoreInUseError", "UntrustedStateError"], ".store"),
+    **dict.fromkeys(["StoreInUseError", "UntrustedCodeError", "UntrustedStateError"], ".store"),
     **dict.fromkeys(["KerasTrainable", "TorchTrainable", "Trainable"], ".worker"),
 }
 
 __all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable", "LocalBackend",
            "RandomSearch", "Result", "ResumeError", "Searcher", "SparkBackend", "StoreInUseError", "StoreWriteError",
-           "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult", "UntrustedStateError",
-           "WorkerLostError", "add_trial", "choice", "load", "loguniform", "metrics", "predict", "quniform",
-           "randint", "resume", "sql", "stop", "uniform"]
+           "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult", "UntrustedCodeError",
+           "UntrustedStateError", "WorkerLostError", "add_trial", "choice", "load", "loguniform", "metrics",
+           "predict", "quniform", "randint", "resume", "sql", "stop", "uniform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -77,5 +77,5 @@ if TYPE_CHECKING:
         uniform,
     )
     from .serve import predict
-    from .store import StoreInUseError, UntrustedStateError
+    from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
     from .worker import KerasTrainable, TorchTrainable, Trainable

@@ -73,7 +73,7 @@ def main() -> None:
 def entry() -> None:
     """The ``cerebro`` command: ``main`` with the exit codes of its help."""
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
-    from .store import StoreInUseError, UntrustedStateError
+    from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
     try:
         main(standalone_mode=False)
     except click.exceptions.Abort:
@@ -91,7 +91,8 @@ def entry() -> None:
     except TimeoutError as error:     # a live run's driver did not take a command (stop --trial, add)
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError) as error:
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
+            UntrustedCodeError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
 
@@ -234,7 +235,8 @@ def add(run_dir: str, config_json: str) -> None:
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--workers", default=None, type=int, help="local worker processes (default: as the run had)")
 @click.option("--quiet", is_flag=True, help="no live progress")
-@click.option("--trust", is_flag=True, help="read the pickled states of a run written by an older version")
+@click.option("--trust", is_flag=True,
+              help="load a run's code though no run of yours signed it, and older versions' pickled states")
 @click.option("--retry-failed", is_flag=True, help="run the trials that failed again, from their last good epoch")
 @click.option("--epochs", default=None, type=click.IntRange(min=1),
               help="train a grid, random or PBT run on to this many epochs (as if it had had them from the start)")
@@ -276,8 +278,9 @@ def report(run_dir: str, out: str | None) -> None:
 @click.option("--epoch", default="best", show_default=True, help="'best', 'last', or an epoch whose weights were kept")
 @click.option("--top-k", "top_k", default=None, type=click.IntRange(min=1), help="the k likeliest classes per row")
 @click.option("--workers", default=None, type=click.IntRange(min=1), help="worker processes (default: as the run had)")
+@click.option("--trust", is_flag=True, help="load the run's code (build.pkl) though a run of yours did not sign it")
 def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: str, top_k: int | None,
-                    workers: int | None) -> None:
+                    workers: int | None, trust: bool) -> None:
     """Apply a trial of a run to the rows of a Parquet file (the training's feature columns;
     an id column is kept) and write the outputs, or the top-k classes, as Parquet.
 
@@ -285,7 +288,7 @@ def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: 
     """
     from .serve import predict
     written = predict(run_dir, input_path, trial=trial, epoch=int(epoch) if epoch.isdigit() else epoch,
-                      workers=workers, top_k=top_k, out=out)
+                      workers=workers, top_k=top_k, out=out, trust=trust)
     click.echo(written)
 
 
@@ -297,7 +300,8 @@ def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: 
 @click.option("--epoch", default="best", show_default=True,
               help="'best' (the trial's best epoch), 'last', or an epoch number whose weights were kept")
 @click.option("--torchscript", is_flag=True, help="a TorchScript module instead of the weights with their config")
-@click.option("--trust", is_flag=True, help="read the pickled weights of a run written by an older version")
+@click.option("--trust", is_flag=True,
+              help="load a run's code though no run of yours signed it (safetensors needs no trust)")
 def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, trust: bool) -> None:
     """Save one trial's trained model: by default its weights as safetensors (tensors, with
     the trial id, epoch and config as JSON metadata: data only, loadable without Cerebro);

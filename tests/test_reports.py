@@ -128,7 +128,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, tmp_path):
-    """Only build.pkl is code, and only TrialResult.model() (and resume) unpickle it."""
+    """Only build.pkl is code; only TrialResult.model() (and resume, predict) unpickle it, and
+    only where a run of this user signed it or the caller trusts the directory."""
     copy = shutil.copytree(run.run_dir, tmp_path / "shared_run")
     marker = tmp_path / "ran"
     with open(copy / "build.pkl", "wb") as f:        # a colleague's run directory, tampered with
@@ -141,8 +142,11 @@ def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, t
     loaded = cb.load(copy)
     assert loaded.best.trial_id == run.best.trial_id and loaded.best.state_dict()
     assert not marker.exists()
+    with pytest.raises(cb.UntrustedCodeError, match=r"shared_run/build.pkl holds code .* nothing was loaded"):
+        loaded.best.model()                          # its signature is not this user's: refused
+    assert not marker.exists()
     with pytest.raises(TypeError, match="'int' object is not callable"):   # os.system's exit status
-        loaded.best.model()                          # unpickling the build runs it: by design
+        cb.load(copy, trust=True).best.model()       # trusted, the build is unpickled, and so runs: by design
     assert marker.exists()
 
 

@@ -175,7 +175,7 @@ class Result:
 
     def __init__(self, store: RunStore, build: Callable[[dict], Any] | None = None) -> None:
         self.store = store
-        self._build = build
+        self._build = self._given_build = build
         info = store.read_run_info()
         self.run_dir = store.path
         self.seed: int = info["seed"]
@@ -244,6 +244,11 @@ class Result:
             case RunFinished() as event:
                 self.finished = True
                 self.bytes_communicated = (event.bytes_sent or 0) + (event.bytes_received or 0)
+
+    @property
+    def provided_build(self) -> Callable[[dict], Any] | None:
+        """The ``build`` given to ``load`` or ``fit``; None where the stored one is used."""
+        return self._given_build
 
     @property
     def build(self) -> Callable[[dict], Any]:

@@ -26,7 +26,7 @@ BACKENDS = ("local",)
 def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str = "best",
             epoch: int | str = "best", workers: int | None = None, backend: str = "local",
             top_k: int | None = None, out: str | os.PathLike | None = None,
-            batch_size: int | None = None) -> pd.DataFrame | str:
+            batch_size: int | None = None, trust: bool = False) -> pd.DataFrame | str:
     """Apply a trial of a run to ``data`` (a numpy array, a pandas DataFrame with the
     training's feature columns, a Parquet path or a :class:`cerebro.Dataset`) over
     ``workers`` processes (default: as many as the run had, at most the CPUs).
@@ -37,6 +37,8 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
     already, rows non-negative summing to 1, are taken as logits and softmaxed). With
     ``out``, writes that table as Parquet there and returns the path. ``trial`` is
     ``"best"`` (by its best epoch) or a trial id; ``epoch`` as :meth:`TrialResult.state_dict`.
+    The model is rebuilt with the run's ``build``: code, so a run directory that a run of
+    yours did not write is refused unless ``trust=True`` (see :mod:`cerebro.store._trust`).
 
     Example (a fragment: it needs a finished run):
         >>> cb.predict("runs/exp1", X_test, workers=2, top_k=3)      # or: cerebro predict RUN IN.parquet -o OUT
@@ -45,8 +47,10 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
         raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers={workers!r} must be a positive integer")
-    result = run_or_result if isinstance(run_or_result, Result) else load(run_or_result)
+    result = run_or_result if isinstance(run_or_result, Result) else load(run_or_result, trust=trust)
     chosen = _trial(result, trial)
+    if result.provided_build is None:
+        result.store.read_build()          # its signature checked (no code run) before any work
     info = result.store.read_run_info()
     features, ids = prediction_rows(data, FeatureSpec.of_run(info["data"]))
     count = min(workers or info.get("workers", 1), os.cpu_count() or 1, len(features))

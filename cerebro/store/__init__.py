@@ -46,12 +46,13 @@ from ._state_codec import (
     unpack_tensors,
     write_message,
 )
+from ._trust import UntrustedCodeError
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
            "Event", "Exploited", "JournalRepaired", "PartitionsMoved", "RunExtended", "RunFinished", "RunInterrupted",
            "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch",
            "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialAdded", "TrialCreated",
            "TrialEnded", "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialStopAsked", "TrialTakenUp",
-           "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "improved",
-           "frames", "pack_tensors", "parse", "parse_event", "read_exactly", "read_message", "unpack_tensors",
-           "write_message"]
+           "UntrustedCodeError", "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced",
+           "WorkersRestarted", "improved", "frames", "pack_tensors", "parse", "parse_event", "read_exactly",
+           "read_message", "unpack_tensors", "write_message"]

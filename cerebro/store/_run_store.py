@@ -40,6 +40,7 @@ from ._events import Event
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
 from ._state_codec import frames, read_message
+from ._trust import UntrustedCodeError, signature, signed_by_me
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -56,7 +57,7 @@ class RunStore:
 
     def __init__(self, path: str | os.PathLike, trust: bool = False) -> None:
         self.path = files.normalize(os.fspath(path))
-        self.trust = trust    # read the pickled states of runs written by older versions
+        self.trust = trust    # load its code unsigned and the pickled states of older versions
 
     @classmethod
     def create(cls, path: str | os.PathLike) -> RunStore:
@@ -113,7 +114,11 @@ class RunStore:
         """The cloudpickled ``build`` and searcher, in build.pkl: a JSON line with their sizes,
         then the two blobs, so reading one never unpickles the other."""
         header = json.dumps({"build": len(build), "searcher": len(searcher)}).encode() + b"\n"
-        files.write_atomic(self.file("build.pkl"), _CODE_MAGIC + header + build + searcher)
+        content = _CODE_MAGIC + header + build + searcher
+        signed = signature(content)
+        if signed is not None:          # first: build.pkl is never there unsigned by its writer
+            files.write_atomic(self.file("build.pkl.sig"), signed)
+        files.write_atomic(self.file("build.pkl"), content)
 
     def read_build(self) -> bytes:
         return self._read_code()[0]
@@ -126,9 +131,17 @@ class RunStore:
         return searcher
 
     def _read_code(self) -> tuple[bytes, bytes | None]:
-        """build.pkl's build and searcher; an older version's holds the build alone (None)."""
+        """build.pkl's build and searcher; an older version's holds the build alone (None).
+        Refused unless this user's run signed it or the store was opened with ``trust``."""
         with files.open_file(self.file("build.pkl")) as f:
             content = f.read()
+        if not self.trust:
+            signed = None
+            if self.has("build.pkl.sig"):
+                with files.open_file(self.file("build.pkl.sig")) as f:
+                    signed = f.read(1024)
+            if not signed_by_me(content, signed):
+                raise UntrustedCodeError(self.file("build.pkl"))
         if not content.startswith(_CODE_MAGIC):
             return content, None
         head, _, blobs = content[len(_CODE_MAGIC):].partition(b"\n")
