@@ -296,25 +296,29 @@ def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: 
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--trial", default="best", show_default=True, help="a trial id such as t0003, or 'best'")
 @click.option("-o", "--out", required=True,
-              help="the file to write: model.safetensors, model.keras (Keras trials), or model.pt with --torchscript")
+              help="the file to write: model.safetensors, model.onnx (torch trials), model.keras (Keras trials), "
+                   "model.pt with --torchscript, or a directory with --mlflow")
 @click.option("--epoch", default="best", show_default=True,
               help="'best' (the trial's best epoch), 'last', or an epoch number whose weights were kept")
 @click.option("--torchscript", is_flag=True, help="a TorchScript module instead of the weights with their config")
+@click.option("--mlflow", "as_mlflow", is_flag=True,
+              help="an MLflow pyfunc model (mlflow.pyfunc.load_model(OUT).predict(rows)) in the directory OUT")
 @click.option("--trust", is_flag=True,
               help="load a run's code though no run of yours signed it (safetensors needs no trust)")
-def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, trust: bool) -> None:
+def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, as_mlflow: bool, trust: bool) -> None:
     """Save one trial's trained model: by default its weights as safetensors (tensors, with
     the trial id, epoch and config as JSON metadata: data only, loadable without Cerebro);
-    with --torchscript a scripted module that loads without Cerebro or the build code; for a
-    Keras trial, a name ending in .keras writes the model as a .keras file.
+    with --torchscript a scripted module that loads without Cerebro or the build code; a name
+    ending in .onnx writes ONNX (torch trials; checked with onnxruntime first); with --mlflow
+    an MLflow pyfunc model; for a Keras trial, a name ending in .keras writes a .keras file.
 
     Example: cerebro export cerebro_runs/demo-20261122-101500-ab12 --trial best -o model.safetensors
     """
-    keras_file = out.endswith(".keras")
-    if not torchscript and not keras_file and not out.endswith(".safetensors"):
+    keras_file, onnx_file = out.endswith(".keras"), out.endswith(".onnx")
+    if not (torchscript or as_mlflow or keras_file or onnx_file or out.endswith(".safetensors")):
         raise click.BadParameter(f"{out!r}: the weights are written as safetensors, so name the file "
-                                 f"*.safetensors (or *.keras for a Keras trial, or add --torchscript for a "
-                                 f"scripted module)", param_hint="--out")
+                                 f"*.safetensors (or *.onnx, *.keras for a Keras trial, --torchscript for a "
+                                 f"scripted module, --mlflow for an MLflow model directory)", param_hint="--out")
     import torch
     result = load(run_dir, trust=trust)
     ids = [t.trial_id for t in result.trials]
@@ -333,6 +337,12 @@ def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, tr
         model.save(out)
     elif torchscript:
         torch.jit.script(chosen.model(which)).save(out)
+    elif as_mlflow:
+        from .report._pyfunc import save_pyfunc
+        save_pyfunc(chosen, out, which)
+    elif onnx_file:
+        from .serve import export_onnx
+        export_onnx(chosen, out, which)
     else:
         chosen.save_weights(out, which)
     click.echo(f"{chosen.trial_id} epoch {chosen.epoch_number(which)} ({json.dumps(chosen.config)}) -> {out}")

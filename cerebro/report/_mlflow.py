@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ._progress import Progress
+from ._pyfunc import save_pyfunc
 
 if TYPE_CHECKING:
     from ._result import Result
@@ -113,16 +114,16 @@ class MLflowLog(Progress):
         self.client.set_terminated(child, STATUSES.get(status, "FINISHED"))
 
     def log_best(self, result: Result) -> None:
-        """The best trial's weights (of its best epoch) and config as the parent run's
-        ``best_model`` artifact."""
+        """The best trial (its best epoch's weights, its config) as the parent run's
+        ``best_model`` artifact: an MLflow pyfunc model (see :mod:`._pyfunc`)."""
         try:
             best = result.best
         except RuntimeError:
             return
         with tempfile.TemporaryDirectory() as scratch:
-            path = os.path.join(scratch, "model.safetensors")
-            best.save_weights(path)
-            self.client.log_artifact(self.parent, path, artifact_path="best_model")
+            model_dir = os.path.join(scratch, "best_model")
+            save_pyfunc(best, model_dir)       # mlflow.pyfunc.load_model(".../artifacts/best_model")
+            self.client.log_artifacts(self.parent, model_dir, artifact_path="best_model")
         self.client.set_tag(self.parent, "cerebro.best_trial", best.trial_id)
         self.client.log_metric(self.parent, f"best_{self.metric}", best.best_metrics[self.metric])
 

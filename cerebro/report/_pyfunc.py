@@ -1,0 +1,82 @@
+"""A trained trial as an MLflow pyfunc model: ``mlflow.pyfunc.load_model(path).predict(rows)``
+gives :meth:`TrialResult.predict`'s outputs without the run directory.
+
+The model directory holds the trial's weights (safetensors), its ``build`` (cloudpickled by
+MLflow with the model object), its config and the run's feature layout, and Cerebro's own
+source (``code_paths``), so loading it needs the frameworks but not a Cerebro install. The
+signature is inferred from a batch of the run's feature shape (a table of its feature
+columns where the features had names).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..data import FeatureSpec, prediction_rows
+from ..worker import predict_rows
+
+if TYPE_CHECKING:
+    from ._result import TrialResult
+
+
+def save_pyfunc(trial: TrialResult, path: str, epoch: int | str = "best") -> None:
+    """Write ``trial`` (the weights of ``epoch``) as an MLflow pyfunc model in ``path``."""
+    import mlflow.pyfunc
+    from mlflow.models import infer_signature
+    from safetensors.torch import save_file
+
+    result = trial._require_result()
+    info = result.store.read_run_info()
+    spec = FeatureSpec.of_run(info["data"])
+    model = _model_class()(result.build, dict(trial.config), spec)
+    example = _example(spec)
+    with tempfile.TemporaryDirectory(prefix="cerebro-pyfunc-") as scratch:
+        weights = os.path.join(scratch, "weights.safetensors")
+        save_file({k: v.contiguous() for k, v in trial.state_dict(epoch).items()}, weights)
+        outputs = predict_rows(_loaded(model, weights), prediction_rows(example, spec)[0])
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        mlflow.pyfunc.save_model(
+            path, python_model=model, artifacts={"weights": weights}, code_paths=[package],
+            signature=infer_signature(example, outputs),
+            metadata={"cerebro": json.dumps({"trial_id": trial.trial_id, "config": trial.config,
+                                             "epoch": trial.epoch_number(epoch), "run_dir": result.run_dir,
+                                             "metric": result.metric, "best_metrics": trial.best_metrics})})
+
+
+def _example(spec: FeatureSpec) -> Any:
+    """Two rows of the run's features: a DataFrame of its feature columns, else an array."""
+    rows = np.zeros((2, *spec.shape), dtype=spec.dtype)
+    if spec.columns is None or len(spec.columns) != int(np.prod(spec.shape)):
+        return rows
+    import pandas as pd
+    return pd.DataFrame(rows.reshape(2, -1), columns=list(spec.columns))
+
+
+def _loaded(model: Any, weights: str) -> Any:
+    from safetensors.torch import load_file
+    trainable = model.build(model.config)
+    trainable.load_weights(load_file(weights))
+    return trainable
+
+
+def _model_class() -> type:
+    """:class:`TrialModel`, made on first use: mlflow is an optional dependency."""
+    import mlflow.pyfunc
+
+    class TrialModel(mlflow.pyfunc.PythonModel):
+        """Rows in (as ``TrialResult.predict`` takes them), the model's outputs out."""
+
+        def __init__(self, build: Any, config: dict[str, Any], spec: FeatureSpec) -> None:
+            self.build, self.config, self.spec = build, config, spec
+
+        def load_context(self, context: Any) -> None:
+            self._trainable = _loaded(self, context.artifacts["weights"])
+
+        def predict(self, context: Any, model_input: Any, params: dict[str, Any] | None = None) -> np.ndarray:
+            return predict_rows(self._trainable, prediction_rows(model_input, self.spec)[0])
+
+    return TrialModel

@@ -1,0 +1,75 @@
+"""Exports for serving: ONNX of a torch trial (dynamic batch, checked with onnxruntime)
+matches its predictions within 1e-4; an MLflow pyfunc model predicts as the trial does
+within 1e-5, in another process, with the run directory gone, and records the trial's
+config; a Keras trial's ONNX export is refused saying what to do instead."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _models import build, digits
+
+import cerebro as cb
+from cerebro.serve import export_onnx
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> cb.Result:
+    return cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=2).fit(
+        digits(partitions=2), workers=2, store=tmp_path_factory.mktemp("e") / "run", seed=0, verbose=0)
+
+
+def rows(count: int = 17) -> np.ndarray:
+    return np.random.default_rng(1).random((count, 64)).astype(np.float32)
+
+
+def test_onnx_export_predicts_as_the_trial_on_any_batch_size(run, tmp_path):
+    onnxruntime = pytest.importorskip("onnxruntime")
+    done = subprocess.run([sys.executable, "-m", "cerebro", "export", run.run_dir, "-o", str(tmp_path / "m.onnx")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    for count in (1, 17, 64):
+        got = session.run(None, {"features": rows(count)})[0]
+        assert np.abs(got - run.best.predict(rows(count))).max() <= 1e-4
+
+
+def test_an_mlflow_model_predicts_as_the_trial_without_the_run_directory(run, tmp_path):
+    pytest.importorskip("mlflow")
+    expected = run.best.predict(rows())
+    done = subprocess.run([sys.executable, "-m", "cerebro", "export", run.run_dir, "--mlflow", "-o",
+                           str(tmp_path / "model")], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    moved = shutil.move(run.run_dir, tmp_path / "gone")
+    try:
+        np.save(tmp_path / "rows.npy", rows())
+        script = ("import json, sys, numpy as np, mlflow.pyfunc\n"
+                  "model = mlflow.pyfunc.load_model(sys.argv[1])\n"
+                  "np.save(sys.argv[3], model.predict(np.load(sys.argv[2])))\n"
+                  "print(model.metadata.metadata['cerebro'])\n")
+        loaded = subprocess.run([sys.executable, "-c", script, str(tmp_path / "model"), str(tmp_path / "rows.npy"),
+                                 str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=600,
+                                cwd=tmp_path)
+        assert loaded.returncode == 0, loaded.stderr
+        assert np.abs(np.load(tmp_path / "out.npy") - expected).max() <= 1e-5
+        recorded = json.loads(loaded.stdout.strip().splitlines()[-1])
+        assert (recorded["trial_id"], recorded["config"], recorded["epoch"]) == \
+            (run.best.trial_id, run.best.config, run.best.best_epoch)
+    finally:
+        shutil.move(moved, run.run_dir)
+
+
+def test_a_keras_trials_onnx_export_is_refused_with_what_to_do(tmp_path):
+    pytest.importorskip("keras")
+    from _keras_models import build as keras_build
+    result = cb.GridSearch(keras_build, {"architecture": cb.choice(["plain"])}, epochs=1).fit(
+        digits(partitions=2, rows=200), workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    with pytest.raises(ValueError, match=r"^t0000 is a KerasTrainable trial; ONNX export takes torch trials "
+                                         r"\(save a Keras trial as model.keras\)$"):
+        export_onnx(result.best, tmp_path / "m.onnx")
