@@ -144,3 +144,33 @@ def test_a_run_without_a_driver_is_not_steered(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "is not JSON" in done.stderr
     assert json.loads(open(os.path.join(result.run_dir, "run.json")).read())["searcher"]["class"] == "GridSearch"
+
+
+def test_crafted_command_files_are_answered_with_an_error_and_removed_never_crashing_the_driver(tmp_path):
+    """What anyone who can write the run directory can put in commands/: deep JSON, a
+    directory, a FIFO, links, a huge file, a command past its expiry."""
+    from cerebro.engine._control import take_commands
+    from cerebro.store import RunStore
+    result = fit(str(tmp_path / "run"), [1e-2])
+    commands = os.path.join(result.run_dir, "commands")
+    os.makedirs(os.path.join(commands, "d.json", "inside"))
+    os.mkfifo(os.path.join(commands, "f.json"))
+    os.symlink("/etc/hostname", os.path.join(commands, "l.json"))
+    os.symlink("/nonexistent", os.path.join(commands, "m.json"))
+    with open(os.path.join(commands, "a.json"), "w") as f:
+        f.write("[" * 200_000)
+    with open(os.path.join(commands, "h.json"), "w") as f:
+        f.write('{"kind": "add_trial", "config": "' + "x" * (2 << 20) + '"}')
+    taken = take_commands(RunStore.open(result.run_dir))
+    assert [name for name, _ in taken] == ["a", "d", "f", "h", "l", "m"]
+    assert all(isinstance(command, ValueError) for _, command in taken)
+    assert os.listdir(commands) == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), None, "5", True])
+def test_a_bad_timeout_is_refused_before_anything_is_written(tmp_path, timeout):
+    with pytest.raises(ValueError, match=rf"^timeout={timeout!r} must be a positive number of seconds$"):
+        cb.add_trial(tmp_path, {"lr": 1e-3}, timeout=timeout)
+    with pytest.raises(ValueError, match=r"must be a positive number of seconds$"):
+        cb.stop(tmp_path, trial="t0000", timeout=timeout)
+    assert os.listdir(tmp_path) == []

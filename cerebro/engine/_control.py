@@ -12,7 +12,10 @@ leaves the run untouched.
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
+import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -35,38 +38,47 @@ def stop(run_dir: str | os.PathLike, trial: str | None = None, *, timeout: float
     on, to the results the run would have had); this returns at once, and the run's ``fit``
     returns an unfinished :class:`cerebro.Result` when it has stopped. With ``trial``, only
     that trial ends, ``stopped`` with the reason "stopped by the user", where it would next
-    go on (its epoch end), while the others go on; this returns once the driver took it.
+    go on (its epoch end), while the others go on; this returns once the driver took it
+    (within ``timeout`` seconds, else :class:`TimeoutError`).
 
     Example (a fragment: it needs a live run):
         >>> cb.stop("runs/exp1")                   # or: cerebro stop runs/exp1
         >>> cb.stop("runs/exp1", trial="t0003")    # or: cerebro stop runs/exp1 --trial t0003
     """
+    if trial is not None and not isinstance(trial, str):
+        raise TypeError(f"trial={trial!r} must be a trial id such as 't0003'")
+    _check_timeout(timeout)
     store = _live(run_dir, "there is nothing to stop")
     if trial is None:
         files.write_atomic(store.file(STOP_FILE), json.dumps({"asked": time.time()}).encode())
         return
-    if not isinstance(trial, str):
-        raise TypeError(f"trial={trial!r} must be a trial id such as 't0003'")
     _ask(store, {"kind": "stop_trial", "trial": trial}, timeout)
 
 
 def add_trial(run_dir: str | os.PathLike, config: Mapping[str, Any], *, timeout: float = 60.0) -> str:
     """Add a trial with ``config`` to the live grid or random search in ``run_dir``; returns
-    its id once the driver created it. ``config`` must have the space's keys, each value of
-    its key's kind; a config that does not is refused with the reason, the run untouched.
+    its id once the driver created it (within ``timeout`` seconds, else
+    :class:`TimeoutError`). ``config`` must have the space's keys, each value of its key's
+    kind; a config that does not is refused with the reason, the run untouched.
 
     Example (a fragment: it needs a live run):
         >>> cb.add_trial("runs/exp1", {"lr": 0.005, "hidden": 64})   # or: cerebro add runs/exp1 --config '{...}'
         't0004'
     """
+    _check_timeout(timeout)
     try:
         text = json.dumps(dict(config), allow_nan=False)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         raise TypeError(f"config={config!r} must be a dict of JSON values (numbers, strings, booleans, None, "
                         f"lists): {error}") from None
     store = _live(run_dir, "trials cannot be added to it (cb.resume(run_dir, epochs=N) trains a finished grid, "
                            "random or PBT run longer)")
     return _ask(store, {"kind": "add_trial", "config": json.loads(text)}, timeout)["trial_id"]
+
+
+def _check_timeout(timeout: Any) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds")
 
 
 def _live(run_dir: str | os.PathLike, finished: str) -> RunStore:
@@ -84,60 +96,121 @@ def _live(run_dir: str | os.PathLike, finished: str) -> RunStore:
 
 
 def _ask(store: RunStore, command: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Write ``command``, wait for the driver's answer; raise the error it answered."""
+    """Write ``command``, wait for the driver's answer; raise the error it answered. However
+    this ends (an answer, the timeout, the run ending, Ctrl-C), no command of it is left for
+    a later driver: one not taken yet is withdrawn, and one past its expiry is refused."""
     name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
     asked, answered = store.file(COMMANDS, f"{name}.json"), store.file(COMMANDS, f"{name}{_ANSWER}")
-    files.write_atomic(asked, json.dumps(command).encode())
-    deadline = time.monotonic() + timeout
-    while not files.exists(answered):
-        if time.monotonic() > deadline and files.exists(asked):
-            files.remove(asked)
-            raise TimeoutError(f"the driver of {store.path!r} did not take the command within {timeout:g} s; "
-                               f"nothing was done")
-        time.sleep(_POLL_SECONDS)       # another process answers: a file is all we share
-    with files.open_file(answered) as f:
-        answer = json.load(f)
-    files.remove(answered)
+    files.write_atomic(asked, json.dumps({**command, "expires": time.time() + timeout}).encode())
+    deadline, taken = time.monotonic() + timeout, False
+    try:
+        while not files.exists(answered):
+            if time.monotonic() > deadline or _run_ended(store):
+                taken = not _withdraw(asked)
+                raise TimeoutError(f"the driver of {store.path!r} " + (
+                    "took the command but did not answer; its journal says what became of it" if taken else
+                    f"did not take the command within {timeout:g} s (or the run ended); nothing was done"))
+            time.sleep(_POLL_SECONDS)       # another process answers: a file is all we share
+        with files.open_file(answered) as f:
+            answer = json.loads(f.read(_MAX_COMMAND_BYTES))
+        files.remove(answered)
+    finally:
+        if not taken:
+            _withdraw(asked)
     if "error" in answer:
         raise ValueError(answer["error"])
     return answer
 
 
+def _withdraw(asked: str) -> bool:
+    """Take back a command not taken yet: True where it was still there."""
+    try:
+        files.remove(asked)
+        return True
+    except (FileNotFoundError, OSError):
+        return False
+
+
+def _run_ended(store: RunStore) -> bool:
+    """Whether the run's last journal line says its driver ended (read from the tail only)."""
+    try:
+        with files.open_file(store.file("journal.jsonl")) as f:
+            size = getattr(f, "size", None)
+            f.seek(max(0, (os.fstat(f.fileno()).st_size if size is None else size) - 4096))
+            tail = f.read().strip().rsplit(b"\n", 1)[-1]
+    except (OSError, ValueError):
+        return False
+    return b'"event": "run_finished"' in tail or b'"event": "run_interrupted"' in tail
+
+
 def take_commands(store: RunStore) -> list[tuple[str, Any]]:
-    """The driver's side: the commands waiting, oldest first, each removed as it is read
-    (one that is not JSON is answered with an error)."""
+    """The driver's side: the commands waiting, oldest first, each removed as it is read,
+    whatever it is (anything but a small regular file of JSON is answered with an error)."""
     taken = []
     for name in files.listdir(store.file(COMMANDS)):
         if not name.endswith(".json") or name.endswith(_ANSWER):
             continue
         path = store.file(COMMANDS, name)
         try:
-            with files.open_file(path) as f:
-                command = json.loads(f.read(_MAX_COMMAND_BYTES))
-        except (OSError, ValueError) as error:
-            command = error
-        files.remove(path)
+            command: Any = json.loads(_read_small(path))
+        except Exception as error:      # noqa: BLE001  (a deep nesting's RecursionError too)
+            command = ValueError(f"{type(error).__name__}: {error}"[:500])
+        _discard(path)
         taken.append((name[:-len(".json")], command))
     return taken
+
+
+def _read_small(path: str) -> bytes:
+    """A command file's bytes: a regular file (not a link, a FIFO or a directory) of at most
+    :data:`_MAX_COMMAND_BYTES`, opened without blocking."""
+    if "://" in path:
+        with files.open_file(path) as f:
+            content = f.read(_MAX_COMMAND_BYTES + 1)
+    else:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            raise ValueError("a command must be a regular file")
+        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(handle, "rb") as f:
+            content = f.read(_MAX_COMMAND_BYTES + 1)
+    if len(content) > _MAX_COMMAND_BYTES:
+        raise ValueError(f"a command must be at most {_MAX_COMMAND_BYTES} bytes")
+    return content
+
+
+def _discard(path: str) -> None:
+    """Remove a command entry, whatever it is, so it is never read again."""
+    try:
+        if "://" not in path and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif "://" not in path:
+            os.unlink(path)
+        else:
+            files.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def answer(store: RunStore, name: str, reply: dict[str, Any]) -> None:
     files.write_atomic(store.file(COMMANDS, f"{name}{_ANSWER}"), json.dumps(reply).encode())
 
 
-def obey(book: TrialBook, command: Any) -> dict[str, Any]:
-    """Carry out one command on the live trials; the answer for the asking process."""
+def obey(book: TrialBook, command: Any) -> dict[str, Any] | None:
+    """Carry out one command on the live trials; the answer for the asking process (None for
+    one past its expiry: its asker has given up, and nothing is done)."""
     try:
         if isinstance(command, Exception):
             raise ValueError(f"the command is not readable JSON: {command}")
-        kind = command.get("kind") if isinstance(command, dict) else None
-        if kind == "stop_trial":
+        if not isinstance(command, dict):
+            raise ValueError(f"unknown command {command!r}; expected stop_trial or add_trial")
+        if not isinstance(command.get("expires"), (int, float)) or command["expires"] < time.time():
+            return None
+        if command.get("kind") == "stop_trial":
             return _stop_trial(book, command.get("trial"))
-        if kind == "add_trial":
+        if command.get("kind") == "add_trial":
             return _add_trial(book, command.get("config"))
-        raise ValueError(f"unknown command {command!r}; expected stop_trial or add_trial")
-    except (ValueError, TypeError) as error:
-        return {"error": str(error)}
+        raise ValueError(f"unknown command {command.get('kind')!r}; expected stop_trial or add_trial")
+    except Exception as error:      # noqa: BLE001  (no command may stop the run; a deep config's RecursionError)
+        return {"error": str(error)[:2000]}
 
 
 def _stop_trial(book: TrialBook, trial_id: Any) -> dict[str, Any]:

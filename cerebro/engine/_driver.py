@@ -130,7 +130,9 @@ class Driver:
         directory), the run stops at its trials' next epoch boundaries; the commands waiting
         (``cb.stop(run_dir, trial=...)``, ``cb.add_trial``) are carried out and answered."""
         for name, command in take_commands(self.store):
-            answer(self.store, name, obey(self.book, command))
+            reply = obey(self.book, command)
+            if reply is not None:       # answered once what it did is journaled: never told of what is lost
+                self.recorder.then(answer, self.store, name, reply)
         if self.book.draining:
             return
         budget = self.settings.time_budget

@@ -33,13 +33,19 @@ def extension(policy: SearchPolicy, events: list[Event], epochs: int) -> RunExte
     extend(epochs)
     if epochs == before:
         return None
-    status: dict[str, TrialStatus] = {}
+    # Completed trials, and live ones at the old last epoch (the driver died between that
+    # epoch's decision and the trial's end): the longer run decides anew there.
+    status: dict[str, TrialStatus | None] = {}
+    reached: dict[str, int] = {}
     for event in as_extended(events):
-        if isinstance(event, TrialEnded):
+        if isinstance(event, (TrialCreated, TrialRetried)):
+            status[event.trial_id] = None
+        elif isinstance(event, EpochEnd):
+            reached[event.trial_id] = event.epoch
+        elif isinstance(event, TrialEnded):
             status[event.trial_id] = event.status
-        elif isinstance(event, TrialRetried):
-            status.pop(event.trial_id, None)
-    return RunExtended(epochs, [t for t, s in status.items() if s is TrialStatus.COMPLETED], 0.0)
+    return RunExtended(epochs, [t for t, s in status.items()
+                                if s is TrialStatus.COMPLETED or (s is None and reached.get(t) == before)], 0.0)
 
 
 def as_extended(events: list[Any]) -> list[Any]:
@@ -64,7 +70,8 @@ def as_extended(events: list[Any]) -> list[Any]:
             case TrialEnded():
                 ends[event.trial_id] = (index, decided.get((event.trial_id, epoch.get(event.trial_id, 0))))
             case RunExtended():
-                for trial_id in event.trials:
-                    dropped.update(i for i in ends.pop(trial_id) if i is not None)
+                for trial_id in event.trials:       # ended: its end and last decision; live: that decision
+                    end = ends.pop(trial_id, None) or (None, decided.get((trial_id, epoch.get(trial_id, 0))))
+                    dropped.update(i for i in end if i is not None)
     return [dataclasses.replace(e, max_epochs=budget) if isinstance(e, TrialCreated) else e
             for i, e in enumerate(events) if i not in dropped]

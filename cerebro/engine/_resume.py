@@ -253,8 +253,9 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     info = store.read_run_info()
     events, damaged = store.read_journal()
     retry = failed_trials(events) if retry_failed else {}
+    kept, cut = replayable(events, damaged)
     policy = cloudpickle.loads(store.read_searcher()) if epochs is not None else None
-    extended = None if policy is None else extension(policy, _parsed(events), epochs)
+    extended = None if policy is None else extension(policy, _parsed(kept), epochs)
     if has_finished(events) and not retry and extended is None:
         warnings.warn(f"run {store.path!r} has finished{' and no trial failed' if retry_failed else ''}"
                       f"{f' with epochs={epochs} already' if epochs is not None else ''}; there is nothing to "
@@ -265,7 +266,6 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     if not store.has("build.pkl"):
         raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
     policy = cloudpickle.loads(store.read_searcher())
-    kept, cut = replayable(events, damaged)
     if build is not None:
         check_fits_checkpoints(build, store, kept, info)
     retry_build = (build or cloudpickle.loads(store.read_build())) if retry else None
@@ -282,8 +282,25 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
             raise
         raise ResumeError(f"cannot retry {sorted(retry)}: the searcher's later decisions depended on their "
                           f"failure ({error}); nothing was resumed") from error
+    if extended is not None:
+        check_extendable(store, kept, recovered, extended)
     build_blob = pickle_build(build) if build is not None else store.read_build()
     return _Plan(info, policy, settings, recovered, retry, build_blob, cut, extended)
+
+
+def check_extendable(store: RunStore, events: list[dict[str, Any]], recovered: Recovered,
+                     extended: RunExtended) -> None:
+    """Refuse, before anything is written, to extend a run whose searcher pauses trials (PBT)
+    where a reopened trial's weights of its last epoch are gone (``keep_checkpoints``): it
+    could be trained again from the start only without the exploits and decisions it had."""
+    pauses = any(e["event"] in (DecidedPaused.name, Exploited.name) for e in events)
+    for trial_id in extended.trials:
+        rt = recovered.trials[trial_id]
+        kept = any(c["epoch"] == rt.epoch and not c["exploit"] for c in store.checkpoints(trial_id) if "state" in c)
+        if not kept and (pauses or rt.decision is Decision.PAUSE):
+            raise ResumeError(f"cannot extend: {trial_id}'s weights of epoch {rt.epoch} are gone (the run kept only "
+                              f"some trials' weights, keep_checkpoints), and this searcher's trials cannot be "
+                              f"trained again from the start with the same decisions; nothing was written")
 
 
 def _parsed(events: list[dict[str, Any]]) -> list[Any]:

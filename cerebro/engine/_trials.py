@@ -338,6 +338,8 @@ class TrialBook:
                 raise RuntimeError(f"{type(self.policy).__name__} decided {decision!r} for {trial_id}, "
                                    f"which is not a paused trial")
             self.decide_due = True    # what ends or goes on may unblock other decisions
+            if isinstance(decision, Exploit) and trial.stop_epoch is not None and trial.stop_epoch <= trial.epoch:
+                decision = Decision.CONTINUE       # the user stopped it: it ends with its own weights (go_on)
             if isinstance(decision, Exploit):
                 self._exploit(trial, decision)
                 decision = Decision.CONTINUE

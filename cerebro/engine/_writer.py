@@ -85,6 +85,10 @@ class StoreRecorder:
     def write_error(self, trial_id: str, error: str) -> None:
         self._writer.submit(self.store.write_error, trial_id, error)
 
+    def then(self, call: Callable[..., Any], *args: Any) -> None:
+        """``call(*args)`` once everything emitted and written before it is in the store."""
+        self._writer.submit(call, *args)
+
     def close(self) -> None:
         """Finish every write; raises the first write's error, if one failed."""
         self._writer.close()

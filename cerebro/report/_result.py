@@ -232,7 +232,7 @@ class Result:
                 trial.status, trial.reason, trial.error = TrialStatus.RUNNING, None, None
             case RunExtended() as event:        # resume(..., epochs=N): the completed trials go on
                 self.finished = False
-                for trial_id in event.trials:
+                for trial_id in set(event.trials) & set(self._trials):
                     self._trials[trial_id].status, self._trials[trial_id].reason = TrialStatus.RUNNING, None
             case RunStarted() | WorkersRestarted() | WorkerReplaced() as event:
                 self.finished = self.finished and not isinstance(event, RunResumed)

@@ -129,13 +129,18 @@ class quniform(Distribution):
         return f"quniform({self.low!r}, {self.high!r}, {self.q!r})"
 
 
-def plain_value(value: Any, where: str) -> Any:
+_MAX_DEPTH = 32     # lists in lists in a configuration value
+
+
+def plain_value(value: Any, where: str, depth: int = 0) -> Any:
     """``value`` as plain JSON data (numpy scalars become Python numbers, tuples lists), so a
     configuration reads back from the run directory exactly as it was trained."""
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, (list, tuple)):
-        return [plain_value(v, where) for v in value]
+        if depth >= _MAX_DEPTH:
+            raise ValueError(f"{where}: a value nested deeper than {_MAX_DEPTH} lists cannot be a configuration value")
+        return [plain_value(v, where, depth + 1) for v in value]
     if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
         return value
     raise ValueError(f"{where}: {value!r} cannot be stored as a configuration value; use numbers, "
@@ -187,7 +192,8 @@ def check_config(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
             fits = isinstance(value, number) and not isinstance(value, bool) and low <= value <= high
             rule = f"a number in [{low!r}, {high!r}] ({primitive!r})"
         else:
-            fits = type(value) is type(primitive) or (isinstance(value, number) and isinstance(primitive, float))
+            fits = type(value) is type(primitive) or (isinstance(value, number) and not isinstance(value, bool)
+                                                      and isinstance(primitive, float))
             rule = f"a {type(primitive).__name__}, as the space's {primitive!r}"
         if not fits:
             raise ValueError(f"config[{key!r}]={value!r} must be {rule}")
