@@ -2,12 +2,14 @@
 on a real standalone cluster on 127.0.0.1; clear errors when the cluster is too small."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -220,3 +222,26 @@ def test_a_run_killed_on_local_workers_resumes_on_spark_to_the_same_results(tmp_
     after = resumed.schedule()[lambda s: s.start >= at]
     assert len(after) > 0 and set(after.pid) == {info["pid"] for info in resumed.workers.values()}
     assert_same_results_as_uninterrupted(resumed, uninterrupted(tmp_path, "mid-epoch"))
+
+
+def test_a_trials_spark_udf_predicts_on_the_executors_as_the_trial_does(tmp_path, local_result):
+    """``TrialResult.spark_udf`` in local mode and on a standalone cluster: every row's outputs
+    are the trial's ``predict``, in any partitioning of the DataFrame (bits kept within 1e-6:
+    an executor's torch may use other threads)."""
+    features = digits(partitions=4).features[:300]
+    expected = local_result.best.predict(features)
+    frame = pd.DataFrame({"id": range(len(features)), "features": list(features.astype("float64"))})
+    for master in ("local[2]", None):
+        with standalone_cluster(workers=2, cores=1, log_dir=str(tmp_path)) if master is None else \
+                contextlib.nullcontext(master) as url:
+            spark = session(url)
+            try:
+                udf = local_result.best.spark_udf(spark)
+                rows = spark.createDataFrame(frame).repartition(3).withColumn("prediction", udf("features"))
+                got = rows.orderBy("id").toPandas()
+            finally:
+                spark.stop()
+        assert got["id"].tolist() == list(range(len(features)))
+        outputs = np.stack(got["prediction"].to_numpy())
+        assert outputs.shape == expected.shape and abs(outputs - expected).max() <= 1e-6
+

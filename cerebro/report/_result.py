@@ -155,6 +155,20 @@ class TrialResult:
         features, _ = prediction_rows(data, spec)
         return predict_rows(self.trainable(epoch), features, batch_size)
 
+    def spark_udf(self, spark: Any, *, epoch: int | str = "best") -> Any:
+        """A Spark pandas UDF that runs this trial's model (the weights of ``epoch``) on the
+        executors: weights broadcast once, the model built once per Python worker; it takes
+        the feature column (an array column; numeric columns as ``F.array(*columns)``, in the
+        training's order) and returns each row's outputs as an array of floats. The build is
+        the run's (see :mod:`._udf`).
+
+        Example (a fragment: it needs a Spark session and a finished run):
+            >>> udf = result.best.spark_udf(spark)
+            >>> spark_df.withColumn("prediction", udf("features"))
+        """
+        from ._udf import spark_udf
+        return spark_udf(self, spark, epoch)
+
     def epoch_number(self, epoch: int | str) -> int:
         """The epoch number ``epoch`` (as :meth:`state_dict` takes it) names."""
         if epoch == "last" or (epoch == "best" and self.best_epoch is None):
