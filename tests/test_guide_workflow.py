@@ -6,6 +6,7 @@ import contextlib
 import io
 import os
 import re
+import sys
 
 import pytest
 
@@ -18,7 +19,8 @@ def section_blocks(title: str) -> list[str]:
         text = f.read()
     start = text.index(f"\n## {title}")
     end = text.find("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start:end if end >= 0 else None], flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", text[start:end if end >= 0 else None], flags=re.S)
+    return [b for b in blocks if not b.startswith("# fragment")]
 
 
 def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
@@ -38,3 +40,18 @@ def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
         ("t0000", "completed", None), ("t0001", "stopped", "stopped by the user"), ("t0002", "completed", None)]
     assert namespace["added"] == "t0002" and namespace["broken"].failure is not None
     assert namespace["finished"].finished and not namespace["budgeted"].finished
+
+
+def test_the_applying_the_winner_section_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])    # cerebro
+    blocks = section_blocks("Applying the winner")
+    assert len(blocks) == 4
+    namespace: dict = {}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        for block in blocks:
+            exec(compile(block, GUIDE, "exec"), namespace)     # noqa: S102  (our own docs)
+    top = namespace["top"]
+    assert list(top.columns) == ["id", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3"]
+    assert printed.getvalue().strip().endswith("0.0")

@@ -17,8 +17,8 @@ import pandas as pd
 from ..data import FeatureSpec, prediction_rows
 from ..report import Result, TrialResult, load
 from ..worker import predict_rows
+from ..worker._serve import write_share
 from ._outputs import output_frame, top_k_classes
-from ._worker import write_share
 
 BACKENDS = ("local",)
 
@@ -76,7 +76,7 @@ def _trial(result: Result, trial: str) -> TrialResult:
 def _over_workers(result: Result, trial: TrialResult, epoch: int | str, features: np.ndarray, count: int,
                   batch_size: int | None) -> np.ndarray:
     """The outputs for ``features``: in this process for one worker, else one contiguous share
-    per worker process (:mod:`._worker`), each of which builds the model once."""
+    per worker process (:mod:`cerebro.worker._serve`), each of which builds the model once."""
     if count <= 1:
         return predict_rows(trial.trainable(epoch), features, batch_size)
     from safetensors.torch import save_file
@@ -91,7 +91,7 @@ def _over_workers(result: Result, trial: TrialResult, epoch: int | str, features
                        "threads": max(1, (os.cpu_count() or 1) // count)}, f)
         for index, share in enumerate(_shares(features, count, batch_size or trial.trainable(epoch).batch_size)):
             write_share(job_dir, index, share)
-        workers = [subprocess.Popen([sys.executable, "-m", "cerebro.serve._worker", job_dir, str(index)],
+        workers = [subprocess.Popen([sys.executable, "-m", "cerebro.worker._serve", job_dir, str(index)],
                                     stderr=subprocess.PIPE, text=True) for index in range(count)]
         failed = [(index, worker.communicate()[1]) for index, worker in enumerate(workers)]
         failed = [(index, err) for (index, err), worker in zip(failed, workers) if worker.returncode != 0]

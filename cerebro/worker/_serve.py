@@ -1,8 +1,9 @@
-"""``python -m cerebro.serve._worker JOB_DIR INDEX``: one worker of ``cb.predict``. It builds
+"""``python -m cerebro.worker._serve JOB_DIR INDEX``: one worker of ``cb.predict``. It builds
 the trial's model once (``build.pkl`` with ``config.json``, ``weights.safetensors``),
 predicts its share of the rows (``share-INDEX.npy``, or ``.arrow`` for bytes values) and
 writes ``outputs-INDEX.npy``. A process of its own, started by path: a user's script that
-calls ``cb.predict`` is not imported again, as a multiprocessing child would import it."""
+calls ``cb.predict`` is not imported again, as a multiprocessing child would import it, and
+the driver's side (pandas, reports) is not imported at all."""
 from __future__ import annotations
 
 import json
@@ -37,7 +38,7 @@ def main(job_dir: str, index: int) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from ..worker import inference_device, predict_rows
+    from ._predict import inference_device, predict_rows
 
     with open(os.path.join(job_dir, "job.json")) as f:
         job = json.load(f)
