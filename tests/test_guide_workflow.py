@@ -23,16 +23,21 @@ def section_blocks(title: str) -> list[str]:
     return [b for b in blocks if not b.startswith("# fragment")]
 
 
-def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    blocks = section_blocks("Selection workflow")
-    assert len(blocks) == 8
+def run_section(title: str, blocks: int) -> tuple[dict, str]:
+    """Run the section's ``blocks`` Python blocks in one namespace; it and what they printed."""
+    found = section_blocks(title)
+    assert len(found) == blocks
     namespace: dict = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        for block in blocks:
+        for block in found:
             exec(compile(block, GUIDE, "exec"), namespace)     # noqa: S102  (our own docs)
-    out = printed.getvalue()
+    return namespace, printed.getvalue()
+
+
+def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace, out = run_section("Selection workflow", 8)
     assert "kept no weights: the run kept only the best 1 finished trials'" in out
     assert "[10, 10]" in out
     steered = namespace["steered"]
@@ -45,13 +50,7 @@ def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
 def test_the_applying_the_winner_section_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])    # cerebro
-    blocks = section_blocks("Applying the winner")
-    assert len(blocks) == 4
-    namespace: dict = {}
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        for block in blocks:
-            exec(compile(block, GUIDE, "exec"), namespace)     # noqa: S102  (our own docs)
+    namespace, out = run_section("Applying the winner", 4)
     top = namespace["top"]
     assert list(top.columns) == ["id", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3"]
-    assert printed.getvalue().strip().endswith("0.0")
+    assert out.strip().endswith("0.0")

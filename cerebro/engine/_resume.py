@@ -1,18 +1,16 @@
 """Resume: finish a run whose driver died, from its journal and checkpoints.
 
-Every decision of a run is a function of the seed and of the results in the journal, so
-the searcher is rebuilt by calling it again exactly as the driver did (suggest, report,
-decide, trial_ended, in journal order) and checking that it answers as the journal says.
-Each live trial then continues from the checkpoint of its last journaled epoch; the
-sub-epochs that were running when the driver died run again with the same seeds, so the
-run ends bitwise as it would have without the crash (invariant 3).
+The searcher is rebuilt by replaying the journal (:mod:`._replay`). Each live trial then
+continues from the checkpoint of its last journaled epoch; the sub-epochs that were running
+when the driver died run again with the same seeds, so the run ends bitwise as it would
+have without the crash (invariant 3).
 """
 from __future__ import annotations
 
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cloudpickle
@@ -21,11 +19,8 @@ from ..backends import Backend
 from ..data import Storage
 from ..report import Result
 from ..store import (
-    EVENTS,
     DamagedLine,
-    Decided,
     DecidedPaused,
-    EpochEnd,
     Exploited,
     JournalRepaired,
     RunExtended,
@@ -33,19 +28,15 @@ from ..store import (
     RunResumed,
     RunStarted,
     RunStore,
-    TrialAdded,
     TrialCreated,
     TrialEnded,
     TrialRetried,
     TrialRolledBack,
     TrialStatus,
-    TrialStopAsked,
     UntrustedStateError,
-    improved,
     parse_event,
 )
 from ._driver import Driver
-from ._epoch_rules import diverged, plateau
 from ._execute import (
     finished,
     observers,
@@ -54,125 +45,13 @@ from ._execute import (
     resolve_backend,
     sigterm_interrupts,
 )
-from ._extend import as_extended, extension
-from ._interface import Decision, Exploit, SearchPolicy, TrialRequest, describe
+from ._extend import extension
+from ._interface import Decision, SearchPolicy
 from ._preflight import build_cheaply, check_metric
+from ._replay import Recovered, RecoveredTrial, ResumeError, replay, replayable, typed_events
 from ._settings import Limits, RunSettings
 from ._trials import Trial, TrialBook
 from ._visit_order import LEGACY_SCHEME, VisitScheme
-
-
-class ResumeError(RuntimeError):
-    """The run directory cannot be resumed as it is (its searcher answers differently, or a
-    trial's state is lost)."""
-
-
-@dataclass
-class RecoveredTrial:
-    """A trial as the journal leaves it: its last epoch, metrics and the searcher's answers."""
-
-    trial_id: str
-    config: dict[str, Any]
-    max_epochs: int
-    epoch: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    status: TrialStatus | None = None         # set once the trial ended
-    decision: Decision | None = None          # report's answer at ``epoch``
-    decision_journaled: bool = False
-    pending: Decision | Exploit | None = None   # decided by decide(), not carried out yet
-    exploited_at: int | None = None
-    best: tuple[int, float] | None = None     # (epoch, metric) of its best epoch (see TrialBook)
-    improved_at: tuple[int, float] | None = None   # early stopping (see _epoch_rules.plateau)
-    stop_reason: str | None = None
-    stop_epoch: int | None = None             # cb.stop(run_dir, trial=...): it ends going on after it
-
-
-@dataclass
-class Recovered:
-    """What :func:`replay` recovered: every trial, and the requests not yet started."""
-
-    trials: dict[str, RecoveredTrial]
-    unstarted: list[TrialRequest]             # suggested, but the driver died before creating them
-    last_time: float
-
-
-def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSettings) -> Recovered:
-    """Call ``policy`` as the driver did for ``events``; the trials as the journal leaves them
-    (with their best epochs and early stopping by ``settings``)."""
-    trials: dict[str, RecoveredTrial] = {}
-    suggested: list[TrialRequest] = []
-    added: list[TrialRequest] = []            # what the users added (cb.add_trial), to be created next
-    last_time = 0.0
-    parsed = as_extended(_parsed(events))
-    for event in parsed:
-        if isinstance(event, RunExtended):
-            policy.extend(event.epochs)       # type: ignore[attr-defined]  # extension() checked it has it
-    undone = retried_ends(parsed)
-    for index, event in enumerate(parsed):
-        if index in undone:
-            continue          # the searcher is not told of an end that a retry undid
-        last_time = max(last_time, getattr(event, "time", None) or getattr(event, "end", None) or 0.0)
-        trial = trials.get(getattr(event, "trial_id", ""))
-        match event:
-            case TrialAdded():
-                added.append(policy.added(event.config))     # type: ignore[attr-defined]  # it had it then
-            case TrialCreated():
-                trials[event.trial_id] = _created(event, policy, added, suggested)
-            case EpochEnd():
-                trial.epoch, trial.metrics, trial.pending = event.epoch, event.metrics, None
-                trial.best = improved(trial.best, event.epoch, event.metrics, settings.metric, settings.mode) \
-                    or trial.best
-                trial.decision, trial.decision_journaled = None, False
-                if not diverged(trial.metrics):
-                    trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
-                    trial.improved_at, trial.decision, trial.stop_reason = plateau(
-                        trial.improved_at, trial.epoch, trial.max_epochs, trial.metrics, trial.decision, settings)
-            case Decided():
-                if trial.decision is None or trial.decision.value != event.decision:
-                    raise ResumeError(f"the searcher answers {trial.decision} for {trial.trial_id} after epoch "
-                                      f"{trial.epoch}; the journal says {event.decision}")
-                trial.decision_journaled = True
-            case DecidedPaused():
-                decided = policy.decide()
-                if {t: describe(d) for t, d in decided.items()} != event.decisions:
-                    raise ResumeError(f"the searcher decides {decided}; the journal says {event.decisions}")
-                for trial_id, decision in decided.items():
-                    trials[trial_id].pending = decision
-            case Exploited():
-                trial.config, trial.exploited_at, trial.pending = dict(event.config), event.epoch, Decision.CONTINUE
-            case TrialStopAsked():
-                trial.stop_epoch = event.epoch
-            case TrialEnded():
-                trial.status, trial.pending = event.status, None
-                policy.trial_ended(trial.trial_id, trial.status)
-    return Recovered(trials, added + suggested, last_time)
-
-
-def _created(event: TrialCreated, policy: SearchPolicy, added: list[TrialRequest],
-             suggested: list[TrialRequest]) -> RecoveredTrial:
-    """The trial ``event`` created, once it is the next one a user added, or the searcher
-    suggests (asked again once its last suggestions are used up)."""
-    if not added and not suggested:
-        suggested.extend(policy.suggest())
-    if not added and not suggested:
-        raise ResumeError(f"the searcher suggests no trial where the journal created {event.trial_id}")
-    request = (added or suggested).pop(0)
-    if request.config != event.config or request.max_epochs != event.max_epochs:
-        raise ResumeError(f"the searcher suggests {request} where the journal created {event.trial_id} "
-                          f"with {event.config} for {event.max_epochs} epochs")
-    return RecoveredTrial(event.trial_id, dict(event.config), event.max_epochs)
-
-
-def retried_ends(events: list[Any]) -> frozenset[int]:
-    """The positions of the ``trial_ended`` events that a later ``trial_retried`` undid."""
-    ends: dict[str, int] = {}
-    undone = set()
-    for index, event in enumerate(events):
-        if isinstance(event, TrialEnded):
-            ends[event.trial_id] = index
-        elif isinstance(event, TrialRetried) and event.trial_id in ends:
-            undone.add(ends.pop(event.trial_id))
-    return frozenset(undone)
 
 
 @dataclass
@@ -255,7 +134,7 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     retry = failed_trials(events) if retry_failed else {}
     kept, cut = replayable(events, damaged)
     policy = cloudpickle.loads(store.read_searcher()) if epochs is not None else None
-    extended = None if policy is None else extension(policy, _parsed(kept), epochs)
+    extended = None if policy is None else extension(policy, typed_events(kept), epochs)
     if has_finished(events) and not retry and extended is None:
         warnings.warn(f"run {store.path!r} has finished{' and no trial failed' if retry_failed else ''}"
                       f"{f' with epochs={epochs} already' if epochs is not None else ''}; there is nothing to "
@@ -301,42 +180,6 @@ def check_extendable(store: RunStore, events: list[dict[str, Any]], recovered: R
             raise ResumeError(f"cannot extend: {trial_id}'s weights of epoch {rt.epoch} are gone (the run kept only "
                               f"some trials' weights, keep_checkpoints), and this searcher's trials cannot be "
                               f"trained again from the start with the same decisions; nothing was written")
-
-
-def _parsed(events: list[dict[str, Any]]) -> list[Any]:
-    return [event for event in map(parse_event, events) if event is not None]
-
-
-# The events replay needs: without one, the searcher cannot be called as the driver did. A
-# lost line of any other kind loses a row of the schedule or of the workers' story, never a
-# decision (a lost ``decision`` line is report's answer, which replay recomputes).
-NEEDED = frozenset(cls.name for cls in (TrialCreated, EpochEnd, DecidedPaused, Exploited, TrialEnded, TrialRetried,
-                                        RunExtended, TrialStopAsked, TrialAdded))
-
-
-def replayable(events: list[dict[str, Any]], damaged: list[DamagedLine]) -> tuple[list[dict[str, Any]],
-                                                                                   DamagedLine | None]:
-    """The events resume replays, and the damaged line from which the journal is cut, if any.
-
-    A damaged line in the middle that replay can do without is skipped, with a warning; the
-    first one it needs (or whose kind cannot be read) cuts the journal there, since the
-    events after it cannot be replayed without it: they are redone. A damaged tail (a crash
-    mid-write) is cut silently.
-    """
-    needed = next((line for line in damaged if line.events_before < len(events)
-                   and (line.seems not in EVENTS or line.seems in NEEDED)), None)
-    tail = next((line for line in damaged if line.events_before == len(events)), None)
-    cut = needed or tail
-    for line in damaged:
-        if line is not cut and (cut is None or line.number < cut.number):
-            warnings.warn(f"{line}: it held {line.seems!r}, an event resume does without", stacklevel=3)
-    if needed is not None:
-        held = repr(needed.seems) if needed.seems in EVENTS else "an event of unknown kind"
-        warnings.warn(f"{needed.path} line {needed.number} is damaged (it fails its CRC-32) and held {held}, "
-                      f"an event resume needs: the run goes on from line {needed.number - 1}, and the work of "
-                      f"the {len(events) - needed.events_before} events after it is redone", stacklevel=3)
-    return events[:cut.events_before] if cut is not None else events, cut
-
 
 def has_finished(events: list[dict[str, Any]]) -> bool:
     """Whether the run's last driver finished it."""

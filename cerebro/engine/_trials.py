@@ -91,7 +91,7 @@ class Trial:
     ending: tuple[TrialStatus, str | None] | None = None   # once the earlier epochs' evals are in
     epoch_waits: bool = False     # this epoch is done; it is reported after the earlier ones
     # Resume: epochs up to ``catch_up`` ran before the crash and are redone silently; then
-    # the trial goes on as ``recovered`` (a ``_resume.RecoveredTrial``) says.
+    # the trial goes on as ``recovered`` (a ``_replay.RecoveredTrial``) says.
     catch_up: int = 0
     recovered: Any = None
     best: tuple[int, float] | None = None      # (epoch, metric) of its best epoch so far
@@ -287,7 +287,7 @@ class TrialBook:
 
     def carry_on(self, trial: Trial, resumed: Any) -> None:
         """Do what the crashed driver had decided, or was deciding, after ``trial.epoch``;
-        ``resumed`` is the trial as ``_resume.replay`` recovered it."""
+        ``resumed`` is the trial as ``_replay.replay`` recovered it."""
         bad = diverged(resumed.metrics)
         if bad:
             self.end(trial, TrialStatus.DIVERGED, f"{bad} is {resumed.metrics[bad]} after epoch {trial.epoch}")
