@@ -133,10 +133,12 @@ def test_tensorboard_and_mlflow_log_keras_trials_as_they_log_torch_ones(tmp_path
         assert [(m.step, m.value) for m in in_mlflow] == expected
         assert children[trial.trial_id].data.params["lr"] == json.dumps(trial.config["lr"])
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
-    artifact = client.download_artifacts(parent.info.run_id, "best_model/model.safetensors", str(tmp_path))
-    with safe_open(artifact, "pt") as saved:
-        assert saved.metadata()["trial_id"] == result.best.trial_id
+    import mlflow.pyfunc  # the best trial as a pyfunc model, its weights beside it as safetensors
+    artifact = client.download_artifacts(parent.info.run_id, "best_model", str(tmp_path / "best"))
+    with safe_open(os.path.join(artifact, "artifacts", "weights.safetensors"), "pt") as saved:
         assert all(torch.equal(saved.get_tensor(k), v) for k, v in result.best.state_dict().items())
+    rows = np.random.default_rng(0).random((5, 64)).astype(np.float32)
+    assert np.array_equal(mlflow.pyfunc.load_model(artifact).predict(rows), result.best.predict(rows))
 
 
 def test_a_keras_model_that_is_not_compiled_is_refused():
