@@ -89,7 +89,9 @@ def _over_workers(result: Result, trial: TrialResult, epoch: int | str, features
         with open(os.path.join(job_dir, "job.json"), "w") as f:
             json.dump({"config": trial.config, "batch_size": batch_size,
                        "threads": max(1, (os.cpu_count() or 1) // count)}, f)
-        for index, share in enumerate(_shares(features, count, batch_size or trial.trainable(epoch).batch_size)):
+        # The batch size alone is needed here: the build, without reading the weights again.
+        size = batch_size or result.build(trial.config).batch_size
+        for index, share in enumerate(_shares(features, count, size)):
             write_share(job_dir, index, share)
         workers = [subprocess.Popen([sys.executable, "-m", "cerebro.worker._serve", job_dir, str(index)],
                                     stderr=subprocess.PIPE, text=True) for index in range(count)]

@@ -1,0 +1,56 @@
+"""A live trial as the driver holds it: where it stands, its state and its holders, and
+the evaluations of earlier epochs still running beside its next (see :mod:`._trials`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..store import TrialStatus
+from ..worker import Sums
+
+
+@dataclass
+class Evaluation:
+    """An epoch whose eval visits still run while the trial trains its next epoch."""
+
+    state: object                 # as the epoch's training left it
+    version: int
+    holders: set[int]
+    train_sums: dict[int, Sums]
+    eval_sums: dict[int, Sums]
+
+
+@dataclass
+class Trial:
+    """A live trial: its configuration, where it stands, and the state the driver holds."""
+
+    trial_id: str
+    config: dict
+    max_epochs: int
+    epoch: int = 0
+    state: object = None          # packed, as it came from the worker
+    version: int = 0              # train sub-epochs the state has seen
+    holders: set[int] = field(default_factory=set)         # workers holding this version
+    paused: bool = False          # waits for the searcher's decide()
+    retune: bool = False          # config changed (PBT): optimizer hyperparameters from build(config)
+    lost_with: list[str] = field(default_factory=list)      # workers lost while running it
+    train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
+    eval_sums: dict[int, Sums] = field(default_factory=dict)
+    overlap: bool = False         # this epoch's evals may run alongside the next epoch
+    evaluations: dict[int, Evaluation] = field(default_factory=dict)   # earlier epochs, by number
+    ending: tuple[TrialStatus, str | None] | None = None   # once the earlier epochs' evals are in
+    epoch_waits: bool = False     # this epoch is done; it is reported after the earlier ones
+    # Resume: epochs up to ``catch_up`` ran before the crash and are redone silently; then
+    # the trial goes on as ``recovered`` (a ``_replay.RecoveredTrial``) says.
+    catch_up: int = 0
+    recovered: Any = None
+    best: tuple[int, float] | None = None      # (epoch, metric) of its best epoch so far
+    improved_at: tuple[int, float] | None = None   # its last improvement by more than min_delta
+    stop_reason: str | None = None             # why early stopping ended it
+    parked: bool = False                       # the run is stopping: its next epoch waits for a resume
+    stop_epoch: int | None = None              # cb.stop(run_dir, trial=...): it ends going on after it
+
+    def holdings(self) -> list[Trial | Evaluation]:
+        """The states the driver holds for it, each with its version and holders: the latest,
+        and that of each epoch whose evals still run."""
+        return [self, *self.evaluations.values()]
