@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import runpy
 import sys
 from collections import Counter
@@ -272,23 +273,34 @@ def report(run_dir: str, out: str | None) -> None:
 
 @main.command("predict")
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True))
-@click.option("-o", "--out", required=True, help="the Parquet file to write the predictions to")
+@click.argument("input_path", metavar="INPUT")
+@click.option("-o", "--out", required=True,
+              help="where to write the predictions as Parquet (with --backend spark: a directory of files)")
 @click.option("--trial", default="best", show_default=True, help="a trial id such as t0003, or 'best'")
 @click.option("--epoch", default="best", show_default=True, help="'best', 'last', or an epoch whose weights were kept")
 @click.option("--top-k", "top_k", default=None, type=click.IntRange(min=1), help="the k likeliest classes per row")
-@click.option("--workers", default=None, type=click.IntRange(min=1), help="worker processes (default: as the run had)")
+@click.option("--workers", default=None, type=click.IntRange(min=1),
+              help="worker processes (default: as the run had), or Spark tasks")
+@click.option("--backend", type=click.Choice(["local", "spark"]), default="local", show_default=True,
+              help="spark: Spark tasks of the SparkSession that getOrCreate finds; INPUT may then be any path "
+                   "Spark reads (hdfs://...)")
 @click.option("--trust", is_flag=True, help="load the run's code (build.pkl) though a run of yours did not sign it")
 def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: str, top_k: int | None,
-                    workers: int | None, trust: bool) -> None:
-    """Apply a trial of a run to the rows of a Parquet file (the training's feature columns;
-    an id column is kept) and write the outputs, or the top-k classes, as Parquet.
+                    workers: int | None, backend: str, trust: bool) -> None:
+    """Apply a trial of a run to the rows of a Parquet file or directory (the training's
+    feature columns; an id column is kept) and write the outputs, or the top-k classes, as
+    Parquet, in the input's row order.
 
     Example: cerebro predict runs/exp1 test.parquet -o predictions.parquet --top-k 3 --workers 2
     """
     from .serve import predict
+    if backend == "local" and not os.path.exists(input_path):
+        raise click.BadParameter(f"{input_path!r} does not exist", param_hint="INPUT")
+    if backend == "spark":
+        from pyspark.sql import SparkSession
+        SparkSession.builder.getOrCreate()
     written = predict(run_dir, input_path, trial=trial, epoch=int(epoch) if epoch.isdigit() else epoch,
-                      workers=workers, top_k=top_k, out=out, trust=trust)
+                      workers=workers, top_k=top_k, out=out, trust=trust, backend=backend)
     click.echo(written)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -227,7 +228,7 @@ def test_a_run_killed_on_local_workers_resumes_on_spark_to_the_same_results(tmp_
 def test_a_trials_spark_udf_predicts_on_the_executors_as_the_trial_does(tmp_path, local_result):
     """``TrialResult.spark_udf`` in local mode and on a standalone cluster: every row's outputs
     are the trial's ``predict``, in any partitioning of the DataFrame (bits kept within 1e-6:
-    an executor's torch may use other threads)."""
+    an executor's torch may use other threads); so are ``cb.predict``'s in Spark tasks."""
     features = digits(partitions=4).features[:300]
     expected = local_result.best.predict(features)
     frame = pd.DataFrame({"id": range(len(features)), "features": list(features.astype("float64"))})
@@ -239,9 +240,72 @@ def test_a_trials_spark_udf_predicts_on_the_executors_as_the_trial_does(tmp_path
                 udf = local_result.best.spark_udf(spark)
                 rows = spark.createDataFrame(frame).repartition(3).withColumn("prediction", udf("features"))
                 got = rows.orderBy("id").toPandas()
+                batch = cb.predict(local_result, features, backend=cb.SparkBackend(spark, workers=2))
             finally:
                 spark.stop()
         assert got["id"].tolist() == list(range(len(features)))
         outputs = np.stack(got["prediction"].to_numpy())
         assert outputs.shape == expected.shape and abs(outputs - expected).max() <= 1e-6
+        assert batch.shape == expected.shape and abs(batch.to_numpy() - expected).max() <= 1e-6
 
+
+def test_cb_predict_on_spark_gives_the_local_answer_in_the_inputs_row_order(tmp_path, local_result):
+    """``cb.predict(..., backend="spark")`` on local[2]: numpy rows, a Parquet directory whose
+    files Spark would read out of order (it packs the larger first), a Spark DataFrame (a lazy
+    Spark DataFrame back) and ``out``: each row's outputs or top-k are the local backend's
+    (within 1e-6: other batches), in the input's order, the ids kept; bad input is refused
+    before any task runs."""
+    from pyspark.sql import DataFrame
+    features = digits(partitions=4).features[:300]
+    local = cb.predict(local_result, features, workers=2)
+    ids = np.arange(1000, 700, -1)
+    parts = tmp_path / "rows"
+    parts.mkdir()
+    frame = pd.DataFrame({"id": ids, "features": list(features.astype("float64"))})
+    frame.iloc[:100].to_parquet(parts / "a.parquet")        # the smaller file first by name
+    frame.iloc[100:].to_parquet(parts / "b.parquet")
+    spark = session("local[2]")
+    try:
+        got = cb.predict(local_result, features, backend="spark", workers=3)
+        assert list(got.columns) == list(local.columns) and len(got) == len(local)
+        assert (got - local).abs().to_numpy().max() <= 1e-6
+        top = cb.predict(local_result, str(parts), backend=cb.SparkBackend(spark, workers=2), top_k=3)
+        expected = cb.predict(local_result, str(parts), workers=2, top_k=3)
+        assert top["id"].tolist() == ids.tolist() and list(top.columns) == list(expected.columns)
+        assert top.filter(like="class").equals(expected.filter(like="class"))
+        assert (top.filter(like="prob") - expected.filter(like="prob")).abs().to_numpy().max() <= 1e-6
+        lazy = cb.predict(local_result, spark.createDataFrame(frame), backend="spark")
+        assert isinstance(lazy, DataFrame) and lazy.columns == ["id", *local.columns]
+        rows = lazy.toPandas().set_index("id").loc[ids]
+        assert abs(rows.to_numpy() - local.to_numpy()).max() <= 1e-6
+        written = cb.predict(local_result, spark.createDataFrame(frame), backend="spark", out=tmp_path / "o.parquet")
+        assert pd.read_parquet(written).set_index("id").loc[ids].equals(rows)
+        with pytest.raises(FileExistsError, match="o.parquet' exists; Spark writes a directory"):
+            cb.predict(local_result, features, backend="spark", out=tmp_path / "o.parquet")
+        with pytest.raises(ValueError, match=r"the features have shape \(300, 10\), rows of \(10,\); the run "
+                                             r"trained on rows of \(64,\)"):
+            cb.predict(local_result, features[:, :10], backend="spark")
+        with pytest.raises(ValueError, match=r"workers=2 with a Spark DataFrame: it is predicted in its own \d+ "
+                                             r"partitions, its rows in their order; repartition it first"):
+            cb.predict(local_result, spark.createDataFrame(frame), backend="spark", workers=2)
+        with pytest.raises(ValueError, match=r"workers=3 differs from the backend's workers=2"):
+            cb.predict(local_result, features, backend=cb.SparkBackend(spark, workers=2), workers=3)
+    finally:
+        spark.stop()
+    with pytest.raises(ValueError, match="backend='spark' needs an active SparkSession"):
+        cb.predict(local_result, features, backend="spark")
+
+
+def test_cerebro_predict_on_spark_writes_the_rows_in_order(tmp_path, local_result):
+    features = digits(partitions=4).features[:100]
+    pd.DataFrame({"id": range(100), "features": list(features)}).to_parquet(tmp_path / "in.parquet")
+    done = subprocess.run([sys.executable, "-m", "cerebro", "predict", str(local_result.run_dir),
+                           str(tmp_path / "in.parquet"), "-o", str(tmp_path / "out"), "--backend", "spark",
+                           "--top-k", "2"], capture_output=True, text=True,
+                          env={**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == str(tmp_path / "out")
+    got = pd.read_parquet(tmp_path / "out")
+    assert got["id"].tolist() == list(range(100)) and list(got.columns) == ["id", "class_1", "prob_1",
+                                                                         "class_2", "prob_2"]
+    assert got["class_1"].tolist() == local_result.best.predict(features).argmax(axis=1).tolist()

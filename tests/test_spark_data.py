@@ -10,6 +10,7 @@ import pytest
 import torch
 from _models import build, digit_images, image_build, png_digits
 from _spark import session
+from pyspark.sql import functions as F
 
 import cerebro as cb
 from cerebro.data import read_layout, read_partition
@@ -146,6 +147,10 @@ def test_a_binary_column_of_png_images_is_stored_as_bytes_and_trains_with_its_tr
     assert [t.status for t in result.trials] == ["completed"]
     stored = [read_partition(result.store.data_dir, s, p)[0] for s in ("train", "val") for p in range(2)]
     assert sorted(v for part in stored for v in part) == sorted(encoded)       # every image once, as it was
+    # cb.predict in Spark tasks takes the column the run trained on, the images as they came
+    got = cb.predict(result, df.withColumn("id", F.monotonically_increasing_id()), backend="spark").toPandas()
+    expected = result.best.predict(np.array(encoded, dtype=object))
+    assert abs(got.sort_values("id").drop(columns="id").to_numpy() - expected).max() <= 1e-6
 
 
 def test_an_n_d_array_column_keeps_its_shape(spark, tmp_path):
@@ -158,3 +163,25 @@ def test_an_n_d_array_column_keeps_its_shape(spark, tmp_path):
     assert features.shape == (100, 1, 8, 8)
     key = lambda array: sorted(map(bytes, array.astype(np.float32).reshape(len(array), -1)))  # noqa: E731
     assert key(features) == key(images)
+
+
+def test_cb_predict_on_spark_takes_the_feature_columns_from_spark_trained_on(spark, tmp_path):
+    """A run on a list of numeric columns (and on a Vector column) predicts a Spark DataFrame
+    with those columns as ``predict`` does the same rows, in its row order."""
+    from pyspark.ml.functions import array_to_vector
+    columns = [f"x{i}" for i in range(64)]
+    df = spark.createDataFrame(pd.DataFrame(X.astype(np.float64), columns=columns).assign(label=Y))
+    vectors = df.select(array_to_vector(F.array(*columns)).alias("v"), "label")
+    search = cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1)
+    for source, features in ((df, columns), (vectors, "v")):
+        data = cb.Dataset.from_spark(source, features=features, label="label", partitions=2, seed=0)
+        result = search.fit(data, workers=2, store=tmp_path / str(len(features)), seed=0, verbose=0)
+        got = cb.predict(result, source.drop("label"), backend="spark").toPandas()
+        assert list(got.columns) == [f"output_{i}" for i in range(10)]
+        assert abs(got.to_numpy() - result.best.predict(X)).max() <= 1e-6
+    with pytest.raises(ValueError, match=r"the data lacks the feature columns \['x63'\] the run trained on"):
+        cb.predict(result_of_columns(tmp_path), df.drop("x63"), backend="spark")
+
+
+def result_of_columns(tmp_path) -> cb.Result:
+    return cb.load(tmp_path / "64")

@@ -29,6 +29,7 @@ from ._partitions import (
     write_table,
 )
 from ._sample_order import SampleScheme
+from ._spark_columns import column_type, numeric_types, spark_features
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -51,53 +52,15 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
             raise TypeError(f"from_spark needs a pyspark.sql.DataFrame; got {type(df).__name__}")
         super().__init__(validation=validation, partitions=partitions, seed=seed, in_memory=in_memory,
                          cache_dir=cache_dir)
-        fields = {f.name: f.dataType for f in df.schema.fields}
-
-        def need(name: str) -> Any:
-            if name not in fields:
-                raise ValueError(f"column {name!r} is not in the DataFrame; columns are {list(fields)}")
-            return fields[name]
-
-        numeric = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType,
-                   T.DecimalType, T.BooleanType)
-        label_type = need(label)
-        if not isinstance(label_type, numeric):
+        label_type = column_type(df, label)
+        if not isinstance(label_type, numeric_types()):
             raise TypeError(f"label column {label!r} must be numeric; it is {label_type.simpleString()}")
         integral = isinstance(label_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.BooleanType))
         self._label_dtype = "int64" if integral else "float32"
         label_column = F.col(label).cast("long" if integral else "float")
-
-        self._binary, self._feature_shape = False, None
-        if isinstance(features, str):
-            kind = need(features)
-            depth, element = 0, kind
-            while isinstance(element, T.ArrayType):
-                depth, element = depth + 1, element.elementType
-            if isinstance(kind, T.BinaryType):       # encoded images: the trainer's transform decodes them
-                feature_column, self._binary = F.col(features), True
-            elif depth and isinstance(element, numeric):
-                feature_column = F.col(features)
-                for _ in range(depth - 1):           # N-D arrays: stored flat, read back in their shape
-                    feature_column = F.flatten(feature_column)
-                feature_column = feature_column.cast("array<float>")
-                if depth > 1:
-                    first = df.select(features).first()
-                    self._feature_shape = np.asarray(first[0]).shape if first is not None else None
-            elif type(kind).__name__ == "VectorUDT":
-                from pyspark.ml.functions import vector_to_array
-                feature_column = vector_to_array(F.col(features), "float32")
-            else:
-                raise TypeError(f"feature column {features!r} must be an array of numbers (of any depth), a "
-                                f"pyspark.ml Vector or binary; it is {kind.simpleString()}")
-            names = [features]
-        else:
-            names = list(features)
-            if not names:
-                raise ValueError("features=[] must name at least one column")
-            for name in names:
-                if not isinstance(need(name), numeric):
-                    raise TypeError(f"feature column {name!r} must be numeric; it is {need(name).simpleString()}")
-            feature_column = F.array(*[F.col(n).cast("float") for n in names])
+        chosen = spark_features(df, features)
+        feature_column, self._binary, self._feature_shape = chosen.column, chosen.binary, chosen.shape
+        self.feature_columns = names = chosen.names
 
         marked = F.lit(False)
         fraction = None
@@ -105,7 +68,7 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
                                   and validation == 0):
             pass
         elif isinstance(validation, str):
-            marker = need(validation)
+            marker = column_type(df, validation)
             if not isinstance(marker, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
                 raise TypeError(f"validation column {validation!r} must be boolean or integer (non-zero marks "
                                 f"a validation row); it is {marker.simpleString()}")

@@ -155,8 +155,9 @@ class TrialResult:
         features, _ = prediction_rows(data, spec)
         return predict_rows(self.trainable(epoch), features, batch_size)
 
-    def spark_udf(self, spark: Any, *, epoch: int | str = "best") -> Any:
-        """A Spark pandas UDF that runs this trial's model (the weights of ``epoch``) on the
+    def spark_udf(self, spark: Any, *, epoch: int | str = "best", batch_size: int | None = None) -> Any:
+        """A Spark pandas UDF that runs this trial's model (the weights of ``epoch``, in batches
+        of ``batch_size`` rows, default the trial's) on the
         executors: weights broadcast once, the model built once per Python worker; it takes
         the feature column (an array column; numeric columns as ``F.array(*columns)``, in the
         training's order) and returns each row's outputs as an array of floats. The build is
@@ -167,7 +168,7 @@ class TrialResult:
             >>> spark_df.withColumn("prediction", udf("features"))
         """
         from ._udf import spark_udf
-        return spark_udf(self, spark, epoch)
+        return spark_udf(self, spark, epoch, batch_size)
 
     def epoch_number(self, epoch: int | str) -> int:
         """The epoch number ``epoch`` (as :meth:`state_dict` takes it) names."""

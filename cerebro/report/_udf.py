@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 _BUILT: dict[str, Any] = {}      # in an executor's Python worker: UDF -> its built trainable and features
 
 
-def spark_udf(trial: TrialResult, spark: Any, epoch: int | str = "best") -> Any:
+def spark_udf(trial: TrialResult, spark: Any, epoch: int | str = "best", batch_size: int | None = None) -> Any:
     """The pandas UDF of ``trial`` (the weights of ``epoch``), returning each row's outputs as
     an array of floats."""
     from pyspark.sql.functions import pandas_udf
@@ -35,7 +35,8 @@ def spark_udf(trial: TrialResult, spark: Any, epoch: int | str = "best") -> Any:
     info = result.store.read_run_info()["data"]
     payload = {"build": result.store.read_build(), "config": dict(trial.config),
                "weights": save({k: v.contiguous() for k, v in trial.state_dict(epoch).items()}),
-               "spec": [info["feature_shape"], info["feature_dtype"], info.get("feature_columns")]}
+               "spec": [info["feature_shape"], info["feature_dtype"], info.get("feature_columns")],
+               "batch_size": batch_size}
     shared, token = spark.sparkContext.broadcast(payload), uuid.uuid4().hex
 
     def predict(features: pd.Series) -> pd.Series:
@@ -56,13 +57,22 @@ def _predict(shared: Any, key: str, features: pd.Series) -> pd.Series:
         trainable.load_weights(load(payload["weights"]))
         _BUILT[key] = (trainable, FeatureSpec(tuple(payload["spec"][0]), *payload["spec"][1:]))
     trainable, spec = _BUILT[key]
+    outputs = predict_rows(trainable, series_rows(features, spec), shared.value["batch_size"],
+                           device=inference_device())
+    flat = outputs.reshape(len(outputs), -1).astype(np.float32)
+    return pd.Series(list(flat))
+
+
+def series_rows(features: pd.Series, spec: FeatureSpec) -> np.ndarray:
+    """A batch of a Spark feature column (arrays, or bytes) as the rows ``predict`` takes,
+    checked against the run's shape and dtype as :func:`cerebro.data.prediction_rows` does."""
     if spec.dtype == "bytes":
         rows = features.to_numpy(dtype=object)
     else:
-        rows = _as_dtype(np.stack([np.asarray(v) for v in features]).reshape(len(features), *spec.shape), spec.dtype)
-    outputs = predict_rows(trainable, prediction_rows(rows, spec)[0], device=inference_device())
-    flat = outputs.reshape(len(outputs), -1).astype(np.float32)
-    return pd.Series(list(flat))
+        rows = _as_dtype(np.stack([np.asarray(v) for v in features]).reshape(len(features), -1), spec.dtype)
+        if rows.shape[1] == int(np.prod(spec.shape)):
+            rows = rows.reshape(len(rows), *spec.shape)
+    return prediction_rows(rows, spec)[0]
 
 
 def _as_dtype(rows: np.ndarray, dtype: str) -> np.ndarray:

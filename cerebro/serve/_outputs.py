@@ -9,13 +9,14 @@ _PROBABILITY_TOLERANCE = 1e-3
 
 
 def as_probabilities(outputs: np.ndarray) -> np.ndarray:
-    """``outputs`` (rows, classes) as probabilities: kept where every row is non-negative and
-    sums to 1 (within 1e-3: a softmax or sigmoid layer's output), else softmax applied (logits)."""
+    """``outputs`` (rows, classes) as probabilities, row by row (so how rows are batched
+    cannot change the answer): a row that is non-negative and sums to 1 (within 1e-3: a
+    softmax layer's output) is kept, any other is taken as logits and softmaxed."""
     values = outputs.astype(np.float64)
-    if (values >= 0).all() and np.allclose(values.sum(axis=1), 1.0, atol=_PROBABILITY_TOLERANCE):
-        return values
     shifted = np.exp(values - values.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
+    softmaxed = shifted / shifted.sum(axis=1, keepdims=True)
+    already = (values >= 0).all(axis=1) & (np.abs(values.sum(axis=1) - 1.0) <= _PROBABILITY_TOLERANCE)
+    return np.where(already[:, None], values, softmaxed)
 
 
 def top_k_classes(outputs: np.ndarray, k: int) -> pd.DataFrame:
