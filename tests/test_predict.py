@@ -135,3 +135,36 @@ def test_a_keras_trial_predicts_its_models_outputs(tmp_path):
     expected = np.concatenate([np.asarray(result.best.model().predict_on_batch(features[i:i + 64]))
                                for i in range(0, len(features), 64)])
     assert keras.backend.backend() and np.array_equal(outputs, expected)
+
+
+def test_chunks_start_at_batch_multiples_and_cover_every_row_once():
+    from cerebro.serve._local import MIN_CHUNK_BATCHES, _chunks
+    for rows, workers, batch in [(1, 2, 32), (600, 2, 32), (2_000_003, 2, 1024), (10_000, 7, 3)]:
+        chunks = _chunks(rows, workers, batch)
+        assert chunks[0][0] == 0 and chunks[-1][1] == rows
+        assert all(stop == start for (_, stop), (start, _) in zip(chunks, chunks[1:]))
+        assert all(start % batch == 0 and stop - start >= 1 for start, stop in chunks)
+        assert all(stop - start >= MIN_CHUNK_BATCHES * batch for start, stop in chunks[:-1])
+
+
+def test_a_worker_that_dies_gives_its_chunk_back_and_is_named(tmp_path):
+    """The driver predicts what a dead worker process took, so the answer is whole; the
+    warning names the worker and the last line it wrote."""
+    import queue
+    import warnings
+
+    from cerebro.serve._local import _feed
+    (tmp_path / "stderr-1.txt").write_text("Traceback ...\nMemoryError: out of memory\n")
+    dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)", "1"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    dead.wait()
+    todo = queue.SimpleQueue()
+    todo.put((0, 64))
+    todo.put((64, 100))
+    outputs = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _feed(dead, str(tmp_path), todo, outputs)
+    assert outputs == {} and sorted([todo.get_nowait(), todo.get_nowait()]) == [(0, 64), (64, 100)]
+    assert [str(w.message) for w in caught] == [
+        "prediction worker 1 failed (MemoryError: out of memory); the other workers predict its rows"]

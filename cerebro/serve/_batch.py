@@ -1,23 +1,16 @@
 """``cb.predict``: batch inference with a run's trial over workers, the reverse of MOP: the
-rows are split once into one contiguous share per worker and stay there, the model (build,
-config and weights) goes to every worker once, and each worker predicts its share in batches.
-The outputs come back in the input's row order."""
+model goes to every worker once and the rows are cut once; on local processes
+(:mod:`._local`) or in Spark tasks (:mod:`._spark`). The outputs come back in the input's
+row order."""
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import tempfile
 from typing import Any
-
-import numpy as np
 
 from ..backends import Backend, SparkBackend
 from ..data import FeatureSpec, prediction_rows
 from ..report import Result, TrialResult, load
-from ..worker import predict_rows
-from ..worker._serve import write_share
+from ._local import predict_over_workers
 from ._outputs import output_frame, top_k_classes
 from ._spark import spark_predict
 
@@ -62,7 +55,7 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
         return _on_spark(spark, chosen, epoch, data, spec, workers, top_k, out, batch_size)
     features, ids = prediction_rows(data, spec)
     count = min(workers or result.store.read_run_info().get("workers", 1), os.cpu_count() or 1, len(features))
-    outputs = _over_workers(result, chosen, epoch, features, count, batch_size)
+    outputs = predict_over_workers(result, chosen, epoch, features, count, batch_size)
     table = top_k_classes(outputs, top_k) if top_k is not None else output_frame(outputs)
     if ids is not None:
         table.insert(0, "id", ids)
@@ -110,43 +103,3 @@ def _trial(result: Result, trial: str) -> TrialResult:
     if trial not in found:
         raise ValueError(f"trial={trial!r} is not a trial of {result.run_dir!r}; its trials are {sorted(found)}")
     return found[trial]
-
-
-def _over_workers(result: Result, trial: TrialResult, epoch: int | str, features: np.ndarray, count: int,
-                  batch_size: int | None) -> np.ndarray:
-    """The outputs for ``features``: in this process for one worker, else one contiguous share
-    per worker process (:mod:`cerebro.worker._serve`), each of which builds the model once."""
-    if count <= 1:
-        return predict_rows(trial.trainable(epoch), features, batch_size)
-    from safetensors.torch import save_file
-
-    with tempfile.TemporaryDirectory(prefix="cerebro-predict-") as job_dir:
-        with open(os.path.join(job_dir, "build.pkl"), "wb") as f:
-            f.write(result.store.read_build())
-        save_file({k: v.contiguous() for k, v in trial.state_dict(epoch).items()},
-                  os.path.join(job_dir, "weights.safetensors"))
-        with open(os.path.join(job_dir, "job.json"), "w") as f:
-            json.dump({"config": trial.config, "batch_size": batch_size,
-                       "threads": max(1, (os.cpu_count() or 1) // count)}, f)
-        # The batch size alone is needed here: the build, without reading the weights again.
-        size = batch_size or result.build(trial.config).batch_size
-        for index, share in enumerate(_shares(features, count, size)):
-            write_share(job_dir, index, share)
-        workers = [subprocess.Popen([sys.executable, "-m", "cerebro.worker._serve", job_dir, str(index)],
-                                    stderr=subprocess.PIPE, text=True) for index in range(count)]
-        failed = [(index, worker.communicate()[1]) for index, worker in enumerate(workers)]
-        failed = [(index, err) for (index, err), worker in zip(failed, workers) if worker.returncode != 0]
-        if failed:
-            index, err = failed[0]
-            last = err.strip().splitlines()[-1] if err.strip() else f"exit status {workers[index].returncode}"
-            raise RuntimeError(f"prediction worker {index} failed: {last}\n{err}")
-        return np.concatenate([np.load(os.path.join(job_dir, f"outputs-{i}.npy"), allow_pickle=False)
-                               for i in range(count)])
-
-
-def _shares(features: np.ndarray, count: int, batch_size: int) -> list[np.ndarray]:
-    """``count`` contiguous shares of the rows, cut at multiples of ``batch_size``: each
-    worker's batches are the ones a single process makes, so the outputs are its bits."""
-    batches = -(-len(features) // batch_size)
-    cuts = [min(len(features), batch_size * int(b)) for b in np.linspace(0, batches, count + 1)[1:-1].round()]
-    return np.split(features, cuts)
