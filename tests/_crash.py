@@ -27,7 +27,7 @@ import cerebro as cb  # noqa: E402
 from cerebro.engine import Decision  # noqa: E402
 
 SPACE = {"lr": cb.choice([3e-2, 1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
-SCHEDULED_SPACE = {"lr": cb.choice([0.1, 0.05]), "step": cb.choice(["epoch", "batch"])}
+SCHEDULED_SPACE = {"lr": cb.choice([0.1, 0.05]), "step": cb.choice(["epoch", "batch", "plateau"])}
 
 
 def killing_build(store: str, after: int, marker: str, base=build):

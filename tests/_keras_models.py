@@ -18,8 +18,12 @@ def make_model(architecture: str) -> keras.Model:
 
 
 def build(config: dict) -> cb.KerasTrainable:
-    """``architecture``: mlp (with dropout), cnn (with dropout) or plain (no randomness)."""
+    """``architecture``: mlp (with dropout), cnn (with dropout) or plain (no randomness);
+    ``plateau``: a ReduceLROnPlateau callback on val_loss in "max" mode (a falling loss lowers
+    the rate at every epoch's end but the first)."""
     model = make_model(config.get("architecture", "mlp"))
     model.compile(keras.optimizers.Adam(config.get("lr", 3e-3)),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
-    return cb.KerasTrainable(model, batch_size=32)
+    callbacks = [keras.callbacks.ReduceLROnPlateau("val_loss", factor=0.5, patience=0, mode="max")] \
+        if config.get("plateau") else None
+    return cb.KerasTrainable(model, batch_size=32, callbacks=callbacks)

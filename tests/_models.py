@@ -53,15 +53,20 @@ def build(config: dict) -> cb.TorchTrainable:
 
 def scheduled(config: dict) -> cb.TorchTrainable:
     """An MLP trained by SGD with momentum, a learning-rate schedule stepped per epoch
-    (``step``: "epoch", StepLR) or per batch ("batch", ExponentialLR), and gradient clipping."""
+    (``step``: "epoch", StepLR), per batch ("batch", ExponentialLR) or on the epoch before's
+    validation loss ("plateau", ReduceLROnPlateau: in "max" mode, so a falling loss lowers
+    the rate), and gradient clipping."""
     model = make_model("mlp")
     optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9)
-    if config.get("step", "epoch") == "epoch":
+    step = config.get("step", "epoch")
+    if step == "epoch":
         scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    elif step == "plateau":
+        scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", patience=0, factor=0.5)
     else:
         scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.99)
     return cb.TorchTrainable(model, optimizer, torch.nn.functional.cross_entropy, batch_size=16,
-                             lr_scheduler=scheduler, lr_scheduler_step=config.get("step", "epoch"),
+                             lr_scheduler=scheduler, lr_scheduler_step="batch" if step == "batch" else "epoch",
                              clip_grad_norm=0.5)
 
 

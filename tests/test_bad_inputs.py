@@ -141,11 +141,11 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
     "a configuration value that is an object": (
         lambda t: cb.choice([torch.nn.ReLU()]), ValueError,
         r"choice: ReLU\(\) cannot be stored as a configuration value; use numbers, strings, booleans, None or "
-        r"lists of them \(map names to objects inside build\)"),
+        r"lists or dicts of them \(map names to objects inside build\)"),
     "a constant that is a function": (
         lambda t: fit(t, cb.GridSearch(build, {"f": len}, epochs=1)), ValueError,
         r"space\['f'\]: <built-in function len> cannot be stored as a configuration value; use numbers, strings, "
-        r"booleans, None or lists of them \(map names to objects inside build\)"),
+        r"booleans, None or lists or dicts of them \(map names to objects inside build\)"),
     "a space key that is a history column": (
         lambda t: fit(t, cb.GridSearch(build, {"epoch": cb.choice([1, 2])}, epochs=1)), ValueError,
         r"space key 'epoch' is also a column of result\.history\(\) \(trial_id, epoch, exploited_from, train_loss, "

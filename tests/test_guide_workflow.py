@@ -54,3 +54,19 @@ def test_the_applying_the_winner_section_runs_as_written(tmp_path, monkeypatch):
     top = namespace["top"]
     assert list(top.columns) == ["id", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3"]
     assert out.strip().endswith("0.0")
+
+
+def test_the_learning_rate_schedules_section_runs_as_written(tmp_path, monkeypatch):
+    """A plateau schedule and a one-cycle schedule given as a function: every trial completes,
+    the one-cycle rate ends near zero, the plateau rate never rises."""
+    monkeypatch.chdir(tmp_path)
+    namespace, out = run_section("Learning-rate schedules", 1)
+    result = namespace["result"]
+    assert [t.status for t in result.trials] == ["completed"] * 4 and "train_lr" in out
+    history = result.history().sort_values(["trial_id", "epoch"])
+    for _, rows in history.groupby("trial_id"):
+        rates = rows["train_lr"].tolist()
+        if rows["schedule"].iloc[0] == "one-cycle":
+            assert rates[-1] < 1e-2 * rows["lr"].iloc[0]          # annealed: all 3 * steps_per_epoch steps taken
+        else:
+            assert rates[0] == rows["lr"].iloc[0] and rates == sorted(rates, reverse=True)

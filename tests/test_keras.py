@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -276,3 +277,34 @@ def test_the_exported_state_keeps_its_values_while_the_model_trains_on():
     trainable.train_batches([(features, label)], seed=1, epoch=1)
     assert all(torch.equal(exported[part][name], copied[part][name]) for part in copied for name in copied[part])
     assert not all(torch.equal(a, b) for a, b in zip(trainable.state()["model"].values(), copied["model"].values()))
+
+
+@pytest.mark.slow
+def test_reduce_lr_on_plateau_runs_at_each_epochs_end_the_same_on_1_and_2_workers(tmp_path):
+    """Keras's ReduceLROnPlateau on the epoch's val_loss over every partition: history's
+    train_lr halves after each epoch whose val_loss did not rise (mode "max"), as Keras's
+    rule says, and 1 and 2 workers give the same bits."""
+    search = cb.GridSearch(build, {"architecture": "plain", "lr": cb.choice([3e-3]), "plateau": True}, epochs=4)
+    one, two = fit(tmp_path, search, 1, "one"), fit(tmp_path, search, 2, "two")
+    assert_same_runs(one, two)
+    history = one.history().sort_values("epoch")
+    expected, best = [float(np.float32(3e-3))], None
+    for loss in history["val_loss"].tolist()[:-1]:
+        if best is None or loss - 1e-4 > best:
+            best, rate = loss, expected[-1]
+        else:
+            rate = float(np.float32(expected[-1] * 0.5))
+        expected.append(rate)
+    assert history["train_lr"].tolist() == expected and expected[-1] < expected[0]
+
+
+@pytest.mark.parametrize("callback, instead", [
+    (keras.callbacks.EarlyStopping(), "give the search early stopping instead: cb.GridSearch(..., patience=N"),
+    (keras.callbacks.CSVLogger("log.csv"), "KerasTrainable runs ReduceLROnPlateau only, at each epoch's end"),
+])
+def test_keras_callbacks_other_than_reduce_lr_on_plateau_are_refused_by_name(callback, instead):
+    model = make_model("plain")
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match=re.escape(f"callbacks=[{type(callback).__name__}(...)] cannot run per "
+                                                   f"sub-epoch on workers: {instead}")):
+        cb.KerasTrainable(model, batch_size=32, callbacks=[callback])

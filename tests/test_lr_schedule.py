@@ -70,3 +70,28 @@ def test_bad_schedule_settings_are_refused():
                           lr_scheduler=torch.optim.lr_scheduler.StepLR(other, 1))
     with pytest.raises(ValueError, match=r"^clip_grad_norm=-1 must be a positive number or None$"):
         cb.TorchTrainable(model, optimizer, torch.nn.functional.cross_entropy, 8, clip_grad_norm=-1)
+
+
+def test_a_plateau_schedule_steps_on_the_epoch_befores_val_loss_the_same_on_any_worker_count(tmp_path):
+    """ReduceLROnPlateau in "max" mode on val_loss: each epoch's learning rate (history's
+    train_lr) is what the scheduler gives stepped on the recorded val_loss of the epochs
+    before; 1 and 2 workers give the same bits; a PBT exploit carries the schedule over."""
+    search = cb.GridSearch(scheduled, {"lr": cb.choice([0.1, 0.05]), "step": "plateau"}, epochs=4)
+    one, two = (search.fit(digits(partitions=4), workers=workers, store=tmp_path / str(workers), seed=3, verbose=0)
+                for workers in (1, 2))
+    assert one.history().equals(two.history())
+    for a, b in zip(one.trials, two.trials, strict=True):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+        rows = one.history()[lambda h, t=a.trial_id: h.trial_id == t].sort_values("epoch")
+        optimizer = torch.optim.SGD(make_model("mlp").parameters(), lr=a.config["lr"])
+        replayed = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", patience=0, factor=0.5)
+        expected = [a.config["lr"]]
+        for loss in rows["val_loss"].tolist()[:-1]:
+            replayed.step(loss)
+            expected.append(optimizer.param_groups[0]["lr"])
+        assert rows["train_lr"].tolist() == expected and expected[-1] < expected[0]
+    pbt = cb.PBT(scheduled, {"lr": cb.loguniform(0.02, 0.2), "step": "plateau"}, population=3, epochs=4,
+                 perturbation_interval=2).fit(digits(partitions=4), workers=2, store=tmp_path / "pbt", seed=1,
+                                              verbose=0)
+    assert pbt.history()["exploited_from"].notna().any()
+    assert [t.status for t in pbt.trials] == ["completed"] * 3

@@ -229,11 +229,15 @@ def test_choice_values_become_plain_json_data():
     assert cb.choice([(64, 64), [32]]).values == [[64, 64], [32]]
 
 
-@pytest.mark.parametrize("value", [object, float("nan"), {"a": 1}])
+@pytest.mark.parametrize("value", [object, float("nan")])
 def test_values_that_cannot_be_stored_are_rejected_early(value):
     with pytest.raises(ValueError, match=re.escape(f"choice: {value!r} cannot be stored as a configuration value; "
-                                                   "use numbers, strings, booleans, None or lists of them "
-                                                   "(map names to objects inside build)")):
+                                                   "use numbers, strings, booleans, None or lists or dicts of "
+                                                   "them (map names to objects inside build)")):
         cb.choice([value])
     with pytest.raises(ValueError, match=re.escape(f"space['act']: {value!r} cannot be stored")):
         check_space({"act": value})
+    with pytest.raises(ValueError, match=re.escape(f"space['model']['act']: {value!r} cannot be stored")):
+        check_space({"model": {"act": value, "lr": cb.uniform(0, 1)}})
+    with pytest.raises(ValueError, match=re.escape(f"choice option 1['act']: {value!r} cannot be stored")):
+        cb.choice([{"act": "relu"}, {"act": value}])

@@ -31,14 +31,14 @@ def task(trial_id: str, version: int, state=None, kind: TaskKind = TaskKind.TRAI
 
 def test_a_trial_whose_state_was_evicted_asks_for_it_and_then_trains_identically():
     torch.set_num_threads(1)
-    small = _Trainables(build, torch.device("cpu"), budget=0)   # keeps only the latest trial
+    small = _Trainables(build, torch.device("cpu"), budget=0, train_rows=[100])   # keeps only the latest trial
     first = _run(task("t0000", 0), small, DATA, CPU)
     assert isinstance(first, SubEpochDone)
     assert isinstance(_run(task("t0001", 0), small, DATA, CPU), SubEpochDone)   # evicts t0000
     assert _run(task("t0000", 1), small, DATA, CPU) == StateMissing(1)
     resent = _run(task("t0000", 1, first.state), small, DATA, CPU)
 
-    roomy = _Trainables(build, torch.device("cpu"), budget=1 << 30)
+    roomy = _Trainables(build, torch.device("cpu"), budget=1 << 30, train_rows=[100])
     _run(task("t0000", 0), roomy, DATA, CPU)
     cached = _run(task("t0000", 1), roomy, DATA, CPU)                            # state left out: held here
     assert isinstance(cached, SubEpochDone) and isinstance(resent, SubEpochDone)
@@ -48,7 +48,7 @@ def test_a_trial_whose_state_was_evicted_asks_for_it_and_then_trains_identically
 
 
 def test_sub_epoch_done_names_exactly_the_trials_the_cache_evicted():
-    small = _Trainables(build, torch.device("cpu"), budget=0)   # keeps only the latest trial
+    small = _Trainables(build, torch.device("cpu"), budget=0, train_rows=[100])   # keeps only the latest trial
     first = _run(task("t0000", 0), small, DATA, CPU)
     assert first.evicted == ()
     assert _run(task("t0001", 0), small, DATA, CPU).evicted == ("t0000",)
@@ -58,7 +58,7 @@ def test_sub_epoch_done_names_exactly_the_trials_the_cache_evicted():
     assert _run(task("t0000", 1, first.state, config={"lr": 1e-3}), small, DATA, CPU).evicted == ()
 
     one = 3 * sum(t.numel() * t.element_size() for t in build({}).model.state_dict().values())
-    pair = _Trainables(build, torch.device("cpu"), budget=2 * one)       # the cache's own estimate, twice
+    pair = _Trainables(build, torch.device("cpu"), budget=2 * one, train_rows=[100])   # the cache's estimate, twice
     assert [_run(task(trial, 0), pair, DATA, CPU).evicted for trial in ("t0000", "t0001")] == [(), ()]
     assert _run(task("t0000", 1), pair, DATA, CPU).evicted == ()             # t0001 is now the least recent
     assert _run(task("t0002", 0), pair, DATA, CPU).evicted == ("t0001",)
@@ -66,26 +66,28 @@ def test_sub_epoch_done_names_exactly_the_trials_the_cache_evicted():
 
 
 def test_a_stale_version_is_never_used():
-    trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30)
+    trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30, train_rows=[100])
     _run(task("t0000", 0), trainables, DATA, CPU)                    # holds version 1
     assert _run(task("t0000", 2), trainables, DATA, CPU) == StateMissing(2)
 
 
 def test_a_failing_build_is_reported_with_its_traceback():
-    result = _run(task("t0000", 0, config={"fail": True}), _Trainables(build, torch.device("cpu"), 0), DATA, CPU)
+    trainables = _Trainables(build, torch.device("cpu"), 0, train_rows=[100])
+    result = _run(task("t0000", 0, config={"fail": True}), trainables, DATA, CPU)
     assert isinstance(result, SubEpochFailed)
     assert "ValueError: boom: this configuration cannot be built" in result.error
 
 
 def test_build_must_return_a_trainable():
-    result = _run(task("t0000", 0), _Trainables(lambda config: torch.nn.Linear(2, 2), CPU, 0), DATA, CPU)
+    trainables = _Trainables(lambda config: torch.nn.Linear(2, 2), CPU, 0, train_rows=[100])
+    result = _run(task("t0000", 0), trainables, DATA, CPU)
     assert isinstance(result, SubEpochFailed)
     assert ("TypeError: build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; got Linear"
             in result.error)
 
 
 def test_eval_leaves_the_state_version_alone():
-    trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30)
+    trainables = _Trainables(build, torch.device("cpu"), budget=1 << 30, train_rows=[100])
     _run(task("t0000", 0), trainables, DATA, CPU)
     evaluated = _run(task("t0000", 1, kind=TaskKind.EVAL), trainables, DATA, CPU)
     assert isinstance(evaluated, SubEpochDone) and evaluated.state is None and evaluated.sums.rows == 8

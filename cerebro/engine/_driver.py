@@ -178,7 +178,7 @@ class Driver:
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(seed, trial.trial_id), subepoch_seed(seed, trial.trial_id, task.epoch, task.partition),
             source.version, None if held else source.state, trial.retune and task.kind == TRAIN,
-            self.settings.limits.trial_timeout))
+            self.settings.limits.trial_timeout, _epoch_before(trial, task)))
         if sent:     # a worker holds one version of a trial: this one
             for holding in trial.holdings():
                 if holding.version == source.version:
@@ -217,7 +217,8 @@ class Driver:
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
         if isinstance(message, SubEpochDone):
-            self.book.sub_epoch_done(task, worker.index, message.sums, message.state)
+            self.book.sub_epoch_done(task, worker.index, message.sums, message.state, message.learning_rate,
+                                     message.epoch_metric)
         elif message.timed_out:
             self.book.end(trial, TrialStatus.TIMEOUT, f"its {task.kind} sub-epoch of epoch {task.epoch} on "
                                                       f"partition {task.partition} took more than trial_timeout="
@@ -320,3 +321,11 @@ class Driver:
 def _told(event: type[SubEpochStarted], task: Task) -> SubEpochStarted:
     """The observers' event that ``task`` started on its worker, or was aborted there."""
     return event(task.trial_id, task.epoch, task.partition, task.worker, task.kind)
+
+
+def _epoch_before(trial: Trial, task: Task) -> dict[str, float] | None:
+    """The metrics a train task of ``task.epoch`` carries: its epoch before's, where the
+    driver has them (always, for a trial whose schedule steps on one: it waits for them)."""
+    if task.kind != TRAIN or trial.last_metrics is None or trial.last_metrics[0] != task.epoch - 1:
+        return None
+    return trial.last_metrics[1]

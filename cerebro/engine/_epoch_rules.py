@@ -10,6 +10,9 @@ from ._interface import Decision
 from ._settings import RunSettings
 
 USER_STOP = "stopped by the user"      # the reason of a trial cb.stop(run_dir, trial=...) ended
+# history()'s column of the learning rate each epoch ended with ("lr" and "learning_rate"
+# are the space keys users give it: they stay theirs).
+LEARNING_RATE = "train_lr"
 
 
 def plateau(improved_at: tuple[int, float] | None, epoch: int, max_epochs: int, metrics: dict[str, float],

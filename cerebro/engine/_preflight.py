@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..data import Dataset
+from ..report import flat_config
 from ..worker import Trainable
 from ._interface import SearchPolicy
 
@@ -33,7 +34,11 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     what it is asked (see the module)."""
     trainable, config = _first_that_builds(build, configs)
     logged = check_metric(trainable, metric, data.has_validation)
-    clashes = [key for key in config if key in (*HISTORY_COLUMNS, *logged)]
+    stepped_on = trainable.epoch_metric()
+    if stepped_on is not None and stepped_on not in logged:
+        raise ValueError(f"lr_scheduler_metric={stepped_on!r}, which the lr_scheduler steps on, is not logged; "
+                         f"logged metrics are {logged}")
+    clashes = [key for key in flat_config(config) if key in (*HISTORY_COLUMNS, *logged)]
     if clashes:
         raise ValueError(f"space key {clashes[0]!r} is also a column of result.history() "
                          f"({', '.join((*HISTORY_COLUMNS, *logged))}); rename it")

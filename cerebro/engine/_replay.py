@@ -49,6 +49,7 @@ class RecoveredTrial:
     max_epochs: int
     epoch: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    epoch_metrics: dict[int, dict[str, float]] = field(default_factory=dict)   # every journaled epoch's
     status: TrialStatus | None = None         # set once the trial ended
     decision: Decision | None = None          # report's answer at ``epoch``
     decision_journaled: bool = False
@@ -93,6 +94,7 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
                 trials[event.trial_id] = _created(event, policy, added, suggested)
             case EpochEnd():
                 trial.epoch, trial.metrics, trial.pending = event.epoch, event.metrics, None
+                trial.epoch_metrics[event.epoch] = event.metrics
                 trial.best = improved(trial.best, event.epoch, event.metrics, settings.metric, settings.mode) \
                     or trial.best
                 trial.decision, trial.decision_journaled = None, False

@@ -256,6 +256,9 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
                        for c in store.checkpoints(trial.trial_id)]
         book.recorder.emit(TrialRolledBack(trial.trial_id, rt.epoch, trial.epoch, checkpoints, book.recorder.now()))
         actions.append((trial, None))
+    for trial, _ in actions:      # a schedule on a metric steps on the epoch before's (see Trial)
+        found = recovered.trials[trial.trial_id].epoch_metrics.get(trial.epoch)
+        trial.last_metrics = None if found is None else (trial.epoch, found)
     for trial, rt in actions:
         if rt is None:
             book.start_epoch(trial)

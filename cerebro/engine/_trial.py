@@ -18,6 +18,7 @@ class Evaluation:
     holders: set[int]
     train_sums: dict[int, Sums]
     eval_sums: dict[int, Sums]
+    learning_rate: float | None
 
 
 @dataclass
@@ -49,6 +50,11 @@ class Trial:
     stop_reason: str | None = None             # why early stopping ended it
     parked: bool = False                       # the run is stopping: its next epoch waits for a resume
     stop_epoch: int | None = None              # cb.stop(run_dir, trial=...): it ends going on after it
+    learning_rate: float | None = None         # after its last train sub-epoch (history's train_lr)
+    # What its schedule steps on (ReduceLROnPlateau's metric): then its next epoch waits for an
+    # epoch's evals, and its train tasks carry ``last_metrics``, (epoch, metrics) of the last one.
+    epoch_metric: str | None = None
+    last_metrics: tuple[int, dict[str, float]] | None = None
 
     def holdings(self) -> list[Trial | Evaluation]:
         """The states the driver holds for it, each with its version and holders: the latest,

@@ -32,7 +32,7 @@ from ..store import (
     improved,
 )
 from ..worker import Sums
-from ._epoch_rules import USER_STOP, diverged, mean_metrics, plateau
+from ._epoch_rules import LEARNING_RATE, USER_STOP, diverged, mean_metrics, plateau
 from ._errors import TooManyFailuresError
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest, describe
 from ._retention import Retention
@@ -112,6 +112,7 @@ class TrialBook:
         trial.train_sums, trial.eval_sums, trial.epoch_waits = {}, {}, False
         continues = getattr(self.policy, "continues_after", None)
         trial.overlap = (self.settings.evaluate and trial.catch_up < trial.epoch < trial.max_epochs
+                         and trial.epoch_metric is None
                          and continues is not None and continues(trial.trial_id, trial.epoch))
         order = functools.partial(visit_order, self.settings.seed, trial.trial_id,
                                   num_partitions=self.settings.num_partitions, scheme=self.settings.visit_scheme)
@@ -119,18 +120,20 @@ class TrialBook:
         self.scheduler.start_epoch(trial.trial_id, trial.epoch, order(trial.epoch), trial.overlap, then)
 
     # --- sub-epochs ---------------------------------------------------------------------
-    def sub_epoch_done(self, task: Task, worker: int, sums: Sums, state: object) -> None:
+    def sub_epoch_done(self, task: Task, worker: int, sums: Sums, state: object,
+                       learning_rate: float | None = None, epoch_metric: str | None = None) -> None:
         """``task`` ran on ``worker``; at the trial's epoch end, report it to the searcher."""
         trial = self.live.get(task.trial_id)
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
+        trial.epoch_metric = epoch_metric
         if trial.ending is not None and task.epoch == trial.epoch:
             return             # it ends once its earlier epochs' evals are in
         if task.kind == TRAIN:
             for holding in trial.holdings():
                 holding.holders.discard(worker)
             trial.state, trial.version, trial.holders = state, trial.version + 1, {worker}
-            trial.retune = False
+            trial.retune, trial.learning_rate = False, learning_rate
             trial.train_sums[task.partition] = sums
             if not math.isfinite(sums.loss):
                 self.end(trial, TrialStatus.DIVERGED, f"train loss became {sums.loss / max(sums.rows, 1)} in "
@@ -144,11 +147,11 @@ class TrialBook:
                 trial.epoch_waits = True       # epochs are reported in order
             else:
                 self._end_epoch(trial, task.epoch)
-        if trial.trial_id in self.live and trial.overlap and not trial.epoch_waits and not self.draining and \
-                self.scheduler.may_start_next(trial.trial_id):
+        if trial.trial_id in self.live and trial.overlap and trial.epoch_metric is None and not trial.epoch_waits \
+                and not self.draining and self.scheduler.may_start_next(trial.trial_id):
             # Training done, evals to run: they go on alongside the next epoch.
             trial.evaluations[trial.epoch] = Evaluation(trial.state, trial.version, set(trial.holders),
-                                                        trial.train_sums, trial.eval_sums)
+                                                        trial.train_sums, trial.eval_sums, trial.learning_rate)
             self.start_epoch(trial)
 
     def worker_lost(self, task: Task, reason: str) -> bool:
@@ -185,6 +188,7 @@ class TrialBook:
             self._end_evaluation(trial, epoch)
             return
         if trial.epoch <= trial.catch_up:      # resume: journaled and reported before the crash
+            trial.last_metrics = (trial.epoch, trial.recovered.epoch_metrics.get(trial.epoch, {}))
             self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch,
                                            best=trial.best is not None and trial.best[0] == trial.epoch)
             if trial.epoch < trial.catch_up:
@@ -193,7 +197,8 @@ class TrialBook:
                 trial.catch_up = 0
                 self.carry_on(trial, trial.recovered)
             return
-        decision = self._report(trial, trial.epoch, trial.state, trial.train_sums, trial.eval_sums)
+        decision = self._report(trial, trial.epoch, trial.state, trial.train_sums, trial.eval_sums,
+                                trial.learning_rate)
         if decision is Decision.PAUSE:
             trial.paused = True
         elif decision is not None:
@@ -203,7 +208,8 @@ class TrialBook:
         """The evals of ``epoch`` ended while ``trial`` trains a later epoch. The searcher said
         it goes on whatever the metrics, but they may have diverged, or it may stop it anyway."""
         evaluation = trial.evaluations.pop(epoch)
-        decision = self._report(trial, epoch, evaluation.state, evaluation.train_sums, evaluation.eval_sums)
+        decision = self._report(trial, epoch, evaluation.state, evaluation.train_sums, evaluation.eval_sums,
+                                evaluation.learning_rate)
         if decision is Decision.CONTINUE and trial.stop_epoch is not None and epoch >= trial.stop_epoch:
             self.end(trial, TrialStatus.STOPPED, USER_STOP)
         elif decision is Decision.STOP:
@@ -219,9 +225,12 @@ class TrialBook:
             self._end_epoch(trial, trial.epoch)
 
     def _report(self, trial: Trial, epoch: int, state: object, train_sums: dict[int, Sums],
-                eval_sums: dict[int, Sums]) -> Decision | None:
+                eval_sums: dict[int, Sums], learning_rate: float | None) -> Decision | None:
         """Checkpoint and journal ``epoch`` and ask the searcher; None where it diverged (ended)."""
         metrics = {**mean_metrics("train", train_sums), **mean_metrics("val", eval_sums)}
+        if learning_rate is not None:
+            metrics[LEARNING_RATE] = learning_rate
+        trial.last_metrics = (epoch, metrics)
         best = improved(trial.best, epoch, metrics, self.settings.metric, self.settings.mode)
         trial.best = best or trial.best
         self.recorder.write_checkpoint(trial.trial_id, state, epoch, best=best is not None)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ._result import Result, load
+from ._result import Result, flat_config, load
 
 STATUS_COLORS = {"completed": "#2a9d8f", "stopped": "#e9c46a", "failed": "#e76f51", "diverged": "#9b2226",
                  "timeout": "#6d597a", "running": "#457b9d"}
@@ -157,8 +157,9 @@ def parallel_coordinates(result: Result) -> Any:
     if not scored:
         return None
     dimensions = []
-    for key in scored[0].config:
-        values = [t.config.get(key) for t in scored]
+    configs = [flat_config(t.config) for t in scored]
+    for key in dict.fromkeys(k for config in configs for k in config):     # every branch's keys
+        values = [config.get(key) for config in configs]
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             dimensions.append({"label": key, "values": values})
         else:

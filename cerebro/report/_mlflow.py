@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._progress import Progress
 from ._pyfunc import save_pyfunc
+from ._result import flat_config
 
 if TYPE_CHECKING:
     from ._result import Result
@@ -96,7 +97,7 @@ class MLflowLog(Progress):
         self._children[trial_id] = run.info.run_id
         self._open.add(trial_id)
         params = [Param(key, json.dumps(value) if not isinstance(value, str) else value)
-                  for key, value in config.items()]
+                  for key, value in flat_config(config).items()]
         self.client.log_batch(run.info.run_id, params=[*params, Param("max_epochs", str(max_epochs))])
 
     def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:

@@ -7,7 +7,7 @@ import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,7 +229,8 @@ class Result:
                              if e["trial_id"] == trial.trial_id and e["epoch"] == event.epoch - 1]
                 # The config this epoch trained with: PBT may have changed it since the trial began.
                 self._history.append({"trial_id": trial.trial_id, "epoch": event.epoch, **event.metrics,
-                                      "exploited_from": exploited[0] if exploited else None, **trial.config})
+                                      "exploited_from": exploited[0] if exploited else None,
+                                      **flat_config(trial.config)})
             case Exploited() as event:
                 self._trials[event.trial_id].config = event.config
                 self._exploits.append({k: v for k, v in event.record().items() if k != "time"})
@@ -353,7 +354,7 @@ class Result:
         and its config."""
         rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs, "best_epoch": t.best_epoch,
                  f"best_{self.metric}": t.best_metrics.get(self.metric, math.nan),
-                 self.metric: t.metrics.get(self.metric, math.nan), "reason": t.reason, **t.config}
+                 self.metric: t.metrics.get(self.metric, math.nan), "reason": t.reason, **flat_config(t.config)}
                 for t in self.ranked()]
         table = pd.DataFrame(rows)
         if not table.empty:
@@ -378,3 +379,15 @@ def load(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None,
     could run code: only for run directories you trust.
     """
     return Result(RunStore.open(run_dir, trust), build)
+
+
+def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``config`` with its nested dicts flattened to dotted names (``model.kind``), as the
+    columns of ``history()`` and ``summary()``; lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

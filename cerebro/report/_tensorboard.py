@@ -12,6 +12,7 @@ from typing import Any
 
 from ..store import Event
 from ._progress import Progress
+from ._result import flat_config
 
 
 class TensorBoardLog(Progress):
@@ -41,7 +42,7 @@ class TensorBoardLog(Progress):
 
     def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
         hparams = {key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
-                   for key, value in self._configs.get(trial_id, {}).items()}
+                   for key, value in flat_config(self._configs.get(trial_id, {})).items()}
         final = {f"hparam/{name}": value for name, value in self._last.get(trial_id, {}).items()
                  if math.isfinite(value)}
         writer = self._writer(trial_id)

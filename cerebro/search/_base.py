@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import _checks
 from .._checks import Constraint, Integer, OneOf, Optional, Real, String
 from ..engine._interface import Decision, Exploit, TrialRequest
-from ._space import SearchSpace, check_config
+from ._configs import check_config
+from ._space import SearchSpace
 
 if TYPE_CHECKING:
     from ..backends import Backend

@@ -1,14 +1,13 @@
 """Grid search: every combination of the ``choice`` values in the space."""
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from .._checks import Constraint, Integer
 from ..engine._interface import TrialRequest
 from ._base import Searcher
-from ._space import Distribution, choice
+from ._configs import grid_values
 
 
 class GridSearch(Searcher):
@@ -16,7 +15,8 @@ class GridSearch(Searcher):
 
     Constants in the space are passed to every trial as they are; any other primitive
     (``uniform``, ``loguniform``, ...) cannot be enumerated and is an error. Trials are
-    created in ``itertools.product`` order of the space's keys.
+    created in ``itertools.product`` order of the space's keys. A choice among dicts (a
+    nested space) gives each branch's own grid in turn: the product within a branch only.
 
     Example:
         >>> import cerebro as cb
@@ -41,10 +41,7 @@ class GridSearch(Searcher):
 
     def _check(self) -> None:
         """Every primitive in the space must be a ``cb.choice``, the only one a grid enumerates."""
-        for key, value in self.space.items():
-            if isinstance(value, Distribution) and not isinstance(value, choice):
-                raise ValueError(f"GridSearch can only enumerate cb.choice values; space[{key!r}] is "
-                                 f"{value!r}. Use cb.choice([...]) or cb.RandomSearch")
+        grid_values(self.space, "space")
 
     def start(self, seed: int) -> None:
         """The grid is still to be suggested."""
@@ -55,7 +52,4 @@ class GridSearch(Searcher):
         if not self._pending:
             return []
         self._pending = False
-        keys = list(self.space)
-        options = [v.values if isinstance(v, choice) else [v] for v in self.space.values()]
-        return [TrialRequest(dict(zip(keys, combination)), self.epochs)
-                for combination in itertools.product(*options)]
+        return [TrialRequest(config, self.epochs) for config in grid_values(self.space, "space")]

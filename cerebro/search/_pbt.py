@@ -1,6 +1,8 @@
 """Population based training: the worst trials copy the best ones' state and explore."""
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar
@@ -9,6 +11,7 @@ from .._checks import All, Constraint, Integer, Items, Optional, Real
 from ..engine._interface import Decision, Exploit, TrialRequest
 from ..engine._seeds import search_rng, trial_index, trial_name
 from ._base import Searcher
+from ._configs import leaves, primitive_at
 from ._ranking import ranked
 from ._space import Distribution, choice, loguniform, quniform, randint, sample_config, uniform
 
@@ -27,9 +30,13 @@ class PBT(Searcher):
     decay, ... take effect in the live optimizer's parameter groups. A trial keeps its id;
     :meth:`cerebro.Result.lineage` lists every exploit.
 
+    In a nested space a trial stays in its branch: the keys of another branch are not
+    its own and a choice among dicts is never mutated; a key inside a dict is named by its
+    path, ``"optimizer.lr"``.
+
     Args:
-        mutations: keys of the space to explore; default: every ``cb.uniform`` and
-            ``cb.loguniform`` key.
+        mutations: keys of the space to explore (dotted paths inside nested dicts); default:
+            every ``cb.uniform`` and ``cb.loguniform`` key, at any depth.
 
     Example:
         >>> import cerebro as cb
@@ -68,21 +75,27 @@ class PBT(Searcher):
 
     def _check(self) -> None:
         """``mutations`` must name primitives of the space, and something must be left to explore."""
+        primitives = {".".join(path): primitive for path, primitive in leaves(self.space)}
         for key in self.mutations or ():
-            if key not in self.space:
-                raise ValueError(f"mutations: {key!r} is not a key of the space; keys: {sorted(self.space)}")
-            if not isinstance(self.space[key], Distribution):
+            if key in self.space and not isinstance(self.space[key], Distribution):
                 raise ValueError(f"mutations: space[{key!r}] is the constant {self.space[key]!r}; "
                                  f"only a primitive (cb.uniform, cb.choice, ...) can be mutated")
+            if key not in primitives:
+                raise ValueError(f"mutations: {key!r} is not a key of the space; keys: {sorted(primitives)}")
+            if isinstance(primitives[key], choice) and primitives[key].branches:
+                raise ValueError(f"mutations: {key!r} chooses among dicts (branches of the space); a trial stays "
+                                 f"in its branch: name the keys inside it instead")
         if not self._mutated_keys():
             raise ValueError("PBT has nothing to explore: the space has no cb.uniform or cb.loguniform key; "
                              "name the keys to mutate with mutations=[...]")
 
     def _mutated_keys(self) -> list[str]:
-        """The keys explored, in the space's order: ``mutations``, or every uniform and loguniform key."""
+        """The keys explored (dotted paths), in the space's order: ``mutations``, or every
+        uniform and loguniform key."""
+        paths = [(".".join(path), primitive) for path, primitive in leaves(self.space)]
         if self.mutations is not None:
-            return [key for key in self.space if key in self.mutations]
-        return [key for key, value in self.space.items() if isinstance(value, (uniform, loguniform))]
+            return [key for key, _ in paths if key in self.mutations]
+        return [key for key, primitive in paths if isinstance(primitive, (uniform, loguniform))]
 
     def _settings(self) -> dict[str, Any]:
         """As every searcher's, with the keys explored as ``mutations``, also when it was None."""
@@ -136,13 +149,18 @@ class PBT(Searcher):
 
     def _explore(self, config: dict[str, Any]) -> dict[str, Any]:
         """``config`` with every mutated key resampled or perturbed, drawn from the search's rng."""
-        new = dict(config)
+        new = copy.deepcopy(config)
         for key in self._mutated_keys():
-            primitive = self.space[key]
+            path = key.split(".")
+            primitive = primitive_at(self.space, config, path)
+            if primitive is None:
+                continue           # a key of another branch than this trial's
+            *parents, last = path
+            holder = functools.reduce(lambda d, k: d[k], parents, new)
             if self._rng.random() < self.resample_probability:
-                new[key] = primitive.sample(self._rng)
+                holder[last] = primitive.sample(self._rng)
             else:
-                new[key] = _perturb(primitive, new[key], up=bool(self._rng.random() < 0.5))
+                holder[last] = _perturb(primitive, holder[last], up=bool(self._rng.random() < 0.5))
         return new
 
     def trial_ended(self, trial_id: str, status: str) -> None:

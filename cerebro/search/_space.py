@@ -1,7 +1,13 @@
 """Search-space primitives: what a configuration value may be.
 
-A space is a dict from name to a primitive (``choice``, ``uniform``, ...) or a plain
-constant, which every trial gets as it is.
+A space is a dict from name to a primitive (``choice``, ``uniform``, ...), a plain
+constant, which every trial gets as it is, or a dict of the same (a nested space). A
+``choice`` among dicts that hold primitives makes a conditional space, to any depth: an
+architecture with its own hyperparameters,
+``{"model": cb.choice([{"kind": "mlp", "hidden": cb.choice([64, 256])},
+{"kind": "cnn", "filters": cb.choice([16, 32]), "layers": cb.randint(2, 5)}])}``.
+A trial's config is plain nested data of the same shape; ``history()`` flattens it with
+dotted names (``model.kind``).
 """
 from __future__ import annotations
 
@@ -45,11 +51,18 @@ class choice(Distribution):
             raise ValueError(f"choice: values={values!r} must be a list of options")
         if len(values) == 0:
             raise ValueError(f"choice: values={values!r} must hold at least one option")
-        self.values = [plain_value(v, "choice") for v in values]
+        # A dict option is a branch of the space: it may hold primitives, drawn once it is chosen.
+        self.values = [check_node(v, f"choice option {i}") if isinstance(v, Mapping) else plain_value(v, "choice")
+                       for i, v in enumerate(values)]
 
     def sample(self, rng: np.random.Generator) -> Any:
-        """One of the values, each equally likely."""
-        return self.values[int(rng.integers(len(self.values)))]
+        """One of the values, each equally likely (a branch: then its own primitives)."""
+        return sample_node(self.values[int(rng.integers(len(self.values)))], rng)
+
+    @property
+    def branches(self) -> bool:
+        """Whether its options are dicts: a conditional space."""
+        return any(isinstance(v, Mapping) for v in self.values)
 
     def __repr__(self) -> str:
         return f"choice({self.values!r})"
@@ -137,67 +150,62 @@ def plain_value(value: Any, where: str, depth: int = 0) -> Any:
     configuration reads back from the run directory exactly as it was trained."""
     if isinstance(value, np.generic):
         value = value.item()
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, Mapping)):
         if depth >= _MAX_DEPTH:
-            raise ValueError(f"{where}: a value nested deeper than {_MAX_DEPTH} lists cannot be a configuration value")
-        return [plain_value(v, where, depth + 1) for v in value]
+            raise ValueError(f"{where}: a value nested deeper than {_MAX_DEPTH} lists or dicts cannot be a "
+                             f"configuration value")
+        if not isinstance(value, Mapping):
+            return [plain_value(v, where, depth + 1) for v in value]
+        bad = next((k for k in value if not isinstance(k, str)), None)
+        if bad is not None:
+            raise ValueError(f"{where}: key {bad!r} of a dict value must be a string")
+        return {k: plain_value(v, f"{where}[{k!r}]", depth + 1) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
         return value
     raise ValueError(f"{where}: {value!r} cannot be stored as a configuration value; use numbers, "
-                     f"strings, booleans, None or lists of them (map names to objects inside build)")
+                     f"strings, booleans, None or lists or dicts of them (map names to objects inside build)")
 
 
 def check_space(space: Any) -> Mapping[str, Any]:
-    """Validate that ``space`` is a dict with string keys and storable constants."""
+    """Validate that ``space`` is a dict with string keys and storable constants, nested
+    dicts of the same, and primitives."""
     if not isinstance(space, Mapping):
         raise TypeError(f"space={space!r} must be a dict from parameter name to a value or primitive")
     if not space:
         raise ValueError("space={} must name at least one parameter")
-    for key, value in space.items():
+    return check_node(space, "space")
+
+
+def check_node(node: Any, where: str, depth: int = 0) -> Any:
+    """``node`` (a dict of nodes, a primitive or a constant) once it is valid; raises naming
+    where it is not (``space['model']['hidden']``)."""
+    if isinstance(node, Distribution):
+        return node
+    if not isinstance(node, Mapping):
+        plain_value(node, where)            # raises for what cannot be stored
+        return node
+    if depth >= _MAX_DEPTH:
+        raise ValueError(f"{where}: a space nested deeper than {_MAX_DEPTH} dicts")
+    for key, value in node.items():
         if not isinstance(key, str):
-            raise TypeError(f"space key {key!r} must be a string")
-        if not isinstance(value, Distribution):
-            plain_value(value, f"space[{key!r}]")
-    return space
+            raise TypeError(f"{'space key' if where == 'space' else f'{where}: key'} {key!r} must be a string")
+        check_node(value, f"{where}[{key!r}]", depth + 1)
+    return node
+
+
+def sample_node(node: Any, rng: np.random.Generator) -> Any:
+    """A value of ``node``: a dict's keys drawn in its order, a primitive's draw, a constant."""
+    if isinstance(node, Distribution):
+        return node.sample(rng)
+    if isinstance(node, Mapping):
+        return {key: sample_node(value, rng) for key, value in node.items()}
+    return plain_value(node, "space")
 
 
 def sample_config(space: Mapping[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    """Draw one configuration; keys are sampled in the space's order, so a seed fixes it."""
-    return {key: value.sample(rng) if isinstance(value, Distribution) else plain_value(value, key)
-            for key, value in space.items()}
-
-
-def check_config(space: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """``config`` as plain data, once it has the space's keys and each value is of its key's
-    kind: one of a ``choice``'s types (a number where its values are numbers), a number in a
-    ``uniform``'s, ``loguniform``'s or ``quniform``'s [low, high], an integer in a
-    ``randint``'s [low, high), a value of a constant's type; else an error naming the key."""
-    if not isinstance(config, Mapping):
-        raise TypeError(f"config={config!r} must be a dict from parameter name to value")
-    if set(config) != set(space):
-        raise ValueError(f"config has keys {sorted(config)}; the space has {sorted(space)}: give every key, and no "
-                         f"other")
-    plain = {key: plain_value(config[key], f"config[{key!r}]") for key in space}
-    for key, primitive in space.items():
-        value, number = plain[key], (int, float)
-        if isinstance(primitive, choice):
-            kinds = {number if isinstance(v, number) and not isinstance(v, bool) else type(v) for v in primitive.values}
-            fits = any(isinstance(value, kind) and not (kind is number and isinstance(value, bool)) for kind in kinds)
-            rule = f"a value of the kind of {primitive!r}'s"
-        elif isinstance(primitive, randint):
-            fits = isinstance(value, int) and not isinstance(value, bool) and primitive.low <= value < primitive.high
-            rule = f"an integer in [{primitive.low}, {primitive.high})"
-        elif isinstance(primitive, Distribution):
-            low, high = primitive.low, primitive.high       # type: ignore[attr-defined]
-            fits = isinstance(value, number) and not isinstance(value, bool) and low <= value <= high
-            rule = f"a number in [{low!r}, {high!r}] ({primitive!r})"
-        else:
-            fits = type(value) is type(primitive) or (isinstance(value, number) and not isinstance(value, bool)
-                                                      and isinstance(primitive, float))
-            rule = f"a {type(primitive).__name__}, as the space's {primitive!r}"
-        if not fits:
-            raise ValueError(f"config[{key!r}]={value!r} must be {rule}")
-    return plain
+    """Draw one configuration; keys are sampled in the space's order (a branch's after it is
+    chosen), so a seed fixes it."""
+    return {key: sample_node(value, rng) for key, value in space.items()}
 
 
 class SearchSpace(Constraint):

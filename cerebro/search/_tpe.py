@@ -9,6 +9,7 @@ from .._checks import Constraint, Integer, Optional, Real
 from ..engine._interface import Decision, TrialRequest
 from ..engine._seeds import search_rng, trial_index, trial_name
 from ._base import Searcher
+from ._configs import leaves
 from ._rungs import Rungs
 from ._space import Distribution, choice, loguniform, plain_value, quniform, randint, uniform
 
@@ -35,6 +36,30 @@ def _optuna_distribution(key: str, primitive: Distribution) -> Any:
         return CategoricalDistribution(list(primitive.values))
     raise ValueError(f"TPESearch cannot sample space[{key!r}]={primitive!r}; use cb.choice, cb.uniform, "
                      f"cb.loguniform, cb.randint or cb.quniform")
+
+
+def _suggest(trial: Any, node: Any, name: str) -> Any:
+    """``node``'s value in Optuna's ``trial``, asked for as ``name``: a choice among dicts asks
+    for a branch's index, then for that branch's keys as ``name[index].key``, so each
+    branch's parameters are its own and TPE learns them from the trials that took it."""
+    if isinstance(node, Mapping):
+        return {key: _suggest(trial, value, f"{name}.{key}") for key, value in node.items()}
+    if isinstance(node, choice) and node.branches:
+        index = trial.suggest_categorical(name, list(range(len(node.values))))
+        return _suggest(trial, node.values[index], f"{name}[{index}]")
+    if not isinstance(node, Distribution):
+        return plain_value(node, name)
+    distribution = _optuna_distribution(name, node)
+    if hasattr(distribution, "choices"):
+        value = trial.suggest_categorical(name, distribution.choices)
+    elif distribution.__class__.__name__ == "IntDistribution":
+        value = trial.suggest_int(name, distribution.low, distribution.high)
+    else:
+        value = trial.suggest_float(name, distribution.low, distribution.high, log=distribution.log,
+                                    step=distribution.step)
+    if isinstance(node, quniform):    # Optuna's float steps carry rounding noise
+        return float(round(value / node.q) * node.q)
+    return plain_value(value, name)
 
 
 class TPESearch(Searcher):
@@ -91,12 +116,9 @@ class TPESearch(Searcher):
         """The first rung cannot lie beyond ``epochs``, and Optuna must be able to sample the space."""
         if self.grace_period is not None and self.grace_period > self.epochs:
             raise ValueError(f"grace_period={self.grace_period!r} must be at most epochs={self.epochs!r}")
-        self._distributions()
-
-    def _distributions(self) -> dict[str, Any]:
-        """Optuna's distribution for every primitive of the space; constants are left out."""
-        return {key: _optuna_distribution(key, value) for key, value in self.space.items()
-                if isinstance(value, Distribution)}
+        for path, primitive in leaves(self.space):
+            if not (isinstance(primitive, choice) and primitive.branches):   # a branch: its index
+                _optuna_distribution(".".join(path), primitive)
 
     def start(self, seed: int) -> None:
         """A fresh Optuna study whose TPE sampler is seeded from the run's ``seed``; nothing
@@ -145,21 +167,13 @@ class TPESearch(Searcher):
             self._study.tell(trial, state=TrialState.FAIL)
 
     def _ask(self) -> dict[str, Any]:
-        """Ask Optuna for the next trial's parameters and return its config, constants
-        included, as plain values (``quniform`` values snapped to their multiple of ``q``)."""
-        trial = self._study.ask(self._distributions())
+        """Ask Optuna for the next trial's parameters, define-by-run, and return its config,
+        constants included, as plain values (``quniform`` values snapped to their multiple of ``q``)."""
+        trial = self._study.ask()
         self._open[self._asked] = trial
         self._rungs.started(self._asked)
         self._asked += 1
-        config = {}
-        for key, value in self.space.items():
-            if not isinstance(value, Distribution):
-                config[key] = plain_value(value, key)
-            elif isinstance(value, quniform):    # Optuna's float steps carry rounding noise
-                config[key] = float(round(trial.params[key] / value.q) * value.q)
-            else:
-                config[key] = plain_value(trial.params[key], key)
-        return config
+        return {key: _suggest(trial, value, key) for key, value in self.space.items()}
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
         """Record the epoch's value for Optuna; at a rung, go on, stop or wait as ASHA does."""

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._keras_callbacks import history_name, load_plateau_state, plateau_of, plateau_state, step_plateau
 from ._protocol import Sums
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, positive_batch_size
 
@@ -65,6 +66,11 @@ class KerasTrainable(Trainable):
             (``train_<name>``) and validation (``val_<name>``) under Keras's names for them.
         transform, eval_transform: as for :class:`cerebro.TorchTrainable`; they return numpy
             arrays (or tensors of the backend).
+        callbacks: ``[keras.callbacks.ReduceLROnPlateau(...)]``: Keras's own callback, run at
+            each epoch's end on the epoch's metrics over all partitions (the driver holds the
+            trial's next epoch until they are in), its state hopping with the model. Early
+            stopping is the searcher's ``patience``; other callbacks are refused by name
+            (:mod:`cerebro.worker._keras_callbacks`).
 
     The state that hops is the model's weights and the optimizer's variables. Every
     sub-epoch reseeds the model's seed generators (dropout and the like) and Keras's global
@@ -88,6 +94,7 @@ class KerasTrainable(Trainable):
     metrics: list | None = None
     transform: Transform | None = None
     eval_transform: Transform | None = None
+    callbacks: list | None = None
 
     def __post_init__(self) -> None:
         keras = sys.modules.get("keras")
@@ -113,10 +120,19 @@ class KerasTrainable(Trainable):
         if not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         self._metric_names = tuple(_metric_name(m) for m in _flat_metrics(self.model))
+        self._plateau = plateau_of(self.callbacks)
+        self._stepped_epochs = 0      # epoch ends the plateau callback has seen
 
     # --- what the driver checks ---------------------------------------------------------
     def metric_names(self) -> tuple[str, ...]:
         return self._metric_names
+
+    def epoch_metric(self) -> str | None:
+        return None if self._plateau is None else history_name(self._plateau.monitor)
+
+    def learning_rate(self) -> float | None:
+        keras = sys.modules["keras"]
+        return float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(variable.shape) for name, variable in self._weights().items()}
@@ -127,8 +143,11 @@ class KerasTrainable(Trainable):
 
     # --- the state that hops ------------------------------------------------------------
     def state(self) -> dict:
-        return {"model": {name: _tensor(v) for name, v in self._weights().items()},
-                "optimizer": {name: _tensor(v) for name, v in self._optimizer_variables().items()}}
+        state = {"model": {name: _tensor(v) for name, v in self._weights().items()},
+                 "optimizer": {name: _tensor(v) for name, v in self._optimizer_variables().items()}}
+        if self._plateau is not None:
+            state["plateau"] = {**plateau_state(self._plateau), "epochs": float(self._stepped_epochs)}
+        return state
 
     def load_state(self, state: Mapping, *, keep_hyperparameters: bool = False) -> None:
         self.load_weights(state["model"])
@@ -136,6 +155,9 @@ class KerasTrainable(Trainable):
         kept = {key for key, variable in optimizer.items() if keep_hyperparameters and variable.name == "learning_rate"}
         _assign(optimizer, {key: value for key, value in state["optimizer"].items() if key not in kept},
                 "optimizer variable")
+        if self._plateau is not None and "plateau" in state:
+            load_plateau_state(self._plateau, state["plateau"])
+            self._stepped_epochs = int(state["plateau"]["epochs"])
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         _assign(self._weights(), weights, "weight")
@@ -155,7 +177,11 @@ class KerasTrainable(Trainable):
     def _to_batch(self, inputs: Any, label: np.ndarray, device: torch.device) -> tuple[Any, np.ndarray]:
         return inputs, label
 
-    def train_batches(self, batches: Iterable[Any], seed: int, epoch: int, deadline: float | None = None) -> Sums:
+    def train_batches(self, batches: Iterable[Any], seed: int, epoch: int, deadline: float | None = None,
+                      metrics: Mapping[str, float] | None = None) -> Sums:
+        if self._plateau is not None and self._stepped_epochs < epoch - 1:
+            step_plateau(self._plateau, self.model, epoch, metrics or {})
+            self._stepped_epochs = epoch - 1
         self._reseed(seed)
         sums = Sums.empty(self._metric_names)
         for inputs, targets in batches:

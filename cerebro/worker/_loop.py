@@ -55,8 +55,10 @@ class _Trainables:
     """Trials this worker has built, with the state version each holds, least recently used
     first, within a byte budget. A trial that comes back is neither built nor sent again."""
 
-    def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int) -> None:
+    def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int,
+                 train_rows: list[int]) -> None:
         self.build, self.device, self.budget = build, device, budget
+        self.train_rows = train_rows      # every partition's, for a schedule that needs an epoch's steps
         self._cache: OrderedDict[str, tuple[Trainable, int, int, dict]] = OrderedDict()
 
     def take(self, task: RunSubEpoch) -> Trainable | None:
@@ -80,6 +82,7 @@ class _Trainables:
             raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
                             f"got {type(trainable).__name__}")
         trainable.place(self.device)
+        trainable.steps_per_epoch(sum(-(-rows // trainable.batch_size) for rows in self.train_rows))
         return trainable
 
     def keep(self, task: RunSubEpoch, trainable: Trainable, version: int) -> tuple[str, ...]:
@@ -153,7 +156,8 @@ def _set_up(setup: Setup, worker: int, data: WorkerData) -> tuple[_Trainables, t
     importlib.import_module("torch._dynamo")
     device = _device(worker)
     data.load(setup.partitions)
-    return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES), device
+    return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES,
+                       list(data.layout.rows["train"])), device
 
 
 def _ready(worker: int, device: torch.device, data: WorkerData) -> Ready:
@@ -189,13 +193,14 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
         ahead = isinstance(source, StreamedPartition) or (trainable.transform if train else trainable.eval_transform)
         with Prefetched(batches) if ahead else contextlib.nullcontext(batches) as batches:
             if train:
-                sums = trainable.train_batches(batches, task.seed, task.epoch, deadline)
+                sums = trainable.train_batches(batches, task.seed, task.epoch, deadline, task.metrics)
             else:
                 sums = trainable.evaluate_batches(batches, deadline)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if train else None
         evicted = trainables.keep(task, trainable, task.version + train)
-        return SubEpochDone(task.task_id, sums, compute, state, evicted)
+        return SubEpochDone(task.task_id, sums, compute, state, evicted,
+                            trainable.learning_rate() if train else None, trainable.epoch_metric())
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
     except Exception:

@@ -82,6 +82,7 @@ class RunSubEpoch:
     retune: bool = False         # config changed since the state was saved: keep build(config)'s
                                  # optimizer hyperparameters (PBT)
     timeout: float | None = None   # seconds the sub-epoch may take (trial_timeout)
+    metrics: dict[str, float] | None = None   # a train task's: the epoch before's, where the driver has them
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ class SubEpochDone:
     compute_seconds: float       # time spent in the training or evaluation loop
     state: Any = None            # the new packed state after a train sub-epoch
     evicted: tuple[str, ...] = ()  # trials this worker no longer holds, dropped to make room
+    learning_rate: float | None = None   # after a train sub-epoch, where the trainer has one
+    epoch_metric: str | None = None      # what its schedule steps on: the driver then sends each epoch's metrics
 
 
 @dataclass

@@ -12,11 +12,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from ._protocol import Sums
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, describe, positive_batch_size
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+SchedulerFactory = Callable[[torch.optim.Optimizer, int], LRScheduler]
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -49,9 +51,16 @@ class TorchTrainable(Trainable):
             goes in both.
         lr_scheduler: a ``torch.optim.lr_scheduler`` over ``optimizer``; its state hops with
             the model, so a hop, a resume or a PBT exploit continues the schedule exactly.
+            ``ReduceLROnPlateau`` steps on ``lr_scheduler_metric`` of the epoch before (the
+            driver holds the trial's next epoch until that epoch's evaluation is in). A
+            schedule whose length depends on the data (``OneCycleLR(total_steps=...)``) is
+            given as a function ``lambda optimizer, steps_per_epoch: scheduler``, called on
+            the worker with the training batches in one epoch over all partitions.
         lr_scheduler_step: ``"epoch"`` (default): it steps once per epoch of the trial (over
             all partitions, as in a plain loop of ``scheduler.step()`` after each epoch);
             ``"batch"``: after every optimizer step.
+        lr_scheduler_metric: what ``ReduceLROnPlateau`` steps on: a logged metric such as
+            ``"val_loss"`` (default) or ``"train_loss"``.
         clip_grad_norm: clip the gradients' total 2-norm to this before each step
             (``torch.nn.utils.clip_grad_norm_``); default none.
         mixed_precision: on a GPU, run forward passes under ``torch.autocast`` (float16) with
@@ -78,8 +87,9 @@ class TorchTrainable(Trainable):
     metrics: Mapping[str, Metric] = field(default_factory=dict)
     transform: Transform | None = None
     eval_transform: Transform | None = None
-    lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler | SchedulerFactory | None = None
     lr_scheduler_step: SchedulerStep | str = SchedulerStep.EPOCH
+    lr_scheduler_metric: str = "val_loss"
     clip_grad_norm: float | None = None
     mixed_precision: bool = False
 
@@ -101,16 +111,17 @@ class TorchTrainable(Trainable):
             if not callable(metric):
                 raise TypeError(f"metric {name!r}={metric!r} must be callable as metric(outputs, targets)")
         callable_transforms(self)
-        if self.lr_scheduler is not None:
-            if not isinstance(self.lr_scheduler, torch.optim.lr_scheduler.LRScheduler):
-                raise TypeError(f"lr_scheduler must be a torch.optim.lr_scheduler scheduler; "
-                                f"got {type(self.lr_scheduler).__name__}")
-            if self.lr_scheduler.optimizer is not self.optimizer:
-                raise ValueError("lr_scheduler schedules another optimizer than this TorchTrainable's optimizer")
         try:
             self.lr_scheduler_step = SchedulerStep(self.lr_scheduler_step)
         except ValueError:
             raise ValueError(f"lr_scheduler_step={self.lr_scheduler_step!r} must be 'epoch' or 'batch'") from None
+        self._scheduler_factory = None
+        if self.lr_scheduler is not None and not isinstance(self.lr_scheduler, LRScheduler):
+            if not callable(self.lr_scheduler):
+                raise TypeError(f"lr_scheduler must be a torch.optim.lr_scheduler scheduler, or a function "
+                                f"(optimizer, steps_per_epoch) -> one; got {type(self.lr_scheduler).__name__}")
+            self._scheduler_factory, self.lr_scheduler = self.lr_scheduler, None   # made by steps_per_epoch()
+        self._check_scheduler()
         if self.clip_grad_norm is not None and not (isinstance(self.clip_grad_norm, (int, float))
                                                     and not isinstance(self.clip_grad_norm, bool)
                                                     and self.clip_grad_norm > 0):
@@ -118,10 +129,38 @@ class TorchTrainable(Trainable):
         if not isinstance(self.mixed_precision, bool):
             raise TypeError(f"mixed_precision={self.mixed_precision!r} must be True or False")
         self._scaler = torch.amp.GradScaler("cuda", enabled=False)
+        # Epoch steps the schedule took: not every scheduler counts them (ChainedScheduler).
+        self._stepped_epochs = 0
+
+    def _check_scheduler(self) -> None:
+        if self.lr_scheduler is None:
+            return
+        if not isinstance(self.lr_scheduler, LRScheduler):
+            raise TypeError(f"lr_scheduler(optimizer, steps_per_epoch) must return a torch.optim.lr_scheduler "
+                            f"scheduler; it returned {type(self.lr_scheduler).__name__}")
+        if self.lr_scheduler.optimizer is not self.optimizer:
+            raise ValueError("lr_scheduler schedules another optimizer than this TorchTrainable's optimizer")
+        if isinstance(self.lr_scheduler, ReduceLROnPlateau) and self.lr_scheduler_step is SchedulerStep.BATCH:
+            raise ValueError("lr_scheduler=ReduceLROnPlateau steps on an epoch's metric: use "
+                             "lr_scheduler_step='epoch'")
+
+    def steps_per_epoch(self, steps: int) -> None:
+        """Make the scheduler given as a function, now that the steps in an epoch are known."""
+        if self._scheduler_factory is not None and self.lr_scheduler is None:
+            self.lr_scheduler = self._scheduler_factory(self.optimizer, steps)
+            self._check_scheduler()
 
     # --- what the driver checks ---------------------------------------------------------
     def metric_names(self) -> tuple[str, ...]:
         return tuple(self.metrics)
+
+    def epoch_metric(self) -> str | None:
+        if isinstance(self.lr_scheduler, ReduceLROnPlateau) and self.lr_scheduler_step is SchedulerStep.EPOCH:
+            return self.lr_scheduler_metric
+        return None
+
+    def learning_rate(self) -> float | None:
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def check_label(self, label: np.ndarray) -> None:
         _check_loss(self.loss, label)
@@ -142,6 +181,7 @@ class TorchTrainable(Trainable):
         state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.lr_scheduler is not None:
             state["lr_scheduler"] = self.lr_scheduler.state_dict()
+            state["lr_scheduler_epochs"] = self._stepped_epochs
         if self._scaler.is_enabled():
             state["grad_scaler"] = self._scaler.state_dict()
         return state
@@ -151,10 +191,11 @@ class TorchTrainable(Trainable):
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.lr_scheduler is not None and "lr_scheduler" in state:
-            base_lrs = list(self.lr_scheduler.base_lrs)
+            base_lrs = getattr(self.lr_scheduler, "base_lrs", None)     # ReduceLROnPlateau has none
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-            if keep_hyperparameters:    # the schedule goes on from where it was, from the built rates
-                self.lr_scheduler.base_lrs = base_lrs
+            self._stepped_epochs = int(state.get("lr_scheduler_epochs", getattr(self.lr_scheduler, "last_epoch", 0)))
+            if keep_hyperparameters and base_lrs is not None:   # the schedule goes on, from the built rates
+                self.lr_scheduler.base_lrs = list(base_lrs)
         if self._scaler.is_enabled() and state.get("grad_scaler"):
             self._scaler.load_state_dict(state["grad_scaler"])
         if keep_hyperparameters:
@@ -178,10 +219,11 @@ class TorchTrainable(Trainable):
                     targets.pin_memory().to(device, non_blocking=True))
         return inputs.to(device), targets.to(device)
 
-    def train_batches(self, batches: Batches, seed: int, epoch: int, deadline: float | None = None) -> Sums:
+    def train_batches(self, batches: Batches, seed: int, epoch: int, deadline: float | None = None,
+                      metrics: Mapping[str, float] | None = None) -> Sums:
         """Plain mini-batch SGD over ``batches``; see :meth:`Trainable.train_batches`."""
         torch.manual_seed(seed)
-        self._schedule_epoch(epoch)
+        self._schedule_epoch(epoch, metrics)
         sums = Sums.empty(self.metrics)
         self.model.train()
         for inputs, targets in batches:
@@ -218,14 +260,25 @@ class TorchTrainable(Trainable):
         self.model.eval()
         return np.concatenate([self.model(inputs).detach().cpu().numpy() for inputs, _ in batches])
 
-    def _schedule_epoch(self, epoch: int) -> None:
-        """Step an epoch-wise schedule to ``epoch``, wherever the trial's last epoch ended."""
+    def _schedule_epoch(self, epoch: int, metrics: Mapping[str, float] | None) -> None:
+        """Step an epoch-wise schedule to ``epoch``, wherever the trial's last epoch ended; a
+        plateau schedule on ``metrics``, the epoch before's."""
         if self.lr_scheduler is None or self.lr_scheduler_step is not SchedulerStep.EPOCH:
             return
+        if self._stepped_epochs >= epoch - 1:
+            return
+        value = None
+        if isinstance(self.lr_scheduler, ReduceLROnPlateau):
+            if not metrics or self.lr_scheduler_metric not in metrics:
+                raise ValueError(f"lr_scheduler=ReduceLROnPlateau steps on lr_scheduler_metric="
+                                 f"{self.lr_scheduler_metric!r}, which epoch {epoch - 1} did not log; it logged "
+                                 f"{sorted(metrics or {})}")
+            value = metrics[self.lr_scheduler_metric]
         with warnings.catch_warnings():     # a freshly loaded optimizer has not stepped in this process
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)`", UserWarning)
-            while self.lr_scheduler.last_epoch < epoch - 1:
-                self.lr_scheduler.step()
+            while self._stepped_epochs < epoch - 1:
+                self.lr_scheduler.step() if value is None else self.lr_scheduler.step(value)
+                self._stepped_epochs += 1
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's outputs and the batch's loss; a failure says what the shapes were."""

@@ -82,11 +82,26 @@ class Trainable(abc.ABC):
         """``(inputs, targets)`` as the framework takes them; ``inputs`` is an array or a tensor."""
 
     @abc.abstractmethod
-    def train_batches(self, batches: Iterable[Any], seed: int, epoch: int, deadline: float | None = None) -> Sums:
+    def train_batches(self, batches: Iterable[Any], seed: int, epoch: int, deadline: float | None = None,
+                      metrics: Mapping[str, float] | None = None) -> Sums:
         """Train on ``batches`` (a partition's, in its sample order) in epoch ``epoch`` (from 1),
         the model's own randomness (dropout) seeded by ``seed`` alone. Stops early once the
         loss is not finite; raises :class:`SubEpochTimeout` after a batch that ends past
-        ``deadline`` (``time.monotonic``)."""
+        ``deadline`` (``time.monotonic``). ``metrics``: the epoch before's, where
+        :meth:`epoch_metric` asked for them, for a schedule that steps on one."""
+
+    def epoch_metric(self) -> str | None:
+        """The metric an epoch-level schedule steps on (``ReduceLROnPlateau``'s), or None: with
+        one, the driver waits for each epoch's metrics before the trial's next epoch."""
+        return None
+
+    def learning_rate(self) -> float | None:
+        """The optimizer's learning rate now (its first parameter group's), for ``history()``."""
+        return None
+
+    def steps_per_epoch(self, steps: int) -> None:
+        """Told once built: the training batches in one epoch over all partitions (for a
+        schedule whose length depends on the data)."""
 
     @abc.abstractmethod
     def evaluate_batches(self, batches: Iterable[Any], deadline: float | None = None) -> Sums:
