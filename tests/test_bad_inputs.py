@@ -148,8 +148,8 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
         r"booleans, None or lists or dicts of them \(map names to objects inside build\)"),
     "a space key that is a history column": (
         lambda t: fit(t, cb.GridSearch(build, {"epoch": cb.choice([1, 2])}, epochs=1)), ValueError,
-        r"space key 'epoch' is also a column of result\.history\(\) \(trial_id, epoch, exploited_from, train_loss, "
-        r"val_loss\); rename it"),
+        r"space key 'epoch' is also a column of result\.history\(\) \(trial_id, epoch, exploited_from, "
+        r"warm_started_from, train_loss, val_loss\); rename it"),
     "a space key that is a metric": (
         lambda t: fit(t, cb.GridSearch(build, {"val_loss": 3.0}, epochs=1)), ValueError,
         r"space key 'val_loss' is also a column of result\.history\(\) .*; rename it"),

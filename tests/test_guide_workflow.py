@@ -70,3 +70,19 @@ def test_the_learning_rate_schedules_section_runs_as_written(tmp_path, monkeypat
             assert rates[-1] < 1e-2 * rows["lr"].iloc[0]          # annealed: all 3 * steps_per_epoch steps taken
         else:
             assert rates[0] == rows["lr"].iloc[0] and rates == sorted(rates, reverse=True)
+
+
+def test_the_warm_start_section_runs_as_written(tmp_path, monkeypatch):
+    """The two best trials of the wide grid go on from their best epochs; configurations it
+    never tried start from build."""
+    monkeypatch.chdir(tmp_path)
+    namespace, out = run_section("Warm start", 1)
+    wide, longer, best = namespace["wide"], namespace["longer"], namespace["best"]
+    assert "warm_started_from" in out
+    sources = {f"{wide.run_dir}:{t.trial_id}@{t.best_epoch}": t.config for t in best}
+    for trial in longer.trials:
+        if trial.config in sources.values():
+            assert sources[trial.warm_started_from] == trial.config
+        else:
+            assert trial.warm_started_from is None
+    assert sum(t.warm_started_from is not None for t in longer.trials) == 2

@@ -127,7 +127,8 @@ def test_tensorboard_and_mlflow_log_keras_trials_as_they_log_torch_ones(tmp_path
         rows = history[history.trial_id == trial.trial_id]
         scalars = EventAccumulator(os.path.join(result.run_dir, "tensorboard", trial.trial_id))
         scalars.Reload()
-        assert sorted(scalars.Tags()["scalars"]) == ["train_accuracy", "train_loss", "val_accuracy", "val_loss"]
+        assert sorted(scalars.Tags()["scalars"]) == ["train_accuracy", "train_loss", "train_lr", "val_accuracy",
+                                                    "val_loss"]
         expected = [(e, pytest.approx(v, rel=1e-6)) for e, v in zip(rows.epoch, rows.val_accuracy)]
         assert [(s.step, s.value) for s in scalars.Scalars("val_accuracy")] == expected
         in_mlflow = client.get_metric_history(children[trial.trial_id].info.run_id, "val_accuracy")

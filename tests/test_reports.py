@@ -39,11 +39,14 @@ def test_tensorboard_has_every_epoch_of_every_trial_and_its_hparams(run):
     for trial in run.trials:
         scalars = EventAccumulator(os.path.join(run.run_dir, "tensorboard", trial.trial_id))
         scalars.Reload()
-        assert sorted(scalars.Tags()["scalars"]) == ["train_accuracy", "train_loss", "val_accuracy", "val_loss"]
+        assert sorted(scalars.Tags()["scalars"]) == ["train_accuracy", "train_loss", "train_lr", "val_accuracy",
+                                                    "val_loss"]
         rows = history[history.trial_id == trial.trial_id]
         logged = [(s.step, s.value) for s in scalars.Scalars("val_accuracy")]
         assert [step for step, _ in logged] == rows.epoch.tolist()
         assert [value for _, value in logged] == pytest.approx(rows.val_accuracy.tolist(), rel=1e-6)
+        rates = [s.value for s in scalars.Scalars("train_lr")]          # each epoch's learning rate too
+        assert rates == pytest.approx(rows.train_lr.tolist(), rel=1e-6)
         hparams = EventAccumulator(os.path.join(run.run_dir, "tensorboard", trial.trial_id, "hparams"))
         hparams.Reload()
         start = plugin_data_pb2.HParamsPluginData.FromString(

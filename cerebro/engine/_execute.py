@@ -35,6 +35,7 @@ from ._interface import SearchPolicy
 from ._preflight import check_build, first_trials
 from ._settings import Limits, RunSettings
 from ._visit_order import VisitScheme
+from ._warm import check_warm_start, warm_start_from
 
 
 def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_configs: Sequence[dict[str, Any]],
@@ -110,6 +111,10 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     """Write the run directory (partitions, build, searcher, run.json), drive the run, and
     return its :class:`Result`; the arguments are ``execute``'s, checked."""
     layout = data.write(run_store.data_dir, num_partitions)
+    warm_start = warm_start_from(settings)
+    if warm_start is not None:
+        check_warm_start(warm_start, {"feature_shape": list(layout.feature_shape),
+                                      "feature_dtype": layout.feature_dtype})
     run_store.write_code(build_blob, searcher_blob)
     note = reproducibility_caveat(backend)
     budget = None if time_budget is None else {"seconds": time_budget, "note": (
@@ -147,7 +152,8 @@ def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any]
     run_settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN, data.storage,
                                keras_backend=keras_backend, metric=settings["metric"], mode=settings["mode"],
                                time_budget=time_budget,
-                               patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0))
+                               patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0),
+                               warm_start=warm_start)
     Driver(policy, run_store, backend, run_settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)
 

@@ -25,7 +25,7 @@ from ..report import flat_config
 from ..worker import Trainable
 from ._interface import SearchPolicy
 
-HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from")
+HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from", "warm_started_from")
 
 
 def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]], metric: str,

@@ -52,6 +52,7 @@ from ._replay import Recovered, RecoveredTrial, ResumeError, replay, replayable,
 from ._settings import Limits, RunSettings
 from ._trials import Trial, TrialBook
 from ._visit_order import LEGACY_SCHEME, VisitScheme
+from ._warm import warm_start_from
 
 
 @dataclass
@@ -210,7 +211,8 @@ def run_settings(info: dict[str, Any]) -> RunSettings:
                        Limits(**info.get("limits", {})), VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
                        Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")),
                        keras_backend=info.get("keras_backend"), metric=searcher["metric"], mode=searcher["mode"],
-                       patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0))
+                       patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
+                       warm_start=warm_start_from(searcher))
 
 
 def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[str, dict[str, Any]]) -> None:
@@ -232,7 +234,9 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
         trial = Trial(rt.trial_id, rt.config, rt.max_epochs, epoch=rt.epoch, best=rt.best,
                       improved_at=rt.improved_at, stop_epoch=rt.stop_epoch)
         book.adopt(trial)
-        if rt.epoch == 0:
+        if rt.epoch == 0:            # a warm start's state is its epoch-0 checkpoint
+            warm = [c for c in store.checkpoints(trial.trial_id) if "state" in c and c["epoch"] == 0]
+            trial.state, trial.version = (warm[0]["state"], 1) if warm else (None, 0)
             actions.append((trial, None))
             continue
         exploited = rt.exploited_at == rt.epoch

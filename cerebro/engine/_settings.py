@@ -10,6 +10,14 @@ from ._visit_order import VisitScheme
 
 
 @dataclass(frozen=True)
+class WarmStartFrom:
+    """The run to start from, and which epoch of its trials (``"best"`` or ``"last"``)."""
+
+    run_dir: str
+    epoch: str = "best"
+
+
+@dataclass(frozen=True)
 class Limits:
     """How long a sub-epoch may take, how many trials may fail before the run stops, on how
     many lost workers a trial may be before it is taken for their cause and fails, and the
@@ -58,6 +66,7 @@ class RunSettings:
         patience, min_delta: early stopping (see :func:`._epoch_rules.plateau`); None: never.
         time_budget: seconds after which the run stops at its trials' next epoch boundaries,
             resumable (None: none; a resume has none).
+        warm_start: the finished run whose trials start the ones of equal configs (see ``_warm``).
     """
 
     seed: int
@@ -74,3 +83,4 @@ class RunSettings:
     patience: int | None = None
     min_delta: float = 0.0
     time_budget: float | None = None
+    warm_start: WarmStartFrom | None = None

@@ -42,6 +42,7 @@ from ._seeds import trial_name
 from ._settings import RunSettings
 from ._trial import Evaluation, Trial
 from ._visit_order import visit_order
+from ._warm import WarmStarts
 
 
 class Recorder(Protocol):
@@ -74,6 +75,7 @@ class TrialBook:
         self._search_state = SearchStateLog()
         self.retention = Retention(settings, recorder)
         self.draining = False     # the run stops: no new trial, no new epoch (see drained)
+        self._warm = WarmStarts(settings.warm_start) if settings.warm_start is not None else None
 
     # --- creation -----------------------------------------------------------------------
     def add_trials(self) -> None:
@@ -93,7 +95,12 @@ class TrialBook:
         self.created += 1
         self.live[trial.trial_id] = trial
         self.recorder.write_config(trial.trial_id, trial.config)
-        self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now()))
+        warm = self._warm.take(trial.config) if self._warm is not None else None
+        self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now(),
+                                        warm[1] if warm else None))
+        if warm is not None:     # its epoch-0 checkpoint: a resume starts it from there too
+            trial.state, trial.version = warm[0], 1
+            self.recorder.write_checkpoint(trial.trial_id, trial.state, 0)
         self.start_epoch(trial)
         return trial
 

@@ -62,6 +62,7 @@ class TrialResult:
     reason: str | None = None
     best_epoch: int | None = None        # the epoch with the best ``metric`` under ``mode``
     best_metrics: dict[str, float] = field(default_factory=dict)     # that epoch's metrics
+    warm_started_from: str | None = None     # RUN_DIR:TRIAL@EPOCH whose state it started from (warm_start)
     _result: Result | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -218,7 +219,8 @@ class Result:
             return                             # its trial's creation is on a damaged line
         match event:
             case TrialCreated() as event:
-                self._trials[event.trial_id] = TrialResult(event.trial_id, event.config, _result=self)
+                self._trials[event.trial_id] = TrialResult(event.trial_id, event.config,
+                                                           warm_started_from=event.warm_started_from, _result=self)
             case EpochEnd() as event:
                 trial = self._trials[event.trial_id]
                 trial.epochs, trial.metrics = event.epoch, event.metrics
@@ -230,7 +232,7 @@ class Result:
                 # The config this epoch trained with: PBT may have changed it since the trial began.
                 self._history.append({"trial_id": trial.trial_id, "epoch": event.epoch, **event.metrics,
                                       "exploited_from": exploited[0] if exploited else None,
-                                      **flat_config(trial.config)})
+                                      "warm_started_from": trial.warm_started_from, **flat_config(trial.config)})
             case Exploited() as event:
                 self._trials[event.trial_id].config = event.config
                 self._exploits.append({k: v for k, v in event.record().items() if k != "time"})

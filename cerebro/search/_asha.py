@@ -47,9 +47,11 @@ class ASHA(Searcher):
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 20,
                  max_epochs: int = 27, grace_period: int = 1, reduction_factor: float = 3,
                  max_concurrent: int = 16, metric: str = "val_loss", mode: str = "min",
-                 patience: int | None = None, min_delta: float = 0.0) -> None:
+                 patience: int | None = None, min_delta: float = 0.0,
+                 warm_start: Any = None, warm_start_epoch: str = "best") -> None:
         """Store the arguments as given; ``fit`` checks them."""
-        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta)
+        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta,
+                         warm_start=warm_start, warm_start_epoch=warm_start_epoch)
         self.num_trials = num_trials
         self.max_epochs = max_epochs
         self.grace_period = grace_period

@@ -20,7 +20,22 @@ if TYPE_CHECKING:
     from ..worker import Trainable
 
 
-_UNSET = {"patience": None, "min_delta": 0.0}
+_UNSET = {"patience": None, "min_delta": 0.0, "warm_start": None, "warm_start_epoch": "best"}
+
+
+class RunSource(Constraint):
+    """A finished run to start from: its directory, or its ``cb.Result``."""
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, (str, os.PathLike)) or isinstance(getattr(value, "run_dir", None), str)
+
+    def describe(self) -> str:
+        return "a run directory or a cb.Result"
+
+
+def run_dir_of(source: Any) -> str | None:
+    """The run directory a ``warm_start`` names (as given: a path or a ``cb.Result``)."""
+    return None if source is None else os.fspath(getattr(source, "run_dir", source))
 
 
 class Searcher(ABC):
@@ -48,6 +63,11 @@ class Searcher(ABC):
             the searcher lets the trial go on; it depends on the trial's metrics only, so the
             same trials stop at the same epochs on any worker count and on resume.
         min_delta: the least change of ``metric`` that counts as an improvement.
+        warm_start: a finished run (its directory or its ``cb.Result``): a trial whose config
+            equals one of its completed or stopped trials' starts from that trial's weights
+            and optimizer state at ``warm_start_epoch`` (``"best"`` or ``"last"``) instead of
+            ``build``'s, and ``history()`` says so (``warm_started_from``). The runs' data must
+            have the same feature layout (checked before any worker starts).
 
     Each class declares its own constructor arguments once, in ``_parameters``: name ->
     :class:`cerebro._checks.Constraint`. The declarations, merged along the class hierarchy
@@ -63,10 +83,14 @@ class Searcher(ABC):
         "mode": OneOf("min", "max"),
         "patience": Optional(Integer(low=1)),
         "min_delta": Real(low=0.0),
+        "warm_start": Optional(RunSource()),
+        "warm_start_epoch": OneOf("best", "last"),
     }
 
     patience: int | None = None     # as the class has them: searchers pickled before they existed
     min_delta: float = 0.0
+    warm_start: Any = None
+    warm_start_epoch: str = "best"
     # Why a run of this searcher cannot be trained longer (``resume(..., epochs=N)``), or ""
     # where it can: where its decisions up to an epoch never depend on the epoch budget.
     _not_extensible: ClassVar[str] = "it does not say whether its decisions depend on the epoch budget"
@@ -75,7 +99,7 @@ class Searcher(ABC):
 
     def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min", patience: int | None = None,
-                 min_delta: float = 0.0) -> None:
+                 min_delta: float = 0.0, warm_start: Any = None, warm_start_epoch: str = "best") -> None:
         """Store the arguments as given; ``fit`` checks them."""
         self.build = build
         self.space = space
@@ -83,6 +107,8 @@ class Searcher(ABC):
         self.mode = mode
         self.patience = patience
         self.min_delta = min_delta
+        self.warm_start = warm_start
+        self.warm_start_epoch = warm_start_epoch
 
     # --- narrow waist 1 -----------------------------------------------------------------
     @abstractmethod
@@ -166,6 +192,8 @@ class Searcher(ABC):
         which is pickled)."""
         rest = {name: getattr(self, name) for name in self._declared()
                 if name not in ("build", "space", "metric", "mode") and not self._unset(name)}
+        if "warm_start" in rest:
+            rest["warm_start"] = run_dir_of(rest["warm_start"])
         return {"class": type(self).__name__, "metric": self.metric, "mode": self.mode,
                 "space": {key: repr(value) for key, value in self.space.items()}, **rest}
 

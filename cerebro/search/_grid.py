@@ -34,9 +34,11 @@ class GridSearch(Searcher):
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, epochs: int = 10,
                  metric: str = "val_loss", mode: str = "min",
-                 patience: int | None = None, min_delta: float = 0.0) -> None:
+                 patience: int | None = None, min_delta: float = 0.0,
+                 warm_start: Any = None, warm_start_epoch: str = "best") -> None:
         """Store the arguments as given; ``fit`` checks them."""
-        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta)
+        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta,
+                         warm_start=warm_start, warm_start_epoch=warm_start_epoch)
         self.epochs = epochs
 
     def _check(self) -> None:

@@ -63,9 +63,11 @@ class PBT(Searcher):
                  perturbation_interval: int = 2, mutations: Collection[str] | None = None,
                  quantile_fraction: float = 0.25, resample_probability: float = 0.25,
                  metric: str = "val_loss", mode: str = "min",
-                 patience: int | None = None, min_delta: float = 0.0) -> None:
+                 patience: int | None = None, min_delta: float = 0.0,
+                 warm_start: Any = None, warm_start_epoch: str = "best") -> None:
         """Store the arguments as given; ``fit`` checks them."""
-        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta)
+        super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta,
+                         warm_start=warm_start, warm_start_epoch=warm_start_epoch)
         self.population = population
         self.epochs = epochs
         self.perturbation_interval = perturbation_interval

@@ -137,6 +137,7 @@ class TrialCreated(Event):
     config: dict[str, Any]
     max_epochs: int
     time: float
+    warm_started_from: str | None = None     # RUN_DIR:TRIAL@EPOCH whose state it starts from
 
 
 @dataclass(frozen=True)
