@@ -86,3 +86,12 @@ def test_the_warm_start_section_runs_as_written(tmp_path, monkeypatch):
         else:
             assert trial.warm_started_from is None
     assert sum(t.warm_started_from is not None for t in longer.trials) == 2
+
+
+def test_the_metrics_section_runs_as_written(tmp_path, monkeypatch):
+    """The best trial by val_f1 is the one with the highest exact F1 at its best epoch."""
+    monkeypatch.chdir(tmp_path)
+    namespace, out = run_section("Metrics", 1)
+    result = namespace["result"]
+    assert "best_val_f1" in out and [t.status for t in result.trials] == ["completed"] * 2
+    assert result.best.best_metrics["val_f1"] == max(t.best_metrics["val_f1"] for t in result.trials)

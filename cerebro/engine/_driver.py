@@ -29,6 +29,7 @@ from ..store import (
     WorkerReplaced,
     WorkersRestarted,
 )
+from ..worker._exact import ExactMetrics
 from ..worker._protocol import RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
 from ._control import answer, obey, take_commands
 from ._errors import WorkerLostError
@@ -58,7 +59,8 @@ class Driver:
         self.pool = WorkerPool(backend, settings, store, build_blob, self.recorder.emit, self._now)
         self.scheduler = MOPScheduler({w: self.pool.partitions_of(w) for w in range(backend.workers)},
                                       evaluate=settings.evaluate)
-        self.book = TrialBook(policy, self.scheduler, settings, self.recorder)
+        self.book = TrialBook(policy, self.scheduler, settings, self.recorder,
+                              ExactMetrics(build_blob))
         self._restarts = 0
         self._next_task_id = 0
 

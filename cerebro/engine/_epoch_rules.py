@@ -40,6 +40,12 @@ def diverged(metrics: dict[str, float]) -> str | None:
                 None)
 
 
+def merged_states(sums: dict[int, Sums]) -> dict:
+    """The exact metrics' states over every partition, merged in partition order."""
+    ordered = [sums[p] for p in sorted(sums)]
+    return sum(ordered, Sums.empty(ordered[0].metrics)).states if ordered else {}
+
+
 def mean_metrics(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:
     """Row-weighted means over partitions, added in partition order so results are bitwise stable."""
     if not sums:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import traceback
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -32,7 +33,8 @@ from ..store import (
     improved,
 )
 from ..worker import Sums
-from ._epoch_rules import LEARNING_RATE, USER_STOP, diverged, mean_metrics, plateau
+from ..worker._exact import ExactMetrics
+from ._epoch_rules import LEARNING_RATE, USER_STOP, diverged, mean_metrics, merged_states, plateau
 from ._errors import TooManyFailuresError
 from ._interface import Decision, Exploit, SearchPolicy, TrialRequest, describe
 from ._retention import Retention
@@ -64,9 +66,10 @@ class TrialBook:
     """The live trials of a run, and what happens to them at each epoch end."""
 
     def __init__(self, policy: SearchPolicy, scheduler: MOPScheduler, settings: RunSettings,
-                 recorder: Recorder) -> None:
+                 recorder: Recorder, exact: ExactMetrics | None = None) -> None:
         self.policy, self.scheduler, self.settings = policy, scheduler, settings
         self.recorder = recorder
+        self.exact = exact          # computes torchmetrics Metric values from merged states
         self.live: dict[str, Trial] = {}
         self.created = 0
         self.failures: list[str] = []
@@ -235,6 +238,14 @@ class TrialBook:
                 eval_sums: dict[int, Sums], learning_rate: float | None) -> Decision | None:
         """Checkpoint and journal ``epoch`` and ask the searcher; None where it diverged (ended)."""
         metrics = {**mean_metrics("train", train_sums), **mean_metrics("val", eval_sums)}
+        try:
+            for prefix, sums in (("train", train_sums), ("val", eval_sums)):
+                states = merged_states(sums)
+                if states and self.exact is not None:
+                    metrics.update(self.exact.values(trial.config, prefix, states))
+        except Exception:       # the user's Metric failed to compute: its trial fails, not the run
+            self.end(trial, TrialStatus.FAILED, traceback.format_exc(), epoch)
+            return None
         if learning_rate is not None:
             metrics[LEARNING_RATE] = learning_rate
         trial.last_metrics = (epoch, metrics)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import TaskKind
+from ._exact import merge_states
 
 HANDSHAKE_FAILED = 77    # a worker process's exit status when it could not authenticate with the driver (EX_NOPERM)
 
@@ -87,11 +88,13 @@ class RunSubEpoch:
 
 @dataclass(frozen=True)
 class Sums:
-    """Row-weighted sums of a sub-epoch's loss and metrics; added up per epoch in partition order."""
+    """Row-weighted sums of a sub-epoch's loss and metrics, and the states of its exact
+    (torchmetrics) metrics (:mod:`._exact`); added up per epoch in partition order."""
 
     rows: int
     loss: float
     metrics: dict[str, float]
+    states: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, metrics: Iterable[str]) -> Sums:
@@ -99,7 +102,8 @@ class Sums:
 
     def __add__(self, other: Sums) -> Sums:
         return Sums(self.rows + other.rows, self.loss + other.loss,
-                    {name: total + other.metrics[name] for name, total in self.metrics.items()})
+                    {name: total + other.metrics[name] for name, total in self.metrics.items()},
+                    merge_states(self.states, other.states) if other.states else self.states)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import functools
 import math
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+from ._exact import is_metric, merges, sub_epoch_state
 from ._protocol import Sums
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, describe, positive_batch_size
 
@@ -38,8 +40,12 @@ class TorchTrainable(Trainable):
         optimizer: an optimizer over ``model``'s parameters.
         loss: ``loss(outputs, targets)`` -> the mean loss of a batch, as a scalar tensor.
         batch_size: rows per mini-batch.
-        metrics: name -> ``metric(outputs, targets)``, each logged per epoch for training
-            (``train_<name>``) and validation (``val_<name>``).
+        metrics: name -> ``metric(outputs, targets)``, a batch's mean (``cb.metrics``; the
+            epoch's value is the row-weighted mean of the batches'), or a torchmetrics
+            ``Metric`` object (``MulticlassF1Score(10, average="macro")``, ``BinaryAUROC()``):
+            updated batch by batch, its state merged over every partition, computed once per
+            epoch, exact over the whole set (:mod:`cerebro.worker._exact`). Each is logged per
+            epoch for training (``train_<name>``) and validation (``val_<name>``).
         transform: ``transform(features, rng)`` -> an array or tensor with one row per row of
             ``features``, run on the worker on every training batch (decode, normalise,
             augment) in its prefetch thread. ``features`` is the batch as stored (e.g. uint8
@@ -110,6 +116,10 @@ class TorchTrainable(Trainable):
                                  f"which is always logged")
             if not callable(metric):
                 raise TypeError(f"metric {name!r}={metric!r} must be callable as metric(outputs, targets)")
+        self._exact = {name: metric for name, metric in self.metrics.items() if is_metric(metric)}
+        for name, metric in self._exact.items():
+            merges(name, metric)          # refuses a state that cannot be merged over partitions
+        self._means = {name: metric for name, metric in self.metrics.items() if name not in self._exact}
         callable_transforms(self)
         try:
             self.lr_scheduler_step = SchedulerStep(self.lr_scheduler_step)
@@ -170,6 +180,8 @@ class TorchTrainable(Trainable):
 
     def place(self, device: torch.device) -> None:
         self.model.to(device)
+        for metric in self._exact.values():
+            metric.to(device)
         self._scaler = torch.amp.GradScaler("cuda", enabled=self.mixed_precision and device.type == "cuda")
 
     def nbytes(self) -> int:
@@ -224,7 +236,8 @@ class TorchTrainable(Trainable):
         """Plain mini-batch SGD over ``batches``; see :meth:`Trainable.train_batches`."""
         torch.manual_seed(seed)
         self._schedule_epoch(epoch, metrics)
-        sums = Sums.empty(self.metrics)
+        sums = Sums.empty(self._means)
+        self._reset_exact()
         self.model.train()
         for inputs, targets in batches:
             self.optimizer.zero_grad(set_to_none=True)
@@ -237,22 +250,38 @@ class TorchTrainable(Trainable):
             self._scaler.update()
             if self.lr_scheduler is not None and self.lr_scheduler_step is SchedulerStep.BATCH:
                 self.lr_scheduler.step()
-            sums += _batch_sums(loss, outputs.detach(), targets, self.metrics)
+            sums += self._batch_sums(loss, outputs.detach(), targets)
             if not math.isfinite(sums.loss):
                 break
             check_deadline(deadline)
-        return sums
+        return self._with_states(sums)
 
     @torch.no_grad()
     def evaluate_batches(self, batches: Batches, deadline: float | None = None) -> Sums:
         """Loss and metrics over ``batches``."""
-        sums = Sums.empty(self.metrics)
+        sums = Sums.empty(self._means)
+        self._reset_exact()
         self.model.eval()
         for inputs, targets in batches:
             outputs, loss = self._forward(inputs, targets)
-            sums += _batch_sums(loss, outputs, targets, self.metrics)
+            sums += self._batch_sums(loss, outputs, targets)
             check_deadline(deadline)
-        return sums
+        return self._with_states(sums)
+
+    @torch.no_grad()
+    def _batch_sums(self, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor) -> Sums:
+        for metric in self._exact.values():
+            metric.update(outputs, targets)
+        return _batch_sums(loss, outputs, targets, self._means)
+
+    def _reset_exact(self) -> None:
+        for metric in self._exact.values():
+            metric.reset()
+
+    def _with_states(self, sums: Sums) -> Sums:
+        if not self._exact:
+            return sums
+        return dataclasses.replace(sums, states={name: sub_epoch_state(name, m) for name, m in self._exact.items()})
 
     @torch.no_grad()
     def predict_batches(self, batches: Batches) -> np.ndarray:
