@@ -79,8 +79,9 @@ def trial_table(result: Result) -> str:
 
 
 def learning_curves(result: Result) -> Any:
-    """Train and validation loss and the objective per epoch; the best trial highlighted;
-    buttons show the trials of one status only."""
+    """Train and validation loss, the objective and, where a schedule changed it, the
+    learning rate per epoch; the best trial highlighted; buttons show the trials of one
+    status only."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     history = result.history()
@@ -89,6 +90,8 @@ def learning_curves(result: Result) -> Any:
     panels = [c for c in ("train_loss", "val_loss") if c in history]
     if result.metric not in panels:
         panels.append(result.metric)
+    if "train_lr" in history and history["train_lr"].nunique() > 1:
+        panels.append("train_lr")
     figure = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
     try:
         best = result.best.trial_id
