@@ -62,22 +62,7 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         feature_column, self._binary, self._feature_shape = chosen.column, chosen.binary, chosen.shape
         self.feature_columns = names = chosen.names
 
-        marked = F.lit(False)
-        fraction = None
-        if validation is None or (isinstance(validation, (int, float)) and not isinstance(validation, bool)
-                                  and validation == 0):
-            pass
-        elif isinstance(validation, str):
-            marker = column_type(df, validation)
-            if not isinstance(marker, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
-                raise TypeError(f"validation column {validation!r} must be boolean or integer (non-zero marks "
-                                f"a validation row); it is {marker.simpleString()}")
-            marked = F.coalesce(F.col(validation).cast("boolean"), F.lit(False))
-        elif isinstance(validation, float) and 0 < validation < 1:
-            fraction = validation
-        else:
-            raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), the name of a boolean "
-                             f"column marking validation rows, or None")
+        marked, fraction = _validation_split(df, validation)
 
         # Rows are told apart by content and, among identical rows, by their ordinal, so
         # hashes spread duplicates too and nothing depends on the input's partitioning.
@@ -91,36 +76,9 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         else:
             is_validation = F.col("marked")
         prepared = base.select("features", "label", "copy", is_validation.alias("is_validation"))
-        if self._binary:     # bytes of any length, none of them NaN
-            null, nan = F.col("features").isNull(), F.lit(False)
-            min_size = max_size = F.avg(F.length("features"))
-        else:
-            null = F.col("features").isNull() | F.exists("features", lambda x: x.isNull())
-            nan = F.exists("features", lambda x: F.isnan(x) | (F.abs(x) == float("inf")))
-            min_size, max_size = F.min(F.size("features")), F.max(F.size("features"))
-        stats = prepared.agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.sum(F.when(null, 1).otherwise(0)).alias("null_features"),
-            F.sum(F.when(nan, 1).otherwise(0)).alias("nan_features"),
-            F.sum(F.when(F.col("label").isNull(), 1).otherwise(0)).alias("null_labels"),
-            F.sum(F.when(F.isnan("label") | (F.abs("label") == float("inf")), 1).otherwise(0)).alias("nan_labels"),
-            min_size.alias("min_size"), max_size.alias("max_size"),
-            F.sum(F.col("is_validation").cast("long")).alias("validation_rows"),
-        ).first()
+        stats = _statistics(prepared, self._binary)
         shown = names[0] if len(names) == 1 else names
-        if stats["rows"] == 0:
-            raise ValueError("data is empty: the DataFrame has 0 rows")
-        if stats["null_features"]:
-            raise ValueError(f"feature column {shown!r}: {stats['null_features']} rows hold nulls")
-        if stats["nan_features"]:
-            raise ValueError(f"feature column {shown!r}: {stats['nan_features']} rows hold NaN or infinite values")
-        if stats["null_labels"]:
-            raise ValueError(f"label column {label!r}: {stats['null_labels']} rows hold nulls")
-        if stats["nan_labels"]:
-            raise ValueError(f"label column {label!r}: {stats['nan_labels']} rows hold NaN or infinite values")
-        if stats["min_size"] != stats["max_size"]:
-            raise ValueError(f"feature column {shown!r} holds arrays of different lengths "
-                             f"({stats['min_size']} to {stats['max_size']}); every row needs the same length")
+        _check_statistics(stats, shown, label)
         self._prepared = prepared
         self._feature_length = int(stats["max_size"] or 0)    # bytes: their mean length
         if self._feature_shape is not None and int(np.prod(self._feature_shape)) != self._feature_length:
@@ -233,3 +191,62 @@ def _write_group(data_dir: str, feature_length: int | None, group_rows: int, gro
     import pandas as pd  # on Spark's executors only: workers import this module too
 
     return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest]})
+
+
+def _validation_split(df: Any, validation: Any) -> tuple[Any, float | None]:
+    """(the column marking validation rows, the fraction to draw instead) for ``validation``."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if validation is None or (isinstance(validation, (int, float)) and not isinstance(validation, bool)
+                              and validation == 0):
+        return F.lit(False), None
+    if isinstance(validation, str):
+        marker = column_type(df, validation)
+        if not isinstance(marker, (T.BooleanType, T.ByteType, T.ShortType, T.IntegerType, T.LongType)):
+            raise TypeError(f"validation column {validation!r} must be boolean or integer (non-zero marks "
+                            f"a validation row); it is {marker.simpleString()}")
+        return F.coalesce(F.col(validation).cast("boolean"), F.lit(False)), None
+    if isinstance(validation, float) and 0 < validation < 1:
+        return F.lit(False), validation
+    raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), the name of a boolean "
+                     f"column marking validation rows, or None")
+
+
+def _statistics(prepared: Any, binary: bool) -> Any:
+    """One Spark job over the prepared rows: counts of rows, of bad values, sizes, validation rows."""
+    from pyspark.sql import functions as F
+
+    if binary:     # bytes of any length, none of them NaN
+        null, nan = F.col("features").isNull(), F.lit(False)
+        min_size = max_size = F.avg(F.length("features"))
+    else:
+        null = F.col("features").isNull() | F.exists("features", lambda x: x.isNull())
+        nan = F.exists("features", lambda x: F.isnan(x) | (F.abs(x) == float("inf")))
+        min_size, max_size = F.min(F.size("features")), F.max(F.size("features"))
+    return prepared.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(null, 1).otherwise(0)).alias("null_features"),
+        F.sum(F.when(nan, 1).otherwise(0)).alias("nan_features"),
+        F.sum(F.when(F.col("label").isNull(), 1).otherwise(0)).alias("null_labels"),
+        F.sum(F.when(F.isnan("label") | (F.abs("label") == float("inf")), 1).otherwise(0)).alias("nan_labels"),
+        min_size.alias("min_size"), max_size.alias("max_size"),
+        F.sum(F.col("is_validation").cast("long")).alias("validation_rows"),
+    ).first()
+
+
+def _check_statistics(stats: Any, shown: Any, label: str) -> None:
+    """Refuses data that is empty, holds nulls, NaN or infinities, or arrays of unequal lengths."""
+    if stats["rows"] == 0:
+        raise ValueError("data is empty: the DataFrame has 0 rows")
+    if stats["null_features"]:
+        raise ValueError(f"feature column {shown!r}: {stats['null_features']} rows hold nulls")
+    if stats["nan_features"]:
+        raise ValueError(f"feature column {shown!r}: {stats['nan_features']} rows hold NaN or infinite values")
+    if stats["null_labels"]:
+        raise ValueError(f"label column {label!r}: {stats['null_labels']} rows hold nulls")
+    if stats["nan_labels"]:
+        raise ValueError(f"label column {label!r}: {stats['nan_labels']} rows hold NaN or infinite values")
+    if stats["min_size"] != stats["max_size"]:
+        raise ValueError(f"feature column {shown!r} holds arrays of different lengths "
+                         f"({stats['min_size']} to {stats['max_size']}); every row needs the same length")
