@@ -22,7 +22,7 @@ WIDE = {"lr": cb.choice([1e-2, 0.0]), "hidden": cb.choice([16, 32])}    # lr 0: 
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory) -> cb.Result:
-    return cb.GridSearch(build, WIDE, epochs=3, metric="val_accuracy", mode="max").fit(
+    return cb.GridSearch(build, WIDE, epochs=2, metric="val_accuracy", mode="max").fit(
         digits(), workers=2, store=tmp_path_factory.mktemp("w") / "wide", seed=0, verbose=0)
 
 
@@ -40,12 +40,15 @@ def test_a_trial_of_an_equal_config_starts_from_the_earlier_trials_state(tmp_pat
     history = result.history()
     assert history["warm_started_from"].tolist() == [f"{wide.run_dir}:{source.trial_id}@{epoch}"] * 2 + [None] * 2
     assert [t.warm_started_from for t in result.trials] == [f"{wide.run_dir}:{source.trial_id}@{epoch}", None]
+
+
+def test_a_warm_started_trial_starts_from_the_earlier_trials_weights_bitwise(tmp_path, wide):
     # A trial that cannot move (lr 0) ends with the weights it started from: the earlier trial's.
-    frozen = cb.GridSearch(build, {"lr": 0.0, "hidden": 16}, epochs=1, warm_start=wide.run_dir,
-                           warm_start_epoch=which).fit(digits(), workers=2, store=tmp_path / "f", seed=1, verbose=0)
+    frozen = cb.GridSearch(build, {"lr": 0.0, "hidden": 16}, epochs=1, warm_start=wide.run_dir).fit(
+        digits(), workers=2, store=tmp_path / "f", seed=1, verbose=0)
     [earlier] = [t for t in wide.trials if t.config == {"lr": 0.0, "hidden": 16}]
     assert frozen.trials[0].warm_started_from is not None
-    weights, expected = frozen.trials[0].state_dict("last"), earlier.state_dict(which)
+    weights, expected = frozen.trials[0].state_dict("last"), earlier.state_dict("best")
     assert weights.keys() == expected.keys() and all(torch.equal(weights[k], v) for k, v in expected.items())
     built = cb.GridSearch(build, {"lr": 0.0, "hidden": 16}, epochs=1).fit(      # not warm-started: build's
         digits(), workers=2, store=tmp_path / "b", seed=1, verbose=0).trials[0].state_dict("last")
