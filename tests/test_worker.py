@@ -179,3 +179,24 @@ def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_mis
     assert [answer for _, answer in answers if not isinstance(answer, SubEpochDone)] == []
     assert any(answer.evicted for _, answer in answers)
     assert any(task.state is None and task.version > 0 for task, _ in answers)
+
+
+def test_a_result_the_wire_cannot_carry_fails_its_task_not_the_worker():
+    from cerebro.store import frames
+    from cerebro.worker._loop import reply
+    from cerebro.worker._protocol import Sums
+
+    class Wire:
+        """Encodes as the real channel does, before any byte would go out."""
+        def __init__(self):
+            self.sent = []
+
+        def send(self, message):
+            frames(message)
+            self.sent.append(message)
+
+    wire = Wire()
+    reply(wire, 7, SubEpochDone(7, Sums(1, 1.0, {}, {"f1": object()}), 0.1))
+    [failed] = wire.sent
+    assert isinstance(failed, SubEpochFailed) and failed.task_id == 7
+    assert "TypeError: object cannot be written as data" in failed.error

@@ -136,7 +136,7 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
                     channel.send(SetupFailed(worker, traceback.format_exc()))
                 continue
             try:
-                channel.send(_run(message, trainables, data.sources, device))
+                reply(channel, message.task_id, _run(message, trainables, data.sources, device))
             except OSError:
                 return      # the driver is gone
     finally:
@@ -162,6 +162,15 @@ def _set_up(setup: Setup, worker: int, data: WorkerData) -> tuple[_Trainables, t
 
 def _ready(worker: int, device: torch.device, data: WorkerData) -> Ready:
     return Ready(worker, str(device), data.rows(), data.note)
+
+
+def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed | StateMissing) -> None:
+    """Send a task's result; one the wire cannot carry (a trainer's sums holding something
+    other than data) fails the task with why, instead of the worker."""
+    try:
+        channel.send(result)
+    except (TypeError, ValueError):        # raised while encoding, before any byte went out
+        channel.send(SubEpochFailed(task_id, traceback.format_exc()))
 
 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
