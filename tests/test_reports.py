@@ -76,7 +76,10 @@ def test_report_of_a_finished_run(run, tmp_path):
     assert {trace.name for trace in gantt.data} == {t.trial_id for t in run.trials}
     assert f"utilization {_html.utilization(run.schedule(), 2):.3f}" in gantt.layout.title.text
     curves = _html.learning_curves(run)
-    assert len(curves.data) == 3 * len(run.trials)    # train loss, val loss, the objective
+    # train loss, val loss, the objective, and the learning rate where a schedule changed it
+    panels = 3 + (run.history()["train_lr"].nunique() > 1)
+    assert len(curves.data) == panels * len(run.trials)
+    assert [a.text for a in curves.layout.annotations][3:] == (["train_lr"] if panels == 4 else [])
     assert max(trace.line.width for trace in curves.data) == 4  # the best trial stands out
 
 
@@ -180,7 +183,8 @@ def test_the_report_opens_in_headless_chromium_without_errors(run, chromium, tmp
     gantt = dom[dom.index('id="figure-gantt"'):dom.index('id="figure-parallel"')]
     assert gantt.count('class="point"') == len(run.schedule())          # one bar per sub-epoch, drawn
     curves = dom[dom.index('id="figure-curves"'):dom.index('id="figure-gantt"')]
-    assert curves.count('class="trace scatter ') == 3 * len(run.trials)   # 3 panels, a curve per trial
+    panels = 3 + (run.history()["train_lr"].nunique() > 1)          # a curve per trial in each panel
+    assert curves.count('class="trace scatter ') == panels * len(run.trials)
     shot = tmp_path / "report.png"
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}",
                     f"--screenshot={shot}", f"file://{page}"], capture_output=True, timeout=120)
