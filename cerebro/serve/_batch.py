@@ -50,11 +50,12 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
     chosen = _trial(result, trial)
     if result.provided_build is None:
         result.store.read_build()          # its signature checked (no code run) before any work
-    spec = FeatureSpec.of_run(result.store.read_run_info()["data"])
+    info = result.store.read_run_info()      # read once: the features' layout and the run's workers
+    spec = FeatureSpec.of_run(info["data"])
     if spark is not None:
         return _on_spark(spark, chosen, epoch, data, spec, workers, top_k, out, batch_size)
     features, ids = prediction_rows(data, spec)
-    count = min(workers or result.store.read_run_info().get("workers", 1), os.cpu_count() or 1, len(features))
+    count = min(workers or info.get("workers", 1), os.cpu_count() or 1, len(features))
     outputs = predict_over_workers(result, chosen, epoch, features, count, batch_size)
     table = top_k_classes(outputs, top_k) if top_k is not None else output_frame(outputs)
     if ids is not None:
