@@ -89,9 +89,11 @@ def test_the_warm_start_section_runs_as_written(tmp_path, monkeypatch):
 
 
 def test_the_metrics_section_runs_as_written(tmp_path, monkeypatch):
-    """The best trial by val_f1 is the one with the highest exact F1 at its best epoch."""
+    """The best trial by val_f1 is the one with the highest exact F1 at its best epoch, for the
+    torch and the Keras trainer."""
     monkeypatch.chdir(tmp_path)
-    namespace, out = run_section("Metrics", 1)
-    result = namespace["result"]
-    assert "best_val_f1" in out and [t.status for t in result.trials] == ["completed"] * 2
-    assert result.best.best_metrics["val_f1"] == max(t.best_metrics["val_f1"] for t in result.trials)
+    namespace, out = run_section("Metrics", 2)
+    for result in (namespace["result"], namespace["keras_result"]):
+        assert [t.status for t in result.trials] == ["completed"] * 2
+        assert result.best.best_metrics["val_f1"] == max(t.best_metrics["val_f1"] for t in result.trials)
+    assert out.count("best_val_f1") == 2 and "train_f1" not in namespace["keras_result"].history()

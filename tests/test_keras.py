@@ -309,3 +309,58 @@ def test_keras_callbacks_other_than_reduce_lr_on_plateau_are_refused_by_name(cal
     with pytest.raises(ValueError, match=re.escape(f"callbacks=[{type(callback).__name__}(...)] cannot run per "
                                                    f"sub-epoch on workers: {instead}")):
         cb.KerasTrainable(model, batch_size=32, callbacks=[callback])
+
+
+def build_exact(config: dict) -> cb.KerasTrainable:
+    import torchmetrics
+    model = make_model("plain")
+    model.compile(keras.optimizers.Adam(config["lr"]), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return cb.KerasTrainable(model, batch_size=32, metrics={
+        "acc": "accuracy", "f1": torchmetrics.classification.MulticlassF1Score(10, average="macro"),
+        "auroc": torchmetrics.classification.MulticlassAUROC(10, average="macro")})
+
+
+@pytest.mark.slow
+def test_torchmetrics_on_keras_trials_are_exact_over_the_validation_set_and_the_same_on_1_and_2_workers(tmp_path):
+    from sklearn.metrics import f1_score, roc_auc_score
+    search = cb.GridSearch(build_exact, {"lr": cb.choice([1e-2, 1e-3])}, epochs=2, metric="val_f1", mode="max")
+    one, two = fit(tmp_path, search, 1, "one"), fit(tmp_path, search, 2, "two")
+    assert_same_runs(one, two)
+    assert one.history().equals(two.history())
+    assert {"train_acc", "val_acc", "val_f1", "val_auroc"} <= set(one.history()) and "train_f1" not in one.history()
+    features, label = digits(partitions=2, rows=300).validation_arrays()
+    for trial in one.trials:
+        outputs = trial.predict(features, epoch="last")
+        probabilities = torch.softmax(torch.from_numpy(outputs), dim=1).numpy()
+        assert trial.metrics["val_f1"] == pytest.approx(f1_score(label, outputs.argmax(1), average="macro"), abs=1e-6)
+        assert trial.metrics["val_auroc"] == pytest.approx(roc_auc_score(label, probabilities, multi_class="ovr"),
+                                                           abs=1e-6)
+    assert one.best.trial_id == max(one.trials, key=lambda t: t.best_metrics["val_f1"]).trial_id
+
+
+def test_an_exact_keras_metric_is_logged_for_validation_only(tmp_path):
+    search = cb.GridSearch(build_exact, {"lr": 1e-2}, epochs=1, metric="train_f1", mode="max")
+    with pytest.raises(ValueError, match=re.escape("metric='train_f1' is not logged; logged metrics are "
+                                                   "['train_loss', 'train_acc', 'val_loss', 'val_acc', 'val_f1', "
+                                                   "'val_auroc']")):
+        fit(tmp_path, search, 1, "run")
+
+
+def test_a_torchmetrics_metric_in_a_keras_metrics_list_is_refused_for_want_of_a_name():
+    import torchmetrics
+    model = make_model("plain")
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with pytest.raises(ValueError, match=re.escape("metrics=[... MulticlassF1Score(...) ...]: a torchmetrics Metric "
+                                                   "needs a name to be logged under; give metrics as a dict, e.g. "
+                                                   "{'f1': MulticlassF1Score(...)}")):
+        cb.KerasTrainable(model, batch_size=32, metrics=["accuracy", torchmetrics.classification.MulticlassF1Score(10)])
+
+
+def test_keras_metrics_given_as_a_dict_are_logged_under_its_keys_and_the_compiled_loss_is_kept():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainable = cb.KerasTrainable(model, batch_size=2, metrics={"hit_rate": "accuracy"})
+    features, label = np.eye(4, dtype=np.float32), np.array([0, 1, 2, 0])
+    sums = trainable.evaluate_batches([(features, label)])
+    assert trainable.metric_names() == ("hit_rate",) and set(sums.metrics) == {"hit_rate"} and sums.rows == 4
+    assert isinstance(model.loss, keras.losses.SparseCategoricalCrossentropy)

@@ -68,6 +68,8 @@ def check_metric(trainable: Any, metric: str, has_validation: bool) -> list[str]
                         f"got {type(trainable).__name__}")
     prefixes = ("train", "val") if has_validation else ("train",)
     logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metric_names())]
+    if has_validation:
+        logged += [f"val_{name}" for name in trainable.validation_metric_names()]
     if metric not in logged:
         hint = "" if has_validation else " (the data has no validation split)"
         raise ValueError(f"metric={metric!r} is not logged{hint}; logged metrics are {logged}")

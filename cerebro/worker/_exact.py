@@ -96,8 +96,7 @@ class ExactMetrics:
             if self._build is None:
                 import cloudpickle
                 self._build = cloudpickle.loads(self.build_blob)
-            made = self._build(config).metrics
-            self._metrics[key] = {name: metric for name, metric in made.items() if is_metric(metric)}
+            self._metrics[key] = self._build(config).exact_metrics()
             if len(self._metrics) > _CACHED_CONFIGS:
                 self._metrics.popitem(last=False)
         self._metrics.move_to_end(key)

@@ -8,6 +8,7 @@ which sets it before unpickling the build.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import math
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._exact import is_metric, merges, sub_epoch_state
 from ._keras_callbacks import history_name, load_plateau_state, plateau_of, plateau_state, step_plateau
 from ._protocol import Sums
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, positive_batch_size
@@ -62,8 +64,14 @@ class KerasTrainable(Trainable):
             was called). Compiled, it brings its optimizer, loss and metrics; else give them.
         batch_size: rows per mini-batch.
         optimizer, loss, metrics: as for ``model.compile``; given, they compile the model
-            (overriding an earlier compile). Metrics are logged per epoch for training
-            (``train_<name>``) and validation (``val_<name>``) under Keras's names for them.
+            (overriding an earlier compile's, keeping what is not given). Metrics are logged
+            per epoch for training (``train_<name>``) and validation (``val_<name>``) under
+            Keras's names for them, or under their keys where ``metrics`` is a dict
+            ``{name: metric}``. A dict's values may also be torchmetrics ``Metric`` objects:
+            exact over the whole validation set (``val_<name>``), as for
+            :class:`cerebro.TorchTrainable`; ``train_on_batch`` does not return the outputs,
+            so they are not logged for training, and each validation batch runs forward once
+            more for them (:meth:`evaluate_batches`).
         transform, eval_transform: as for :class:`cerebro.TorchTrainable`; they return numpy
             arrays (or tensors of the backend).
         callbacks: ``[keras.callbacks.ReduceLROnPlateau(...)]``: Keras's own callback, run at
@@ -91,7 +99,7 @@ class KerasTrainable(Trainable):
     batch_size: int
     optimizer: Any = None
     loss: Any = None
-    metrics: list | None = None
+    metrics: list | dict | None = None
     transform: Transform | None = None
     eval_transform: Transform | None = None
     callbacks: list | None = None
@@ -108,9 +116,11 @@ class KerasTrainable(Trainable):
                              f"{', '.join(TRAINING_BACKENDS)}")
         positive_batch_size(self.batch_size)
         callable_transforms(self)
-        if self.optimizer is not None or self.loss is not None or self.metrics is not None:
+        keras_metrics, self._exact = _split_metrics(self.metrics)
+        if self.optimizer is not None or self.loss is not None or keras_metrics is not None:
             self.model.compile(optimizer=self.optimizer or getattr(self.model, "optimizer", None) or "rmsprop",
-                               loss=self.loss, metrics=self.metrics)
+                               loss=self.loss or getattr(self.model, "loss", None),
+                               metrics=None if keras_metrics is None else list(keras_metrics.values()))
         if not getattr(self.model, "compiled", False) or getattr(self.model, "loss", None) is None:
             raise ValueError("the Keras model is not compiled with a loss: call model.compile(optimizer, loss, "
                              "metrics) in build(config), or give KerasTrainable(optimizer=..., loss=...)")
@@ -119,13 +129,23 @@ class KerasTrainable(Trainable):
                              "keras.Input(shape), or call model.build(input_shape)")
         if not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
-        self._metric_names = tuple(_metric_name(m) for m in _flat_metrics(self.model))
+        # Each Keras metric's logged name -> the name Keras logs it under.
+        if keras_metrics is None:
+            keras_metrics = {_metric_name(m): m for m in _flat_metrics(self.model)}
+        self._logged = {name: _metric_name(m) for name, m in keras_metrics.items()}
+        self._metric_names = tuple(self._logged)
         self._plateau = plateau_of(self.callbacks)
         self._stepped_epochs = 0      # epoch ends the plateau callback has seen
 
     # --- what the driver checks ---------------------------------------------------------
     def metric_names(self) -> tuple[str, ...]:
         return self._metric_names
+
+    def validation_metric_names(self) -> tuple[str, ...]:
+        return tuple(self._exact)
+
+    def exact_metrics(self) -> dict[str, Any]:
+        return self._exact
 
     def epoch_metric(self) -> str | None:
         return None if self._plateau is None else history_name(self._plateau.monitor)
@@ -193,21 +213,32 @@ class KerasTrainable(Trainable):
         return sums
 
     def evaluate_batches(self, batches: Iterable[Any], deadline: float | None = None) -> Sums:
+        """Loss and metrics over ``batches``; the exact metrics from a second forward pass in
+        inference mode (``predict_on_batch``), since ``test_on_batch`` keeps its outputs."""
         sums = Sums.empty(self._metric_names)
+        for metric in self._exact.values():
+            metric.reset()
         for inputs, targets in batches:
             sums += self._sums(self.model.test_on_batch(inputs, targets, return_dict=True), len(targets))
+            if self._exact:
+                outputs = torch.from_numpy(np.asarray(self.model.predict_on_batch(inputs)))
+                for metric in self._exact.values():
+                    metric.update(outputs, torch.from_numpy(np.asarray(targets)))
             check_deadline(deadline)
-        return sums
+        if not self._exact:
+            return sums
+        return dataclasses.replace(sums, states={name: sub_epoch_state(name, m) for name, m in self._exact.items()})
 
     def predict_batches(self, batches: Iterable[Any]) -> np.ndarray:
         return np.concatenate([np.asarray(self.model.predict_on_batch(inputs)) for inputs, _ in batches])
 
     def _sums(self, logs: Mapping[str, Any], rows: int) -> Sums:
-        missing = [name for name in self._metric_names if name not in logs]
+        missing = [keras for keras in self._logged.values() if keras not in logs]
         if missing:
             raise ValueError(f"Keras logged {sorted(logs)}, not the metrics {missing} this trainer expected from "
                              f"compile(metrics=...); give metrics as names, functions or keras.metrics objects")
-        return Sums(rows, float(logs["loss"]) * rows, {name: float(logs[name]) * rows for name in self._metric_names})
+        return Sums(rows, float(logs["loss"]) * rows,
+                    {name: float(logs[keras]) * rows for name, keras in self._logged.items()})
 
     def _reseed(self, seed: int) -> None:
         """Every seed generator of the model, Keras's global one, Python's, numpy's and (on
@@ -235,6 +266,32 @@ class KerasTrainable(Trainable):
         for index, generator in enumerate(generators):
             state = np.random.default_rng([seed, index]).integers(0, 2**31, 2)
             generator.state.assign(state.astype(generator.state.dtype))
+
+
+def _split_metrics(metrics: list | dict | None) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The Keras metrics given (None: keep the compiled ones) and the torchmetrics ``Metric``
+    objects, each by the name it is logged under."""
+    if metrics is None:
+        return None, {}
+    if isinstance(metrics, dict):
+        for name in metrics:
+            if not isinstance(name, str) or not name or name == "loss":
+                raise ValueError(f"metric name {name!r} must be a non-empty string other than 'loss', "
+                                 f"which is always logged")
+        named = dict(metrics)
+    elif isinstance(metrics, (list, tuple)):
+        exact = [type(m).__name__ for m in metrics if is_metric(m)]
+        if exact:
+            raise ValueError(f"metrics=[... {exact[0]}(...) ...]: a torchmetrics Metric needs a name to be logged "
+                             f"under; give metrics as a dict, e.g. {{'f1': {exact[0]}(...)}}")
+        named = {_metric_name(m): m for m in metrics}
+    else:
+        raise TypeError(f"metrics must be a list or a dict {{name: metric}}; got {type(metrics).__name__}")
+    exact = {name: m for name, m in named.items() if is_metric(m)}
+    for name, metric in exact.items():
+        merges(name, metric)          # refuses a state that cannot be merged over partitions
+    keras_metrics = {name: m for name, m in named.items() if name not in exact}
+    return (keras_metrics if keras_metrics or not exact else None), exact
 
 
 def _flat_metrics(model: Any) -> list:

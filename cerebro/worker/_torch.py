@@ -164,6 +164,9 @@ class TorchTrainable(Trainable):
     def metric_names(self) -> tuple[str, ...]:
         return tuple(self.metrics)
 
+    def exact_metrics(self) -> dict[str, Any]:
+        return self._exact
+
     def epoch_metric(self) -> str | None:
         if isinstance(self.lr_scheduler, ReduceLROnPlateau) and self.lr_scheduler_step is SchedulerStep.EPOCH:
             return self.lr_scheduler_metric

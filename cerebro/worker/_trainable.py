@@ -42,6 +42,15 @@ class Trainable(abc.ABC):
     def metric_names(self) -> tuple[str, ...]:
         """The metrics logged besides the loss, as ``train_<name>`` and ``val_<name>``."""
 
+    def validation_metric_names(self) -> tuple[str, ...]:
+        """Metrics logged for validation only, as ``val_<name>``."""
+        return ()
+
+    def exact_metrics(self) -> dict[str, Any]:
+        """The torchmetrics ``Metric`` objects by name: the driver computes their values from
+        the merged states the workers send (:mod:`cerebro.worker._exact`)."""
+        return {}
+
     def check_label(self, label: np.ndarray) -> None:
         """Raise, naming the problem, if labels like ``label`` (a sample) cannot fit the loss."""
 
