@@ -82,17 +82,31 @@ def test_bad_inputs_are_refused_naming_the_expected_and_given_shape(run):
         cb.predict(result, np.zeros((5, 64), np.float32), trial="t0042")
 
 
-def test_batch_prediction_over_two_workers_is_predict_in_row_order_with_ids_and_top_k(run, tmp_path, monkeypatch):
+@pytest.mark.parametrize("cpus, kind", [(2, "_Forked"), (4, "_Spawned")])
+def test_batch_prediction_over_two_workers_is_predict_in_row_order_with_ids_and_top_k(run, tmp_path, monkeypatch,
+                                                                                       cpus, kind):
+    """One thread per worker: forked from this process; more: fresh processes. Either way
+    the outputs are this process's bits with as many threads."""
+    from cerebro.serve import _local
     result, _, frame = run
     rows = frame.drop(columns=["digit"]).assign(id=np.arange(len(frame)) * 10 + 7)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)            # as each of the 2 worker processes on 2 CPUs: the same bits
+    torch.set_num_threads(cpus // 2)            # as each of the 2 worker processes: the same bits
     try:
         expected = result.best.predict(rows)
     finally:
         torch.set_num_threads(threads)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+    started = []
+
+    def recording(name: str):
+        made = getattr(_local, name)
+        return lambda *args: started.append(name) or made(*args)
+
+    for name in ("_Forked", "_Spawned"):
+        monkeypatch.setattr(_local, name, recording(name))
     table = cb.predict(result.run_dir, rows, workers=2)
+    assert started == [kind]
     assert list(table.columns) == ["id", *(f"output_{i}" for i in range(10))]
     assert np.array_equal(table["id"].to_numpy(), rows["id"].to_numpy())
     assert np.array_equal(table.drop(columns=["id"]).to_numpy(), expected)
@@ -103,6 +117,8 @@ def test_batch_prediction_over_two_workers_is_predict_in_row_order_with_ids_and_
     assert np.allclose(top[["prob_1", "prob_2", "prob_3"]].to_numpy(),
                        np.take_along_axis(probabilities, order, axis=1), rtol=0, atol=1e-12)
     assert (top["prob_1"] >= top["prob_2"]).all() and (top["prob_2"] >= top["prob_3"]).all()
+    if kind == "_Spawned":
+        return              # the CLI's processes take the machine's own CPU count
     rows.to_parquet(tmp_path / "in.parquet")
     done = subprocess.run([sys.executable, "-m", "cerebro", "predict", result.run_dir, str(tmp_path / "in.parquet"),
                            "-o", str(tmp_path / "out.parquet"), "--top-k", "3", "--workers", "2"],
@@ -147,24 +163,30 @@ def test_chunks_start_at_batch_multiples_and_cover_every_row_once():
         assert all(stop - start >= MIN_CHUNK_BATCHES * batch for start, stop in chunks[:-1])
 
 
-def test_a_worker_that_dies_gives_its_chunk_back_and_is_named(tmp_path):
+def test_a_worker_that_dies_gives_its_chunk_back_and_is_named(tmp_path, run):
     """The driver predicts what a dead worker process took, so the answer is whole; the
-    warning names the worker and the last line it wrote."""
+    warning names the worker and the last line it wrote (a started process) or its exit
+    status (a forked one)."""
     import queue
+    import signal
     import warnings
 
-    from cerebro.serve._local import _feed
+    from cerebro.serve._local import _feed, _Forked, _Spawned
+    spawned = _Spawned(str(tmp_path), 1)
+    spawned.process.kill()
+    spawned.process.wait()
     (tmp_path / "stderr-1.txt").write_text("Traceback ...\nMemoryError: out of memory\n")
-    dead = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)", "1"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    dead.wait()
-    todo = queue.SimpleQueue()
-    todo.put((0, 64))
-    todo.put((64, 100))
-    outputs = {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _feed(dead, str(tmp_path), todo, outputs)
-    assert outputs == {} and sorted([todo.get_nowait(), todo.get_nowait()]) == [(0, 64), (64, 100)]
-    assert [str(w.message) for w in caught] == [
-        "prediction worker 1 failed (MemoryError: out of memory); the other workers predict its rows"]
+    forked = _Forked(2, run[0].best.trainable(), np.zeros((100, 64), np.float32), 32)
+    os.kill(forked.process.pid, signal.SIGKILL)
+    for worker, why in [(spawned, "MemoryError: out of memory"), (forked, "exit status -9")]:
+        todo = queue.SimpleQueue()
+        todo.put((0, 64))
+        todo.put((64, 100))
+        outputs = {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _feed(worker, todo, outputs)
+        worker.stop()
+        assert outputs == {} and sorted([todo.get_nowait(), todo.get_nowait()]) == [(0, 64), (64, 100)]
+        assert [str(w.message) for w in caught] == [
+            f"prediction worker {worker.index} failed ({why}); the other workers predict its rows"]

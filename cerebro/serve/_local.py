@@ -2,16 +2,23 @@
 goes to every worker once and the rows are cut once, at multiples of the batch size, into
 chunks that the workers take as they become free (work stealing).
 
-Why chunks and not one share per worker: a worker process takes a second or two to start
-(importing torch, building the model), on the same cores that predict. This process is
-worker 0 and starts predicting at once; the other workers join when they are ready and take
-what is left, so their start-up costs what it costs and no more. Every chunk starts at a
+Why chunks and not one share per worker: a worker process that starts afresh takes a second
+or two (importing torch, building the model), on the same cores that predict. This process
+is worker 0 and starts predicting at once; the other workers join when they are ready and
+take what is left, so their start-up costs what it costs and no more. Every chunk starts at a
 multiple of the batch size, so its batches are the ones one process would make, and with the
 same threads its outputs are that process's bits.
+
+Where each worker predicts on one CPU thread with a torch model, the workers are forked from
+this process instead (:class:`_Forked`): they have the model and the rows already, so they
+start in milliseconds. A forked child must not use more than one OpenMP thread (libgomp's
+pool does not survive a fork: it hangs), nor CUDA or TensorFlow, so every other case starts
+fresh processes of :mod:`cerebro.worker._serve` (:class:`_Spawned`).
 """
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import queue
 import subprocess
@@ -19,6 +26,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,23 +42,26 @@ MIN_CHUNK_BATCHES = 8           # a chunk worth a message to a worker process
 def predict_over_workers(result: Result, trial: TrialResult, epoch: int | str, features: np.ndarray,
                          count: int, batch_size: int | None) -> np.ndarray:
     """The outputs for ``features`` over ``count`` workers: this process and ``count - 1``
-    processes of :mod:`cerebro.worker._serve`."""
+    forked or started processes."""
     trainable = trial.trainable(epoch)
     size = batch_size or trainable.batch_size
     chunks = _chunks(len(features), count, size)
     if count <= 1 or len(chunks) == 1:
         return predict_rows(trainable, features, size)
     threads = max(1, (os.cpu_count() or 1) // count)
+    indices = range(1, min(count, len(chunks)))
     with tempfile.TemporaryDirectory(prefix="cerebro-predict-") as job_dir:
-        _write_job(job_dir, result, trial, epoch, size, threads)
-        workers = [_start(job_dir, index) for index in range(1, min(count, len(chunks)))]
-        write_rows(job_dir, features)          # while the workers import torch
+        if _can_fork(trainable, threads):
+            workers: list[Any] = [_Forked(index, trainable, features, size) for index in indices]
+        else:
+            _write_job(job_dir, result, trial, epoch, size, threads)
+            workers = [_Spawned(job_dir, index) for index in indices]
+            write_rows(job_dir, features)          # while the workers import torch
         todo: queue.SimpleQueue[tuple[int, int]] = queue.SimpleQueue()
         for chunk in chunks:
             todo.put(chunk)
         outputs: dict[int, np.ndarray] = {}
-        feeders = [threading.Thread(target=_feed, args=(worker, job_dir, todo, outputs), daemon=True)
-                   for worker in workers]
+        feeders = [threading.Thread(target=_feed, args=(worker, todo, outputs), daemon=True) for worker in workers]
         for feeder in feeders:
             feeder.start()
         previous = torch.get_num_threads()
@@ -63,9 +74,13 @@ def predict_over_workers(result: Result, trial: TrialResult, epoch: int | str, f
         finally:
             torch.set_num_threads(previous)
             for worker in workers:
-                worker.kill() if worker.poll() is None else None
-                worker.wait()
+                worker.stop()
         return np.concatenate([outputs[start] for start, _ in chunks])
+
+
+def _can_fork(trainable: Any, threads: int) -> bool:
+    return (threads == 1 and trainable.predicts_after_fork and "fork" in multiprocessing.get_all_start_methods()
+            and inference_device(1).type == "cpu" and not torch.cuda.is_initialized())
 
 
 def _chunks(rows: int, count: int, batch_size: int) -> list[tuple[int, int]]:
@@ -89,12 +104,6 @@ def _write_job(job_dir: str, result: Result, trial: TrialResult, epoch: int | st
         json.dump({"config": trial.config, "batch_size": batch_size, "threads": threads}, f)
 
 
-def _start(job_dir: str, index: int) -> subprocess.Popen:
-    with open(os.path.join(job_dir, f"stderr-{index}.txt"), "w") as stderr:
-        return subprocess.Popen([sys.executable, "-m", "cerebro.worker._serve", job_dir, str(index)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
-
-
 def _work(trainable: object, features: np.ndarray, batch_size: int, todo: queue.SimpleQueue,
           outputs: dict[int, np.ndarray]) -> None:
     """This process's share: chunks until none is left."""
@@ -106,33 +115,114 @@ def _work(trainable: object, features: np.ndarray, batch_size: int, todo: queue.
         outputs[start] = predict_rows(trainable, features[start:stop], batch_size, inference_device(0))
 
 
-def _feed(worker: subprocess.Popen, job_dir: str, todo: queue.SimpleQueue, outputs: dict[int, np.ndarray]) -> None:
+def _feed(worker: _Spawned | _Forked, todo: queue.SimpleQueue, outputs: dict[int, np.ndarray]) -> None:
     """Hands ``worker`` one chunk at a time until none is left. A worker that dies gives its
     chunk back, for this process to predict, and is named in a warning."""
-    index = worker.args[-1]
     try:
         while True:
             try:
                 start, stop = todo.get_nowait()
             except queue.Empty:
                 return
-            try:
-                worker.stdin.write(f"{start} {stop}\n")
-                worker.stdin.flush()
-                done = worker.stdout.readline()
-            except OSError:
-                done = ""
-            if done.strip() != str(start):
+            predicted = worker.predict(start, stop)
+            if predicted is None:
                 todo.put((start, stop))
-                with open(os.path.join(job_dir, f"stderr-{index}.txt")) as f:
-                    last = (f.read().strip().splitlines() or [f"exit status {worker.wait()}"])[-1]
-                warnings.warn(f"prediction worker {index} failed ({last}); the other workers predict its rows",
-                              RuntimeWarning, stacklevel=2)
+                warnings.warn(f"prediction worker {worker.index} failed ({worker.why()}); the other workers "
+                              f"predict its rows", RuntimeWarning, stacklevel=2)
                 return
-            outputs[start] = np.load(os.path.join(job_dir, f"outputs-{start}.npy"), allow_pickle=False)
+            outputs[start] = predicted
     finally:
-        if worker.stdin is not None:
-            try:
-                worker.stdin.close()
-            except OSError:
-                pass          # the worker is gone already
+        worker.close()
+
+
+class _Spawned:
+    """A fresh ``python -m cerebro.worker._serve`` process: the job's files, chunks by stdin
+    lines, outputs by ``.npy`` files."""
+
+    def __init__(self, job_dir: str, index: int) -> None:
+        self.job_dir, self.index = job_dir, index
+        with open(self._stderr_path(), "w") as stderr:
+            self.process = subprocess.Popen([sys.executable, "-m", "cerebro.worker._serve", job_dir, str(index)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+
+    def _stderr_path(self) -> str:
+        return os.path.join(self.job_dir, f"stderr-{self.index}.txt")
+
+    def predict(self, start: int, stop: int) -> np.ndarray | None:
+        try:
+            self.process.stdin.write(f"{start} {stop}\n")
+            self.process.stdin.flush()
+            done = self.process.stdout.readline()
+        except OSError:
+            done = ""
+        if done.strip() != str(start):
+            return None
+        return np.load(os.path.join(self.job_dir, f"outputs-{start}.npy"), allow_pickle=False)
+
+    def why(self) -> str:
+        with open(self._stderr_path()) as f:
+            return (f.read().strip().splitlines() or [f"exit status {self.process.wait()}"])[-1]
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass          # the worker is gone already
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+class _Forked:
+    """A child forked from this process, the model and the rows already in it: chunks and
+    their outputs through a pipe (pickled between this process and its own child only)."""
+
+    def __init__(self, index: int, trainable: Any, features: np.ndarray, batch_size: int) -> None:
+        self.index = index
+        self.connection, child = multiprocessing.Pipe()
+        self.process = multiprocessing.get_context("fork").Process(
+            target=_forked_worker, args=(child, trainable, features, batch_size), daemon=True)
+        self.process.start()
+        child.close()
+        self.error = ""
+
+    def predict(self, start: int, stop: int) -> np.ndarray | None:
+        try:
+            self.connection.send((start, stop))
+            kind, value = self.connection.recv()
+        except (OSError, EOFError):
+            self.process.join()
+            self.error = f"exit status {self.process.exitcode}"
+            return None
+        if kind == "error":
+            self.error = value
+            return None
+        return value
+
+    def why(self) -> str:
+        return self.error
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+
+
+def _forked_worker(connection: Any, trainable: Any, features: np.ndarray, batch_size: int) -> None:
+    torch.set_num_threads(1)         # one OpenMP thread: a forked libgomp pool would hang
+    while True:
+        try:
+            start, stop = connection.recv()
+        except EOFError:
+            return
+        try:
+            outputs = predict_rows(trainable, features[start:stop], batch_size, torch.device("cpu"))
+        except Exception as error:
+            connection.send(("error", f"{type(error).__name__}: {error}"))
+            return
+        connection.send(("outputs", outputs))

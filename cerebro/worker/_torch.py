@@ -100,6 +100,7 @@ class TorchTrainable(Trainable):
     mixed_precision: bool = False
 
     builds_on_meta_device = True
+    predicts_after_fork = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, torch.nn.Module):

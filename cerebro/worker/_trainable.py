@@ -36,6 +36,9 @@ class Trainable(abc.ABC):
     # The driver checks build(config) on torch's meta device (no memory, no init) where the
     # framework allows it.
     builds_on_meta_device: ClassVar[bool] = False
+    # cb.predict may fork single-threaded CPU workers from a process that built the model
+    # (no start-up) where the framework survives a fork; TensorFlow's runtime does not.
+    predicts_after_fork: ClassVar[bool] = False
 
     # --- what the driver checks before any worker starts ---------------------------------
     @abc.abstractmethod
