@@ -77,7 +77,7 @@ class Recorder(QuietRecorder):
             self.trials[event.trial_id].status = event.status
 
     def write_checkpoint(self, trial_id, state, epoch, exploit=False, best=False) -> None:
-        self.trials[trial_id].values = list(state)      # an exploit's: the source's values
+        self.trials[trial_id].values = list(state.get())      # an exploit's: the source's values
 
 
 class Timing:
@@ -133,7 +133,8 @@ def simulate(searcher, objective: Callable[[dict, int, list[float]], float], *, 
             book.end(trial, TrialStatus.FAILED, "failed as the test asked")
         else:
             # The trial's state is its values so far, so that an exploit copies the source's.
-            values = (*(trial.state or ()), objective(trial.config, trial.epoch, list(trial.state or ())))
+            before = () if trial.state is None else trial.state.get()
+            values = (*before, objective(trial.config, trial.epoch, list(before)))
             for kind, sums in epoch_sums(searcher.metric, values[-1]).items():
                 book.sub_epoch_done(Task(trial.trial_id, kind, trial.epoch, 0, 0), 0, sums, values)
         book.apply_decisions()

@@ -215,7 +215,7 @@ class StateRecorder(Recorder):
 
     def write_checkpoint(self, trial_id, state, epoch, exploit=False, best=False) -> None:
         super().write_checkpoint(trial_id, state, epoch, exploit, best)
-        self.states[trial_id, epoch] = state
+        self.states[trial_id, epoch] = state.get()
 
 
 def trained_one_epoch(searcher=None):
@@ -249,7 +249,7 @@ def test_evals_run_alongside_the_next_epoch_on_the_state_its_training_left():
     book, scheduler, recorder, task = trained_one_epoch()
     last = (1, task.partition)
     trial = book.live["t0000"]
-    assert trial.epoch == 2 and trial.evaluations[1].state == last and trial.evaluations[1].version == 2
+    assert trial.epoch == 2 and trial.evaluations[1].state.get() == last and trial.evaluations[1].version == 2
     started = scheduler.assign([0, 1])
     # The next epoch's first step goes first on its worker; an eval of epoch 1 on the other.
     assert sorted((t.kind.value, t.epoch) for t in started) == [("eval", 1), ("train", 2)]
@@ -262,7 +262,7 @@ def test_evals_run_alongside_the_next_epoch_on_the_state_its_training_left():
     finish(book, evaluation, loss=3.0)
     [end] = recorder.events("epoch_end")
     assert end["epoch"] == 1 and end["metrics"] == {"train_loss": 1.0, "val_loss": 2.5}
-    assert recorder.states["t0000", 1] == last and trial.state != last   # the epoch's own state
+    assert recorder.states["t0000", 1] == last and trial.state.get() != last   # the epoch's own state
     while book.live:
         for task in scheduler.assign([0, 1]):
             finish(book, task)

@@ -38,8 +38,12 @@ from ._pool import Joined, Lost, Worker, WorkerPool
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed
 from ._settings import RunSettings
+from ._shelf import StateShelf
 from ._trials import Trial, TrialBook
 from ._writer import StoreRecorder
+
+RESIDENT_STATES_PER_WORKER = 2     # the driver's states in memory: the rest wait on local disk
+QUEUED_CHECKPOINTS_PER_WORKER = 2  # then the driver waits for a slow store (back-pressure)
 
 
 class Driver:
@@ -55,12 +59,15 @@ class Driver:
         self.store, self.backend, self.settings, self.progress = store, backend, settings, progress
         self._take_up, self._time_offset = take_up, time_offset
         self._t0 = time.monotonic()
-        self.recorder = StoreRecorder(store, self._now, progress)
+        self.recorder = StoreRecorder(store, self._now, progress,
+                                      max_checkpoints_queued=QUEUED_CHECKPOINTS_PER_WORKER * backend.workers)
         self.pool = WorkerPool(backend, settings, store, build_blob, self.recorder.emit, self._now)
         self.scheduler = MOPScheduler({w: self.pool.partitions_of(w) for w in range(backend.workers)},
                                       evaluate=settings.evaluate)
-        self.book = TrialBook(policy, self.scheduler, settings, self.recorder,
-                              ExactMetrics(build_blob))
+        # A few states per worker in memory, the rest on local disk: the driver's memory
+        # stays flat in the number of trials.
+        self.book = TrialBook(policy, self.scheduler, settings, self.recorder, ExactMetrics(build_blob),
+                              StateShelf(resident=RESIDENT_STATES_PER_WORKER * backend.workers))
         self._restarts = 0
         self._next_task_id = 0
 
@@ -95,9 +102,14 @@ class Driver:
                 self.recorder.close()
             except RuntimeError:
                 pass    # the error already on its way is the one to report
+            finally:
+                self.book.shelf.close()
             raise
         self.pool.close("interrupted" if stopped else "finished", self.progress.finish)
-        self.recorder.close()
+        try:
+            self.recorder.close()
+        finally:
+            self.book.shelf.close()
 
     def _busy(self) -> bool:
         return any(w.running for w in self.pool.workers.values())
@@ -179,7 +191,8 @@ class Driver:
         sent = self.pool.send(worker, RunSubEpoch(
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(seed, trial.trial_id), subepoch_seed(seed, trial.trial_id, task.epoch, task.partition),
-            source.version, None if held else source.state, trial.retune and task.kind == TRAIN,
+            source.version, None if held or source.state is None else source.state.get(),
+            trial.retune and task.kind == TRAIN,
             self.settings.limits.trial_timeout, _epoch_before(trial, task)))
         if sent:     # a worker holds one version of a trial: this one
             for holding in trial.holdings():

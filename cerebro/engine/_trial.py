@@ -13,7 +13,7 @@ from ..worker import Sums
 class Evaluation:
     """An epoch whose eval visits still run while the trial trains its next epoch."""
 
-    state: object                 # as the epoch's training left it
+    state: Any                    # as the epoch's training left it (a _shelf.Shelved)
     version: int
     holders: set[int]
     train_sums: dict[int, Sums]
@@ -29,7 +29,7 @@ class Trial:
     config: dict
     max_epochs: int
     epoch: int = 0
-    state: object = None          # packed, as it came from the worker
+    state: Any = None             # a _shelf.Shelved packed state, as it came from the worker
     version: int = 0              # train sub-epochs the state has seen
     holders: set[int] = field(default_factory=set)         # workers holding this version
     paused: bool = False          # waits for the searcher's decide()

@@ -42,6 +42,7 @@ from ._scheduler import TRAIN, MOPScheduler, Task
 from ._search_state import SearchStateLog
 from ._seeds import trial_name
 from ._settings import RunSettings
+from ._shelf import StateShelf
 from ._trial import Evaluation, Trial
 from ._visit_order import visit_order
 from ._warm import WarmStarts
@@ -66,10 +67,11 @@ class TrialBook:
     """The live trials of a run, and what happens to them at each epoch end."""
 
     def __init__(self, policy: SearchPolicy, scheduler: MOPScheduler, settings: RunSettings,
-                 recorder: Recorder, exact: ExactMetrics | None = None) -> None:
+                 recorder: Recorder, exact: ExactMetrics | None = None, shelf: StateShelf | None = None) -> None:
         self.policy, self.scheduler, self.settings = policy, scheduler, settings
         self.recorder = recorder
         self.exact = exact          # computes torchmetrics Metric values from merged states
+        self.shelf = shelf or StateShelf()      # the trials' states between hops
         self.live: dict[str, Trial] = {}
         self.created = 0
         self.failures: list[str] = []
@@ -102,13 +104,15 @@ class TrialBook:
         self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now(),
                                         warm[1] if warm else None))
         if warm is not None:     # its epoch-0 checkpoint: a resume starts it from there too
-            trial.state, trial.version = warm[0], 1
+            trial.state, trial.version = self.shelf.put(warm[0]), 1
             self.recorder.write_checkpoint(trial.trial_id, trial.state, 0)
         self.start_epoch(trial)
         return trial
 
     def adopt(self, trial: Trial) -> None:
-        """Take up a trial of the run before a crash (resume)."""
+        """Take up a trial of the run before a crash (resume); its state goes on the shelf."""
+        if trial.state is not None:
+            trial.state = self.shelf.put(trial.state)
         self.live[trial.trial_id] = trial
         self.recorder.emit(TrialTakenUp(trial.trial_id, trial.config, trial.max_epochs))
 
@@ -142,7 +146,7 @@ class TrialBook:
         if task.kind == TRAIN:
             for holding in trial.holdings():
                 holding.holders.discard(worker)
-            trial.state, trial.version, trial.holders = state, trial.version + 1, {worker}
+            trial.state, trial.version, trial.holders = self.shelf.put(state), trial.version + 1, {worker}
             trial.retune, trial.learning_rate = False, learning_rate
             trial.train_sums[task.partition] = sums
             if not math.isfinite(sums.loss):

@@ -9,6 +9,7 @@ from typing import Any
 from ..report import Progress
 from ..store import Event, RunStore
 from ._errors import StoreWriteError
+from ._shelf import Shelved
 
 
 class BackgroundWriter:
@@ -17,20 +18,31 @@ class BackgroundWriter:
     The order is kept, so the journal reads as if written synchronously. The first error
     stops every later write (they would leave a torn run) and is raised again, as a
     :class:`StoreWriteError` naming ``store``, by the next :meth:`submit` or by :meth:`close`.
+    Writes marked ``heavy`` (checkpoints) wait while ``max_heavy`` of them are queued: a store
+    slower than the run slows the run, rather than the queue growing without bound.
     """
 
-    def __init__(self, store: str) -> None:
-        self.store = store
-        # Each item is a write (call, args, kwargs), or None to stop.
-        self._calls: queue.Queue[tuple[Callable[..., Any], tuple, dict] | None] = queue.Queue()
+    def __init__(self, store: str, max_heavy: int | None = None) -> None:
+        self.store, self.max_heavy = store, max_heavy
+        # Each item is a write (call, args, kwargs, heavy), or None to stop.
+        self._calls: queue.Queue[tuple[Callable[..., Any], tuple, dict, bool] | None] = queue.Queue()
         self._error: BaseException | None = None
+        self._heavy = 0                       # heavy writes queued or running
+        self._done = threading.Condition()
         self._thread = threading.Thread(target=self._work, name="cerebro-store-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Queue ``call(*args, **kwargs)``; raises the error of an earlier write, if one failed."""
+    def submit(self, call: Callable[..., Any], *args: Any, heavy: bool = False, **kwargs: Any) -> None:
+        """Queue ``call(*args, **kwargs)``; raises the error of an earlier write, if one failed.
+        A ``heavy`` write first waits for room (see the class)."""
         self._raise_error()
-        self._calls.put((call, args, kwargs))
+        if heavy:
+            with self._done:
+                self._done.wait_for(lambda: self.max_heavy is None or self._heavy < self.max_heavy
+                                    or self._error is not None)
+                self._heavy += 1
+            self._raise_error()
+        self._calls.put((call, args, kwargs, heavy))
 
     def close(self) -> None:
         """Finish every submitted write and stop the thread."""
@@ -40,12 +52,15 @@ class BackgroundWriter:
 
     def _work(self) -> None:
         while (item := self._calls.get()) is not None:
+            call, args, kwargs, heavy = item
             if self._error is None:   # after a failure, later writes would leave a torn run
-                call, args, kwargs = item
                 try:
                     call(*args, **kwargs)
                 except BaseException as error:  # surfaced on the driver's thread
                     self._error = error
+            with self._done:
+                self._heavy -= heavy
+                self._done.notify_all()
 
     def _raise_error(self) -> None:
         if self._error is None:
@@ -62,9 +77,10 @@ class StoreRecorder:
     """Where the run's events go: the journal (written in order off the driver's loop, with
     the trial files) and the observers (told at once, on the driver's thread)."""
 
-    def __init__(self, store: RunStore, now: Callable[[], float], observer: Progress) -> None:
+    def __init__(self, store: RunStore, now: Callable[[], float], observer: Progress,
+                 max_checkpoints_queued: int | None = None) -> None:
         self.store, self.now, self.path, self.observer = store, now, store.path, observer
-        self._writer = BackgroundWriter(store.path)
+        self._writer = BackgroundWriter(store.path, max_checkpoints_queued)
 
     def emit(self, event: Event) -> None:
         """Journal ``event`` (if the journal keeps its kind) and tell the observers."""
@@ -72,9 +88,11 @@ class StoreRecorder:
             self._writer.submit(self.store.emit, event)
         self.observer.notify(event)
 
-    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False,
+    def write_checkpoint(self, trial_id: str, state: Shelved, epoch: int, exploit: bool = False,
                          best: bool = False) -> None:
-        self._writer.submit(self.store.write_checkpoint, trial_id, state, epoch, exploit, best)
+        """Write ``state`` (read from the shelf on the writer's thread) as ``epoch``'s checkpoint."""
+        self._writer.submit(lambda: self.store.write_checkpoint(trial_id, state.get(), epoch, exploit, best),
+                            heavy=True)
 
     def remove_checkpoints(self, trial_id: str, keep: tuple[str, ...] = ()) -> None:
         self._writer.submit(self.store.remove_checkpoints, trial_id, keep)
