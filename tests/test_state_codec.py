@@ -14,6 +14,7 @@ import io
 import json
 import struct
 
+import numpy as np
 import pytest
 import torch
 from _crafted import craft_checkpoint, data_message, pickled_payload
@@ -216,3 +217,17 @@ def test_a_crafted_message_from_a_worker_loses_that_worker_named_and_runs_nothin
     assert isinstance(event, WorkerLost) and event.worker == 3 and event.reason == lost.reason
     assert not marker.exists()
     worker_end.close()
+
+
+def test_a_message_in_memory_parses_without_copying_and_must_fill_it():
+    from cerebro.store import parse_view
+    message = {"w": pack_tensors(torch.arange(12, dtype=torch.float32).reshape(3, 4)), "step": 3}
+    blob = bytearray(b"".join(bytes(f) for f in frames(message)))
+    parsed = parse_view(memoryview(blob))
+    assert parsed["step"] == 3 and torch.equal(parsed["w"].tensor(), torch.arange(12.0).reshape(3, 4))
+    blob[-4:] = np.float32(99).tobytes()            # the tensor is a view of the bytes, not a copy
+    assert parsed["w"].tensor()[2, 3] == 99
+    with pytest.raises(StateFormatError, match="^3 bytes follow the message$"):
+        parse_view(memoryview(blob + b"xyz"))
+    with pytest.raises(EOFError, match=f"^the message needs more than the {len(blob) - 1} bytes there are$"):
+        parse_view(memoryview(blob)[:-1])

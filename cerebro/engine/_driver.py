@@ -42,7 +42,7 @@ from ._shelf import StateShelf
 from ._trials import Trial, TrialBook
 from ._writer import StoreRecorder
 
-RESIDENT_STATES_PER_WORKER = 2     # the driver's states in memory: the rest wait on local disk
+RESIDENT_STATES_PER_WORKER = 1     # the driver's states in memory: the rest wait on local disk
 QUEUED_CHECKPOINTS_PER_WORKER = 2  # then the driver waits for a slow store (back-pressure)
 
 

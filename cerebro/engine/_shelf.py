@@ -13,16 +13,18 @@ earlier epoch's evals, a queued checkpoint write), then is removed.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
+import queue
 import shutil
 import tempfile
 import threading
+import warnings
 import weakref
 import zlib
-from collections import OrderedDict
 from typing import Any
 
-from ..store import StateFormatError, frames, parse
+from ..store import StateFormatError, frames, parse_view
 
 
 class Shelved:
@@ -41,18 +43,13 @@ class Shelved:
         state = self._state
         if state is not None:
             return state
-        crc = 0
-        with open(self._path, "rb") as f:
-            def read_into(view: memoryview) -> int:
-                nonlocal crc
-                count = f.readinto(view)
-                crc = zlib.crc32(view[:count], crc)
-                return count
-            state = parse(read_into)
-            if f.read(1) or crc != self._crc:
-                raise StateFormatError(f"the driver's spilled state {self._path} changed on disk since it was "
-                                       f"written (CRC-32 {crc:#010x}, written {self._crc:#010x})")
-        return state
+        with open(self._path, "rb") as f:     # copy-on-write: a tensor written to never reaches the file
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        crc = zlib.crc32(mapped)
+        if crc != self._crc:
+            raise StateFormatError(f"the driver's spilled state {self._path} changed on disk since it was "
+                                   f"written (CRC-32 {crc:#010x}, written {self._crc:#010x})")
+        return parse_view(memoryview(mapped))      # tensors over the mapping: nothing copied
 
     @property
     def in_memory(self) -> bool:
@@ -70,33 +67,44 @@ class Shelved:
 
 
 class StateShelf:
-    """Keeps at most ``resident`` states in memory (None: all of them), spilling the oldest
-    to ``directory`` (default: a new directory under ``TMPDIR``, removed by :meth:`close`)."""
+    """Keeps at most ``resident`` states in memory (None: all of them), spilling the rest
+    to ``directory`` (default: a new directory under ``TMPDIR``, removed by :meth:`close`).
+
+    Which to spill: the newest. MOP serves waiting trials in turn, so the state that just
+    came back is needed after every other one; the ones that stay in memory are used again
+    soonest (for a cyclic use, keeping the oldest beats keeping the newest). The write runs
+    on a thread of its own, off the driver's loop; the state stays in memory until it is
+    written, and at most ``MAX_SPILLS_QUEUED`` wait, so a slow disk slows :meth:`put`
+    rather than growing memory. A disk that fails keeps the states in memory, with a
+    warning."""
+
+    MAX_SPILLS_QUEUED = 1
 
     def __init__(self, resident: int | None = None, directory: str | None = None) -> None:
         if resident is not None and resident < 1:
             raise ValueError(f"resident={resident!r} must be a positive number of states, or None")
         self.resident = resident
         self._directory = directory
-        self._in_memory: OrderedDict[int, weakref.ref[Shelved]] = OrderedDict()
+        self._in_memory: dict[int, weakref.ref[Shelved]] = {}
         self._count = 0
-        self._lock = threading.Lock()
-        self.spilled = 0            # states written to disk so far
+        self.spilled = 0            # states written to disk (or on their way) so far
+        self._spills: queue.Queue[tuple[Shelved, str] | None] = queue.Queue(self.MAX_SPILLS_QUEUED)
+        self._thread: threading.Thread | None = None
+        self._failed = False
 
     def put(self, state: Any) -> Shelved:
-        """``state`` on the shelf; the oldest state still in memory goes to disk if there
-        are more than ``resident``."""
+        """``state`` on the shelf: in memory while fewer than ``resident`` are, else on disk."""
         shelved = Shelved(state)
-        with self._lock:
+        if self.resident is None or len(self._in_memory) < self.resident or self._failed:
             self._count += 1
             # A state let go of (its trial ended, a newer one came) leaves the count at once.
             self._in_memory[self._count] = weakref.ref(shelved, functools.partial(self._forget, self._count))
-            while self.resident is not None and len(self._in_memory) > self.resident:
-                _, oldest = self._in_memory.popitem(last=False)
-                held = oldest()
-                if held is not None and held.in_memory:
-                    held._spill(os.path.join(self._make_directory(), f"{self._count}-{id(held)}.state"))
-                    self.spilled += 1
+            return shelved
+        self.spilled += 1
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._write_spills, name="cerebro-state-shelf", daemon=True)
+            self._thread.start()
+        self._spills.put((shelved, os.path.join(self._make_directory(), f"{self.spilled}.state")))
         return shelved
 
     def _forget(self, key: int, _: object) -> None:
@@ -107,8 +115,25 @@ class StateShelf:
             self._directory = tempfile.mkdtemp(prefix="cerebro-states-")
         return self._directory
 
+    def _write_spills(self) -> None:
+        while (item := self._spills.get()) is not None:
+            shelved, path = item
+            if self._failed:
+                continue
+            try:
+                shelved._spill(path)
+            except OSError as error:
+                self._failed = True
+                warnings.warn(f"the driver could not write a trial's state to {self._directory} ({error}); it keeps "
+                              f"the states in memory from now on", RuntimeWarning, stacklevel=1)
+
     def close(self) -> None:
-        """Remove the spilled states' directory (the run is over: nothing reads them)."""
+        """Stop spilling and remove the spilled states' directory (the run is over: nothing
+        reads them)."""
+        if self._thread is not None:
+            self._spills.put(None)
+            self._thread.join()
+            self._thread = None
         if self._directory is not None and os.path.basename(self._directory).startswith("cerebro-states-"):
             shutil.rmtree(self._directory, ignore_errors=True)
 

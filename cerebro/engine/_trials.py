@@ -110,9 +110,7 @@ class TrialBook:
         return trial
 
     def adopt(self, trial: Trial) -> None:
-        """Take up a trial of the run before a crash (resume); its state goes on the shelf."""
-        if trial.state is not None:
-            trial.state = self.shelf.put(trial.state)
+        """Take up a trial of the run before a crash (resume)."""
         self.live[trial.trial_id] = trial
         self.recorder.emit(TrialTakenUp(trial.trial_id, trial.config, trial.max_epochs))
 
@@ -146,6 +144,7 @@ class TrialBook:
         if task.kind == TRAIN:
             for holding in trial.holdings():
                 holding.holders.discard(worker)
+            trial.state = None         # let go of first: the shelf's room is for states still to be used
             trial.state, trial.version, trial.holders = self.shelf.put(state), trial.version + 1, {worker}
             trial.retune, trial.learning_rate = False, learning_rate
             trial.train_sums[task.partition] = sums

@@ -41,6 +41,7 @@ from ._state_codec import (
     frames,
     pack_tensors,
     parse,
+    parse_view,
     read_exactly,
     read_message,
     unpack_tensors,
@@ -54,5 +55,5 @@ __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decide
            "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialAdded", "TrialCreated",
            "TrialEnded", "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialStopAsked", "TrialTakenUp",
            "UntrustedCodeError", "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced",
-           "WorkersRestarted", "improved", "frames", "pack_tensors", "parse", "parse_event", "read_exactly",
-           "read_message", "unpack_tensors", "write_message"]
+           "WorkersRestarted", "improved", "frames", "pack_tensors", "parse", "parse_event", "parse_view",
+           "read_exactly", "read_message", "unpack_tensors", "write_message"]

@@ -161,18 +161,40 @@ def parse(read_into: Callable[[memoryview], int], types: Iterable[type] = ()) ->
     Raises :class:`StateFormatError` for anything but a well-formed message, ``EOFError``
     if the stream ends inside one.
     """
-    magic, length, count = _HEADER.unpack(read_exactly(read_into, _HEADER.size))
+    return _parse(lambda n: read_exactly(read_into, n), types)
+
+
+def parse_view(view: memoryview, types: Iterable[type] = ()) -> Any:
+    """The message that fills ``view`` (a memory-mapped file, say), its tensors slices of
+    ``view``: nothing is copied. Raises as :func:`parse` does, and where bytes are left over."""
+    offset = 0
+
+    def take(n: int) -> memoryview:
+        nonlocal offset
+        if offset + n > len(view):
+            raise EOFError(f"the message needs more than the {len(view)} bytes there are")
+        offset += n
+        return view[offset - n:offset]
+
+    message = _parse(take, types)
+    if offset != len(view):
+        raise StateFormatError(f"{len(view) - offset} bytes follow the message")
+    return message
+
+
+def _parse(take: Callable[[int], bytes | bytearray | memoryview], types: Iterable[type]) -> Any:
+    magic, length, count = _HEADER.unpack(take(_HEADER.size))
     if magic != MAGIC:
         raise StateFormatError(f"not a Cerebro data message: it starts with {bytes(magic)!r}, "
                                f"not {MAGIC!r}")
     if length > MAX_JSON_BYTES or count > MAX_BUFFERS:
         raise StateFormatError(f"a description of {length} bytes with {count} buffers is over the limits "
                                f"({MAX_JSON_BYTES} bytes, {MAX_BUFFERS} buffers)")
-    sizes = [_LENGTH.unpack(read_exactly(read_into, _LENGTH.size))[0] for _ in range(count)]
-    body = read_exactly(read_into, length)
-    buffers = [read_exactly(read_into, size) for size in sizes]
+    sizes = [_LENGTH.unpack(take(_LENGTH.size))[0] for _ in range(count)]
+    body = take(length)
+    buffers = [take(size) for size in sizes]
     try:
-        tree = json.loads(body)
+        tree = json.loads(bytes(body) if isinstance(body, memoryview) else body)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise StateFormatError(f"its description is not JSON: {type(error).__name__}: {error}") from None
     return _Reader(buffers, {t.__name__: t for t in types}).build(tree, 0)
@@ -185,7 +207,7 @@ def read_message(file: BinaryIO, types: Iterable[type] = ()) -> Any:
 class _Reader:
     """Turns a parsed description back into values; only ``types`` may be constructed."""
 
-    def __init__(self, buffers: list[bytearray], types: Mapping[str, type]) -> None:
+    def __init__(self, buffers: list[bytearray | memoryview], types: Mapping[str, type]) -> None:
         self.buffers, self.types = buffers, types
 
     def build(self, node: Any, depth: int) -> Any:
