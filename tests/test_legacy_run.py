@@ -66,8 +66,6 @@ def test_a_run_directory_of_the_old_engine_resumes_to_the_uninterrupted_results(
     assert read_layout(os.path.join(legacy_run, "data")).sample_order is SampleScheme.PERMUTATION
     monkeypatch.setattr(_arrays, "PartitionLayout", legacy_layout)     # the old engine, uninterrupted
     expected = make_legacy_run.fit(str(tmp_path / "uninterrupted"))
-    # The fixture's first 17 epochs were computed on another machine, whose CPU kernels may
-    # round a last bit differently: the same run, decisions and rows, to float32 precision.
     assert resumed.finished
     assert [(t.trial_id, t.config, t.status, t.reason) for t in resumed.trials] == \
            [(t.trial_id, t.config, t.status, t.reason) for t in expected.trials]
@@ -76,8 +74,17 @@ def test_a_run_directory_of_the_old_engine_resumes_to_the_uninterrupted_results(
     journaled = history["train_lr"].isna()
     assert journaled.any() and not journaled.all()
     assert history.loc[~journaled, "train_lr"].tolist() == reference.loc[~journaled, "train_lr"].tolist()
-    pd.testing.assert_frame_equal(history.drop(columns="train_lr"), reference.drop(columns="train_lr"), rtol=1e-5)
-    for a, b in zip(resumed.trials, expected.trials):
-        assert all(torch.allclose(v, b.state_dict()[k], rtol=1e-4, atol=1e-6) for k, v in a.state_dict().items())
+    history, reference = history.drop(columns="train_lr"), reference.drop(columns="train_lr")
+    if history[journaled].equals(reference[journaled]):
+        # This machine's CPU kernels round as the fixture's did: the resumed epochs, from the
+        # old engine's pickled states, are the uninterrupted run's bits.
+        pd.testing.assert_frame_equal(history, reference, check_exact=True)
+        for a, b in zip(resumed.trials, expected.trials):
+            assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
+    else:
+        # Another CPU rounded a last bit of the first 17 epochs differently; SGD carries it on.
+        pd.testing.assert_frame_equal(history, reference, rtol=1e-5)
+        for a, b in zip(resumed.trials, expected.trials):
+            assert all(torch.allclose(v, b.state_dict()[k], rtol=1e-4, atol=1e-6) for k, v in a.state_dict().items())
     train = resumed.schedule()[lambda s: s.kind == "train"]
     assert not train.duplicated(["trial_id", "epoch", "partition"]).any() and len(train) == 2 * len(resumed.history())
