@@ -3,6 +3,8 @@ partition once, in an order fixed by its seed and the layout alone; streamed and
 partitions yield the same batches, whatever the batch size, row group size and window."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -62,8 +64,9 @@ def test_streamed_batches_equal_in_memory_batches(tmp_path_factory, rows, group_
         patch.setattr(_partitions, "ROW_GROUP_BYTES", group_bytes)
         write_partitions(cb.Dataset.from_numpy(features, label, validation=None), directory, 1)
     layout = read_layout(directory)
-    if as_before:
+    if as_before:       # and no file checks in meta.json, as then
         _rewrite_as_before(directory, layout)
+        layout = dataclasses.replace(layout, files=None)
     memory, streamed = (open_partition(layout, directory, "train", 0, in_memory) for in_memory in (True, False))
     for make in (lambda s: s.train_batches(seed, batch), lambda s: s.eval_batches(batch)):
         got = list(make(streamed))

@@ -296,16 +296,17 @@ def write_partitions(dataset: ArrayDataset, data_dir: str, num_partitions: int) 
     per_row = bytes_per_row(dataset.features, dataset.label)
     group = row_group_rows(per_row)
     rows: dict[str, list[int]] = {}
+    checks: dict[str, list[list[int]]] = {}
     for split, (features, label) in zip(SPLITS, (dataset.train_arrays(), dataset.validation_arrays())):
-        rows[split] = []
+        rows[split], checks[split] = [], []
         for partition, chunk in enumerate(np.array_split(np.arange(len(features)), num_partitions)):
             table = pa.table({"features": column(features[chunk]), "label": column(label[chunk])})
-            write_table(table, data_dir, split, partition, group)
+            checks[split].append(write_table(table, data_dir, split, partition, group))
             rows[split].append(len(chunk))
     is_bytes = dataset.features.dtype == object
     layout = PartitionLayout(num_partitions, () if is_bytes else tuple(dataset.features.shape[1:]),
                              tuple(dataset.label.shape[1:]), str(dataset.label.dtype), rows,
                              BYTES if is_bytes else str(dataset.features.dtype), group, WINDOW_ROW_GROUPS,
-                             SampleScheme.WINDOWED, per_row)
+                             SampleScheme.WINDOWED, per_row, checks)
     write_layout(data_dir, layout)
     return layout

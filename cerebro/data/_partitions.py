@@ -2,7 +2,8 @@
 
 Layout under a run's ``data/`` folder::
 
-    meta.json                      shapes and dtypes, row counts, row groups, sample order scheme
+    meta.json                      shapes and dtypes, row counts, row groups, sample order scheme,
+                                   each file's size and CRC-32 (see ._file_checks)
     train/part-00003.parquet       columns: features (flat list of the stored dtype, or binary), label
     val/part-00003.parquet
 
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..store import _files as files
+from ._file_checks import Checksummed
 from ._sample_order import SampleScheme
 
 SPLITS = ("train", "val")
@@ -43,6 +45,11 @@ class PartitionLayout:
     window: int = 1                       # row groups per shuffle window
     sample_order: SampleScheme = SampleScheme.PERMUTATION
     bytes_per_row: int | None = None      # features and label in memory (bytes features: their mean size)
+    files: dict[str, list[list[int]]] | None = None    # split -> [size, CRC-32] per partition; None: unchecked
+
+    def file_check(self, split: str, partition: int) -> tuple[int, int] | None:
+        """The (size, CRC-32) ``split``'s file of ``partition`` was written with, where recorded."""
+        return None if self.files is None else tuple(self.files[split][partition])
 
     @property
     def has_validation(self) -> bool:
@@ -76,15 +83,18 @@ def partition_file(data_dir: str, split: str, partition: int) -> str:
     return files.join(data_dir, split, f"part-{partition:05d}.parquet")
 
 
-def write_table(table: pa.Table, data_dir: str, split: str, partition: int, rows_per_group: int) -> None:
+def write_table(table: pa.Table, data_dir: str, split: str, partition: int, rows_per_group: int) -> list[int]:
     """Write a partition's rows so that a streaming worker can read fixed-width columns in
     place (:mod:`._mapped`): required, plain, uncompressed, one data page per row group.
     Numbers and encoded images barely compress, and rows are all distinct (a dictionary
-    would hold each once more and cost a gather per row group)."""
+    would hold each once more and cost a gather per row group). Returns the file's
+    ``[size, CRC-32]``, for ``meta.json``."""
     table = table.cast(pa.schema([field.with_nullable(False) for field in table.schema]))
     with files.open_file(partition_file(data_dir, split, partition), "wb") as f:
-        pq.write_table(table, f, row_group_size=rows_per_group, compression="none", use_dictionary=False,
+        written = Checksummed(f)
+        pq.write_table(table, written, row_group_size=rows_per_group, compression="none", use_dictionary=False,
                        write_statistics=False, data_page_size=1 << 40, max_rows_per_page=max(rows_per_group, 1))
+    return [written.size, written.crc]
 
 
 def column(array: np.ndarray) -> pa.Array:
@@ -113,7 +123,7 @@ def read_layout(data_dir: str) -> PartitionLayout:
                            meta["label_dtype"], meta["rows"], meta.get("feature_dtype", "float32"),
                            meta.get("row_group_rows"), meta.get("window", 1),
                            SampleScheme(meta.get("sample_order", SampleScheme.PERMUTATION.value)),
-                           meta.get("bytes_per_row"))
+                           meta.get("bytes_per_row"), meta.get("files"))
 
 
 def read_partition(data_dir: str, split: str, partition: int,

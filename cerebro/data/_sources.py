@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..store import _files as files
+from ._file_checks import check_file
 from ._mapped import MappedPartition, MappedRows, map_partition
 from ._partitions import BYTES, PartitionLayout, arrays, partition_file
 from ._sample_order import SampleScheme, sample_order, windows
@@ -64,12 +65,14 @@ class StreamedPartition(PartitionSource):
     batch gathered from the page cache in place (:mod:`._mapped`); others (written before,
     or bytes features) are read and decoded by Arrow."""
 
-    def __init__(self, layout: PartitionLayout, path: str, rows: int) -> None:
+    def __init__(self, layout: PartitionLayout, path: str, rows: int, expected: tuple[int, int] | None = None
+                 ) -> None:
         if layout.sample_order is SampleScheme.PERMUTATION or layout.row_group_rows is None:
             raise ValueError("this run's partitions were written before row groups and cannot be streamed; "
                              "hold them in memory (in_memory=True)")
         super().__init__(layout, rows)
         self.path = path
+        self._checked = check_file(path, expected)     # in full once; then by size and time (_open)
         self._mapped: MappedPartition | None = None      # or, for files not in that form:
         self._parquet: pq.ParquetFile | None = None      # opened once: its footer lists every row group
 
@@ -114,6 +117,8 @@ class StreamedPartition(PartitionSource):
                 mapped.done_with(groups)
 
     def _open(self) -> None:
+        """Open the file the first time; each later sub-epoch checks it is still the one checked."""
+        self._checked.check_unchanged()
         if self._mapped is not None or self._parquet is not None:
             return
         layout = self.layout
@@ -157,7 +162,9 @@ def open_partition(layout: PartitionLayout, data_dir: str, split: str, partition
                    in_memory: bool) -> PartitionSource:
     """One split of one partition from ``data_dir``, held in memory or streamed."""
     path = partition_file(data_dir, split, partition)
+    expected = layout.file_check(split, partition)
     if not in_memory:
-        return StreamedPartition(layout, path, layout.rows[split][partition])
+        return StreamedPartition(layout, path, layout.rows[split][partition], expected)
+    check_file(path, expected)
     with files.open_file(path) as f:   # not pq.read_table: it goes through pyarrow.dataset, which loads pandas
         return InMemoryPartition(layout, *arrays(pq.ParquetFile(f).read(), layout))

@@ -134,17 +134,20 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
 
         written = keyed.groupBy("split", "partition").applyInPandas(
             write_group,
-            schema="split string, partition int, rows long, digest string").collect()
+            schema="split string, partition int, rows long, digest string, size long, crc long").collect()
         rows = {split: [0] * num_partitions for split in SPLITS}
+        checks: dict[str, list[list[int]]] = {split: [[0, 0]] * num_partitions for split in SPLITS}
         digests = {}
         for record in written:
             rows[record["split"]][record["partition"]] = record["rows"]
+            checks[record["split"]][record["partition"]] = [record["size"], record["crc"]]
             digests[(record["split"], record["partition"])] = record["digest"]
         for split in SPLITS:   # partitions no row hashed to still get their (empty) file
             for partition in range(num_partitions):
                 if (split, partition) not in digests:
                     empty = np.zeros(0, object) if self._binary else np.zeros((0, self._feature_length), np.float32)
-                    write_table(_table(empty, np.zeros(0, self._label_dtype)), data_dir, split, partition, group_rows)
+                    checks[split][partition] = write_table(_table(empty, np.zeros(0, self._label_dtype)), data_dir,
+                                                           split, partition, group_rows)
                     digests[(split, partition)] = ""
         empty = [p for p in range(num_partitions) if rows["train"][p] == 0]
         if empty:
@@ -157,7 +160,7 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
                           f"store must be one file system shared by the driver and every executor")
         shape = () if self._binary else self._feature_shape or (self._feature_length,)
         layout = PartitionLayout(num_partitions, shape, (), self._label_dtype, rows, self.feature_dtype,
-                                 group_rows, WINDOW_ROW_GROUPS, SampleScheme.WINDOWED, row_bytes)
+                                 group_rows, WINDOW_ROW_GROUPS, SampleScheme.WINDOWED, row_bytes, checks)
         write_layout(data_dir, layout)
         self._fingerprint = hashlib.sha256("".join(digests[k] for k in sorted(digests)).encode()).hexdigest()[:16]
         return layout
@@ -186,11 +189,12 @@ def _write_group(data_dir: str, feature_length: int | None, group_rows: int, gro
         content = features.tobytes()
     label = group["label"].to_numpy()
     split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
-    write_table(_table(features, label), data_dir, split, partition, group_rows)
+    size, crc = write_table(_table(features, label), data_dir, split, partition, group_rows)
     digest = hashlib.sha256(content + label.tobytes()).hexdigest()
     import pandas as pd  # on Spark's executors only: workers import this module too
 
-    return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest]})
+    return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest],
+                         "size": [size], "crc": [crc]})
 
 
 def _validation_split(df: Any, validation: Any) -> tuple[Any, float | None]:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from ..backends import Backend
+from ..data import PartitionFileError
 from ..report import Progress
 from ..store import (
     STOP_FILE,
@@ -234,6 +235,8 @@ class Driver:
         if isinstance(message, SubEpochDone):
             self.book.sub_epoch_done(task, worker.index, message.sums, message.state, message.learning_rate,
                                      message.epoch_metric)
+        elif message.data_error is not None:
+            raise PartitionFileError(f"{worker.describe()}: {message.data_error}")
         elif message.timed_out:
             self.book.end(trial, TrialStatus.TIMEOUT, f"its {task.kind} sub-epoch of epoch {task.epoch} on "
                                                       f"partition {task.partition} took more than trial_timeout="

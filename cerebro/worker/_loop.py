@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 import torch
 
-from ..data import PartitionSource, StreamedPartition, transform_rng
+from ..data import PartitionFileError, PartitionSource, StreamedPartition, transform_rng
 from ..store import TaskKind, pack_tensors, unpack_tensors
 from ._data import WorkerData
 from ._keras import prepare_keras
@@ -212,5 +212,7 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
                             trainable.learning_rate() if train else None, trainable.epoch_metric())
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
+    except PartitionFileError as error:     # not the trial's fault: the run stops
+        return SubEpochFailed(task.task_id, traceback.format_exc(), data_error=str(error))
     except Exception:
         return SubEpochFailed(task.task_id, traceback.format_exc())

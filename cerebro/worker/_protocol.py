@@ -127,6 +127,7 @@ class SubEpochFailed:
     task_id: int
     error: str                   # the formatted traceback
     timed_out: bool = False      # it took longer than its timeout
+    data_error: str | None = None    # a partition file is not the one the run wrote: the run stops
 
 
 @dataclass
