@@ -3,6 +3,7 @@ Spark that either backend trains on."""
 from __future__ import annotations
 
 import re
+import zlib
 
 import numpy as np
 import pandas as pd
@@ -71,6 +72,11 @@ def test_a_validation_column_marks_the_validation_rows(frame, tmp_path):
     data = cb.Dataset.from_spark(df, features="array", label="label", validation="is_val", seed=0)
     layout = data.write(str(tmp_path), 2)
     assert sum(layout.rows["val"]) == ROWS // 5 and read_layout(str(tmp_path)).rows == layout.rows
+    for split in ("train", "val"):          # the executors' files, each with its size and CRC-32
+        for partition in range(2):
+            with open(tmp_path / split / f"part-{partition:05d}.parquet", "rb") as f:
+                content = f.read()
+            assert read_layout(str(tmp_path)).file_check(split, partition) == (len(content), zlib.crc32(content))
 
 
 def test_partitions_do_not_depend_on_the_dataframes_partitioning(frame, tmp_path):
