@@ -35,7 +35,7 @@ from ..worker._protocol import RunSubEpoch, SetupFailed, StateMissing, SubEpochD
 from ._control import answer, obey, take_commands
 from ._errors import WorkerLostError
 from ._interface import SearchPolicy
-from ._pool import Joined, Lost, Worker, WorkerPool
+from ._pool import Joined, Lost, Running, Worker, WorkerPool
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed
 from ._settings import RunSettings
@@ -169,12 +169,12 @@ class Driver:
         tasks = self.scheduler.assign(idle)
         for task in tasks:   # all marked running first: a failed send then aborts every one
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
-            self.pool.workers[task.worker].running = (task_id, task, self._now())
+            self.pool.workers[task.worker].running = Running(task_id, task, self._now())
             self.recorder.emit(_told(SubEpochStarted, task))
         for task in tasks:
             worker = self.pool.workers.get(task.worker)
             if worker is not None:
-                self._send_task(worker, worker.running[0], task, self.book.live[task.trial_id])
+                self._send_task(worker, worker.running.task_id, task, self.book.live[task.trial_id])
         if not tasks and idle and not self._busy() and (waiting := self.scheduler.unfinished()):
             # Every partition's holder is idle, so any waiting sub-epoch could start: a
             # lost step, which would leave the run waiting forever. Stop, resumable, instead.
@@ -204,7 +204,7 @@ class Driver:
 
     def _resend_with_state(self, worker: Worker) -> None:
         """``worker`` no longer held the state its task needs: send the task again with it."""
-        _, task, _ = worker.running
+        task = worker.running.task
         trial = self.book.live.get(task.trial_id)
         if trial is None:      # it ended meanwhile: nothing left to run
             worker.running = None
@@ -217,12 +217,12 @@ class Driver:
             return
         for holding in trial.holdings():
             holding.holders.discard(worker.index)
-        self._send_task(worker, worker.running[0], task, trial)
+        self._send_task(worker, worker.running.task_id, task, trial)
 
     def _finish_task(self, worker: Worker, message: SubEpochDone | SubEpochFailed) -> None:
         """Journal ``worker``'s finished sub-epoch and hand its result to the trial book; a
         failed one ends its trial (failed, or timeout)."""
-        task_id, task, start = worker.running
+        task_id, task, start = worker.running.task_id, worker.running.task, worker.running.started
         assert message.task_id == task_id, f"{worker.describe()} answered task {message.task_id}, not {task_id}"
         worker.running = None
         self.recorder.emit(SubEpoch(task.trial_id, task.epoch, task.partition, worker.index, task.kind, start,
@@ -253,14 +253,14 @@ class Driver:
         if timeout is not None:
             for worker in list(self.pool.workers.values()):
                 if worker.running is not None and \
-                        self._now() - worker.running[2] > timeout + self.pool.heartbeat_timeout:
+                        self._now() - worker.running.started > timeout + self.pool.heartbeat_timeout:
                     self._stuck(worker)
 
     def _stuck(self, worker: Worker) -> None:
         """The worker checks ``trial_timeout`` between batches; a sub-epoch still running
         ``heartbeat_timeout`` seconds past it is inside a batch that does not end. Its trial
         ends as ``timeout`` and the worker, which cannot be interrupted, is given up."""
-        _, task, _ = worker.running
+        task = worker.running.task
         trial = self.book.live.get(task.trial_id)
         if trial is not None:
             self.book.end(trial, TrialStatus.TIMEOUT, (
@@ -286,7 +286,7 @@ class Driver:
         failed the trial (see :meth:`TrialBook.worker_lost`)."""
         worker, cause_removed = lost.worker, False
         if worker.running is not None:
-            task = worker.running[1]
+            task = worker.running.task
             self.recorder.emit(_told(SubEpochAborted, task))
             cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
             worker.running = None

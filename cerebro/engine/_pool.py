@@ -30,6 +30,15 @@ from ._scheduler import Task
 from ._settings import RunSettings
 
 
+@dataclass(frozen=True)
+class Running:
+    """The sub-epoch a worker runs: the id its answer will carry, the task, when it was sent."""
+
+    task_id: int
+    task: Task
+    started: float
+
+
 @dataclass
 class Worker:
     """A connected worker: its channel, what it holds and runs, and when it was last heard."""
@@ -43,7 +52,7 @@ class Worker:
     launched_by: str = ""
     device: str = "?"
     data: str = ""                 # how it holds its partitions (in memory or streamed, and why)
-    running: tuple[int, Task, float] | None = None   # (task id, task, start)
+    running: Running | None = None
 
     def describe(self) -> str:
         return f"worker {self.index} (pid {self.pid} on {self.host})"
@@ -103,7 +112,7 @@ class WorkerPool:
     def restart(self) -> list[Task]:
         """Start every worker anew; returns the sub-epochs that were running, to run again."""
         self._starting = True
-        running = [w.running[1] for w in self.workers.values() if w.running is not None]
+        running = [w.running.task for w in self.workers.values() if w.running is not None]
         for worker in [*self.workers.values(), *self._arriving.values()]:
             self._count_bytes(worker)
             worker.channel.close()
@@ -255,7 +264,7 @@ class WorkerPool:
         While the workers start, the run stops instead (:class:`WorkerLostError`)."""
         if not self._starting and self.workers.get(worker.index) is not worker:
             return      # already reported
-        task = worker.running[1] if worker.running is not None else None
+        task = worker.running.task if worker.running is not None else None
         doing = "" if task is None else \
             f" while running {task.trial_id} {task.kind} epoch {task.epoch} partition {task.partition}"
         running = None if task is None else \
