@@ -181,3 +181,17 @@ def image_build(config: dict) -> cb.TorchTrainable:
     return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(model.parameters(), lr=config.get("lr", 1e-2)),
                              loss=torch.nn.functional.cross_entropy, batch_size=32,
                              metrics={"accuracy": cb.metrics.accuracy}, transform=train, eval_transform=evaluate)
+
+
+def check_exact_f1_and_auroc(result: cb.Result, features: np.ndarray, label: np.ndarray) -> None:
+    """Each trial's last val_f1 and val_auroc are scikit-learn's on its own predictions of
+    the validation rows, and the best trial is the one with the highest best val_f1."""
+    import pytest
+    from sklearn.metrics import f1_score, roc_auc_score
+    for trial in result.trials:
+        outputs = trial.predict(features, epoch="last")
+        probabilities = torch.softmax(torch.from_numpy(outputs), dim=1).numpy()
+        assert trial.metrics["val_f1"] == pytest.approx(f1_score(label, outputs.argmax(1), average="macro"), abs=1e-6)
+        assert trial.metrics["val_auroc"] == pytest.approx(roc_auc_score(label, probabilities, multi_class="ovr"),
+                                                           abs=1e-6)
+    assert result.best.trial_id == max(result.trials, key=lambda t: t.best_metrics["val_f1"]).trial_id

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torchmetrics
-from _models import digits, make_model
-from sklearn.metrics import f1_score, roc_auc_score
+from _models import check_exact_f1_and_auroc, digits, make_model
 
 import cerebro as cb
 
@@ -30,14 +29,7 @@ def test_f1_and_auroc_are_exact_over_the_whole_set_and_the_same_on_1_and_2_worke
     search = cb.GridSearch(build, {"lr": cb.choice([1e-2, 1e-3])}, epochs=2, metric="val_f1", mode="max")
     one, two = (search.fit(digits(), workers=w, store=tmp_path / str(w), seed=0, verbose=0) for w in (1, 2))
     assert one.history().equals(two.history())
-    features, label = digits().validation_arrays()
-    for trial in one.trials:
-        outputs = trial.predict(features, epoch="last")
-        probabilities = torch.softmax(torch.from_numpy(outputs), dim=1).numpy()
-        assert trial.metrics["val_f1"] == pytest.approx(f1_score(label, outputs.argmax(1), average="macro"), abs=1e-6)
-        assert trial.metrics["val_auroc"] == pytest.approx(roc_auc_score(label, probabilities, multi_class="ovr"),
-                                                           abs=1e-6)
-    assert one.best.trial_id == max(one.trials, key=lambda t: t.best_metrics["val_f1"]).trial_id
+    check_exact_f1_and_auroc(one, *digits().validation_arrays())
 
 
 @pytest.mark.slow

@@ -322,20 +322,13 @@ def build_exact(config: dict) -> cb.KerasTrainable:
 
 @pytest.mark.slow
 def test_torchmetrics_on_keras_trials_are_exact_over_the_validation_set_and_the_same_on_1_and_2_workers(tmp_path):
-    from sklearn.metrics import f1_score, roc_auc_score
+    from _models import check_exact_f1_and_auroc
     search = cb.GridSearch(build_exact, {"lr": cb.choice([1e-2, 1e-3])}, epochs=2, metric="val_f1", mode="max")
     one, two = fit(tmp_path, search, 1, "one"), fit(tmp_path, search, 2, "two")
     assert_same_runs(one, two)
     assert one.history().equals(two.history())
     assert {"train_acc", "val_acc", "val_f1", "val_auroc"} <= set(one.history()) and "train_f1" not in one.history()
-    features, label = digits(partitions=2, rows=300).validation_arrays()
-    for trial in one.trials:
-        outputs = trial.predict(features, epoch="last")
-        probabilities = torch.softmax(torch.from_numpy(outputs), dim=1).numpy()
-        assert trial.metrics["val_f1"] == pytest.approx(f1_score(label, outputs.argmax(1), average="macro"), abs=1e-6)
-        assert trial.metrics["val_auroc"] == pytest.approx(roc_auc_score(label, probabilities, multi_class="ovr"),
-                                                           abs=1e-6)
-    assert one.best.trial_id == max(one.trials, key=lambda t: t.best_metrics["val_f1"]).trial_id
+    check_exact_f1_and_auroc(one, *digits(partitions=2, rows=300).validation_arrays())
 
 
 def test_an_exact_keras_metric_is_logged_for_validation_only(tmp_path):
