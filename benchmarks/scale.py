@@ -55,6 +55,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from _hops import Hops
 
 from cerebro.engine import EVAL, TRAIN, MOPScheduler, Task, VisitScheme, trial_name, visit_order
 
@@ -207,8 +208,10 @@ class DynamicScheduler:
                 self._idle[slot], self._slot[last] = last, slot
 
 
-def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completions: int | None = None) -> Outcome:
-    """Run every trial of ``case`` for ``case.epochs`` epochs on a simulated clock."""
+def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completions: int | None = None,
+             hops: Hops | None = None) -> Outcome:
+    """Run every trial of ``case`` for ``case.epochs`` epochs on a simulated clock; with
+    ``hops``, each sub-epoch waits for its state to arrive (:mod:`_hops`)."""
     W, P = case.workers, case.partitions
     layout = {w: [p for p in range(P) if p % W == w] for w in range(W)}
     costs = case.costs()
@@ -228,7 +231,8 @@ def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completion
             then = visit_order(case.draw, trial_id, epoch + 1, P, visit)[0] if epoch < case.epochs else None
             scheduler.start_epoch(trial_id, epoch, visit_order(case.draw, trial_id, epoch, P, visit), overlap, then)
     out = Outcome(rows=[] if keep_rows else None)
-    events: list[tuple[float, int, int, Task]] = []
+    # (time, tie-break, worker, task, when it finished computing where its state still went out)
+    events: list[tuple[float, int, int, Task, float | None]] = []
     idle = set(range(W))
     sequence = 0
 
@@ -238,19 +242,28 @@ def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completion
             cost = costs[int(task.trial_id[1:])] * (1.0 if task.kind == TRAIN else case.eval_cost)
             idle.discard(task.worker)
             sequence += 1
-            heapq.heappush(events, (now + cost, sequence, task.worker, task))
+            begin = now if hops is None else hops.ready(task, now)
+            heapq.heappush(events, (begin + cost, sequence, task.worker, task, None))
 
     for i in range(case.trials):
         start(trial_name(i), 1)
     launch(scheduler.assign(idle), 0.0)
     completions = 0
     while events:
-        end, _, worker, task = heapq.heappop(events)
+        end, _, worker, task, computed = heapq.heappop(events)
+        if hops is not None and computed is None:    # its state goes where hops says, in time order
+            free = hops.done(task, end)
+            if free > end:
+                sequence += 1
+                heapq.heappush(events, (free, sequence, worker, task, end))
+                continue
+        computed = end if computed is None else computed
         cost = costs[int(task.trial_id[1:])] * (1.0 if task.kind == TRAIN else case.eval_cost)
         out.busy += cost
         out.train_sub_epochs += task.kind == TRAIN
         if out.rows is not None:
-            out.rows.append((task.trial_id, task.epoch, task.partition, worker, task.kind, end - cost, end))
+            out.rows.append((task.trial_id, task.epoch, task.partition, worker, task.kind, computed - cost,
+                             computed))
         began = time.perf_counter_ns()
         ended = scheduler.complete(task)
         if ended and task.epoch == case.epochs:
@@ -309,6 +322,38 @@ def crossover_workers(state_bytes: float, link_bytes_per_s: float, epoch_seconds
     return math.sqrt(link_bytes_per_s * epoch_seconds * mean_cost / state_bytes)
 
 
+def network_run(job: tuple[Case, float, bool, float, float, float]) -> dict:
+    """One latin run of ``case`` with its states moved as :mod:`_hops` models (``direct`` or
+    through the driver), ``state_mb`` states over links of the given Gbit/s."""
+    case, state_mb, direct, worker_gbit, driver_gbit, epoch_seconds = job
+    unit = epoch_seconds / case.partitions          # seconds of a cost-1 train sub-epoch
+    hops = Hops(direct, state_mb * 1e6 / (worker_gbit * 1e9 / 8) / unit,
+                state_mb * 1e6 / (driver_gbit * 1e9 / 8) / unit, case.partitions)
+    out = simulate(case, "latin", hops=hops)
+    return {"workers": case.workers, "trials": case.trials, "state_mb": state_mb,
+            "hops": "direct" if direct else "hub", "efficiency": case.lower_bound() / out.makespan,
+            "utilization": out.busy / (case.workers * out.makespan), "states_moved": hops.moved, "sub_epoch_s": unit}
+
+
+def network_table(args: argparse.Namespace) -> list[dict]:
+    """Efficiency with the network modelled, hub against direct hops, per worker count and
+    state size (one trial per worker, the first ``--spread``, evals on)."""
+    cases = [Case(w, w, args.partitions or w, args.spread[0], args.epochs, args.evaluate is not False, args.seed,
+                  args.eval_cost) for w in args.workers]
+    jobs = [(case, mb, direct, args.worker_gbit, args.link_gbit, args.epoch_seconds)
+            for case in cases for mb in args.state_mb for direct in (False, True)]
+    with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        rows = sorted(pool.map(network_run, jobs), key=lambda r: (r["state_mb"], r["workers"], r["hops"] != "hub"))
+    print(f"\nthe network modelled: workers' links {args.worker_gbit:g} Gbit/s, the driver's {args.link_gbit:g} "
+          f"Gbit/s, a cost-1 epoch {args.epoch_seconds:g} s on one worker, one trial per worker:")
+    print(f"{'state MB':>8} {'workers':>7} | {'hub eff':>7} {'direct eff':>10} | {'sub-epoch s':>11} "
+          f"{'states moved':>12}")
+    for hub, direct in zip(rows[::2], rows[1::2]):
+        print(f"{hub['state_mb']:>8g} {hub['workers']:>7} | {hub['efficiency']:>7.3f} "
+              f"{direct['efficiency']:>10.3f} | {hub['sub_epoch_s']:>11.1f} {direct['states_moved']:>12}")
+    return rows
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     """One line per case: each scheme's mean and worst efficiency over the cost draws."""
     cases: dict[tuple, dict] = {}
@@ -364,7 +409,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--decision-trials", type=int, default=10_000)
     parser.add_argument("--decision-completions", type=int, default=200_000)
     parser.add_argument("--state-mb", type=float, nargs="+", default=[100.0, 300.0])
-    parser.add_argument("--link-gbit", type=float, default=10.0)
+    parser.add_argument("--link-gbit", type=float, default=10.0, help="the driver's link")
+    parser.add_argument("--worker-gbit", type=float, default=10.0, help="each worker's link (--network)")
+    parser.add_argument("--network", action="store_true",
+                        help="only the network model: hub against direct hops, per --workers and --state-mb")
     parser.add_argument("--epoch-seconds", type=float, default=3600.0,
                         help="one epoch of a cost-1 trial over all the data on one worker")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -400,6 +448,12 @@ def cases_of(args: argparse.Namespace) -> list[Case]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.network:
+        rows = network_table(args)
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump({"command": shlex.join([sys.executable, *sys.argv]), "network": rows}, f, indent=1)
+        return 0
     cases = cases_of(args)
     if args.schedule:
         if len(cases) != 1 or len(args.scheme) != 1:

@@ -109,3 +109,28 @@ def test_the_command_writes_the_schedule_and_its_numbers(tmp_path):
     assert report["decision_time"]["completions"] == 500
     assert [c["state_mb"] for c in report["driver_link"]] == [100.0, 300.0]
     assert "latin eff" in completed.stdout
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cases(), direct=st.booleans(), seconds=st.sampled_from([0.0, 0.05, 0.5]))
+def test_modelled_hops_keep_invariant_1_and_free_links_cost_nothing(case, direct, seconds):
+    """With links modelled, every schedule still satisfies invariant 1; links that move a
+    state in no time give the schedule without them; direct hops never touch the driver."""
+    from _hops import Hops
+    hops = Hops(direct, seconds, 2 * seconds, case.partitions)
+    out = simulate(case, "latin", keep_rows=True, hops=hops)
+    check_invariant_1(case, "latin", out.rows)
+    plain = simulate(case, "latin")
+    assert out.makespan >= plain.makespan - 1e-9 and out.busy == pytest.approx(plain.busy)
+    if seconds == 0.0:
+        assert out.makespan == pytest.approx(plain.makespan)
+    if direct:
+        assert hops.driver_in == hops.driver_out == 0.0
+
+
+def test_through_a_slow_driver_hops_wait_where_direct_ones_do_not():
+    from _hops import Hops
+    case = Case(workers=8, trials=8, partitions=8, spread=1.0, epochs=2, evaluate=True, draw=0)
+    hub = simulate(case, "latin", hops=Hops(False, 0.01, 0.2, case.partitions))
+    direct = simulate(case, "latin", hops=Hops(True, 0.01, 0.2, case.partitions))
+    assert case.lower_bound() / hub.makespan < 0.8 < 0.95 < case.lower_bound() / direct.makespan
