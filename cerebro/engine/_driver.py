@@ -331,8 +331,9 @@ class Driver:
         for task in self.pool.restart():
             self.recorder.emit(_told(SubEpochAborted, task))
             self.scheduler.abort(task)
-        for partition in range(self.settings.num_partitions):   # a new launch holds them as at the start
-            self.scheduler.move(partition, partition % self.backend.workers)
+        for index in range(self.backend.workers):     # a new launch holds them as at the start
+            for partition in self.pool.partitions_of(index):
+                self.scheduler.move(partition, index)
         self.recorder.emit(WorkersRestarted(last, self._restarts, self.pool.info(), self._now()))
 
 
