@@ -16,21 +16,19 @@ from .search._space import sample_config
 if TYPE_CHECKING:
     from .backends import Backend
     from .data import Dataset
+    from .engine._settings import Limits
     from .report import Result
     from .search import Searcher
 
 
 def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
-        store: str | os.PathLike | None, seed: int | None, verbose: int, trial_timeout: float | None,
-        max_failures: int | None, max_trial_losses: int, keep_checkpoints: int | None, time_budget: float | None,
-        tensorboard: bool, mlflow: bool | str) -> Result:
+        store: str | os.PathLike | None, seed: int | None, verbose: int, limits: Limits,
+        time_budget: float | None, tensorboard: bool, mlflow: bool | str) -> Result:
     """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
     return execute(searcher, build=searcher.build,
                    example_configs=[sample_config(searcher.space, np.random.default_rng(i)) for i in range(4)],
                    metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
                    backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
-                   keep_checkpoints=keep_checkpoints, time_budget=time_budget,
-                   tensorboard=tensorboard, mlflow=mlflow)
+                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow)
 

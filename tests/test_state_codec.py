@@ -87,7 +87,8 @@ def crafted_messages(marker: str) -> dict[str, tuple[bytes, str]]:
         "fields it lacks": (data_message({"$object": "Hello", "fields": {"worker": 1}}),
                             "Hello has the fields ['host', 'launched_by', 'pid', 'worker']; the message gives"),
         "fields it has not": (data_message({"$object": "Heartbeat", "fields": {"worker": 1, "exec": "x"}}),
-                              "Heartbeat has the fields ['worker']; the message gives ['exec', 'worker']"),
+                              "Heartbeat has the fields ['batches', 'task_id', 'worker']; the message gives "
+                              "['exec', 'worker']"),
         "a dtype that is not one": (data_message({"$tensor": 0, "dtype": "load", "shape": [1]}, [b"x"]),
                                     "'load' is not a torch dtype"),
         "a buffer too short for the shape": (data_message({"$tensor": 0, "dtype": "float32", "shape": [2, 2]},

@@ -31,11 +31,12 @@ from ..store import (
     WorkersRestarted,
 )
 from ..worker._exact import ExactMetrics
-from ..worker._protocol import RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
+from ..worker._protocol import Heartbeat, RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
 from ._control import answer, obey, take_commands
 from ._errors import WorkerLostError
+from ._hangs import HangWatch, Running
 from ._interface import SearchPolicy
-from ._pool import Joined, Lost, Running, Worker, WorkerPool
+from ._pool import Joined, Lost, Worker, WorkerPool
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed
 from ._settings import RunSettings
@@ -71,6 +72,7 @@ class Driver:
                               StateShelf(resident=RESIDENT_STATES_PER_WORKER * backend.workers))
         self._restarts = 0
         self._next_task_id = 0
+        self.hangs = HangWatch(settings.limits.hang_after)
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -130,6 +132,9 @@ class Driver:
                 self._resend_with_state(worker)
             elif isinstance(message, (SubEpochDone, SubEpochFailed)):
                 self._finish_task(worker, message)
+            elif isinstance(message, Heartbeat):
+                if worker.running is not None and message.task_id == worker.running.task_id:
+                    self.hangs.heard(worker.running, message.batches, self._now())
             elif isinstance(message, SetupFailed):      # it could not load partitions it took over
                 self.pool.lose(worker, f"could not load the partitions it took over: "
                                        f"{message.error.strip().splitlines()[-1]}")
@@ -246,27 +251,32 @@ class Driver:
 
     # --- workers lost and regained ------------------------------------------------------
     def _check_health(self) -> None:
-        """Act on workers that exited, went silent, or are stuck in a sub-epoch past
-        ``trial_timeout``."""
+        """Act on workers that exited, went silent, or are stuck in a sub-epoch: past
+        ``trial_timeout`` (the worker checks it between batches; one still running
+        ``heartbeat_timeout`` seconds past it is inside a batch that does not end), or with
+        no new batch for longer than :mod:`._hangs` allows."""
         self.pool.check_health()
-        timeout = self.settings.limits.trial_timeout
-        if timeout is not None:
-            for worker in list(self.pool.workers.values()):
-                if worker.running is not None and \
-                        self._now() - worker.running.started > timeout + self.pool.heartbeat_timeout:
-                    self._stuck(worker)
+        timeout, now = self.settings.limits.trial_timeout, self._now()
+        for worker in list(self.pool.workers.values()):
+            running = worker.running
+            if running is None:
+                continue
+            if timeout is not None and now - running.started > timeout + self.pool.heartbeat_timeout:
+                task = running.task
+                self._stuck(worker, f"its {task.kind} sub-epoch of epoch {task.epoch} on partition "
+                                    f"{task.partition} ran past trial_timeout={timeout} s and "
+                                    f"{self.pool.heartbeat_timeout:.0f} s more inside one batch; its worker "
+                                    f"was given up")
+            elif (why := self.hangs.hangs(running, now)) is not None:
+                self._stuck(worker, why)
 
-    def _stuck(self, worker: Worker) -> None:
-        """The worker checks ``trial_timeout`` between batches; a sub-epoch still running
-        ``heartbeat_timeout`` seconds past it is inside a batch that does not end. Its trial
-        ends as ``timeout`` and the worker, which cannot be interrupted, is given up."""
+    def _stuck(self, worker: Worker, why: str) -> None:
+        """``worker`` is inside a batch that does not end: its trial ends as ``timeout``
+        (``why``) and the worker, which cannot be interrupted, is given up."""
         task = worker.running.task
         trial = self.book.live.get(task.trial_id)
         if trial is not None:
-            self.book.end(trial, TrialStatus.TIMEOUT, (
-                f"its {task.kind} sub-epoch of epoch {task.epoch} on partition {task.partition} ran past "
-                f"trial_timeout={self.settings.limits.trial_timeout} s and {self.pool.heartbeat_timeout:.0f} s "
-                f"more inside one batch; its worker was given up"), task.epoch)
+            self.book.end(trial, TrialStatus.TIMEOUT, why, task.epoch)
         self.pool.lose(worker, f"was stuck in a batch of {task.trial_id}")
 
     def _handle_pool_events(self) -> None:

@@ -41,8 +41,7 @@ from ._warm import check_warm_start, warm_start_from
 def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_configs: Sequence[dict[str, Any]],
             metric: str, mode: str, settings: dict[str, Any], data: Dataset,
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
-            seed: int | None, verbose: int, trial_timeout: float | None = None,
-            max_failures: int | None = None, max_trial_losses: int = 3, keep_checkpoints: int | None = None,
+            seed: int | None, verbose: int, limits: Limits | None = None,
             time_budget: float | None = None, tensorboard: bool = True,
             mlflow: bool | str = False) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
@@ -65,7 +64,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         Integer(low=0, description="a non-negative integer or None").check("seed", seed)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints)
+    limits = Limits() if limits is None else limits
     Optional(Real(0, math.inf, low_open=True, high_open=True, description="a positive number of seconds or None")
              ).check("time_budget", time_budget)
     Boolean().check("tensorboard", tensorboard)

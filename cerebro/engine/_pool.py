@@ -26,17 +26,9 @@ from ..worker._protocol import Hello, Ready, Release, Setup, SetupFailed, Shutdo
 from ..worker._wire import Channel
 from ._acceptor import accept_workers
 from ._errors import WorkerLostError
+from ._hangs import Running
 from ._scheduler import Task
 from ._settings import RunSettings
-
-
-@dataclass(frozen=True)
-class Running:
-    """The sub-epoch a worker runs: the id its answer will carry, the task, when it was sent."""
-
-    task_id: int
-    task: Task
-    started: float
 
 
 @dataclass

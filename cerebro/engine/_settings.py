@@ -27,6 +27,7 @@ class Limits:
     max_failures: int | None = None
     max_trial_losses: int = 3
     keep_checkpoints: int | None = None
+    hang_after: float | None = 300.0     # seconds without a new batch (see _hangs); None: never
 
     def __post_init__(self) -> None:
         for name, constraint in _LIMITS.items():
@@ -37,15 +38,19 @@ class Limits:
         object.__setattr__(self, "max_trial_losses", int(self.max_trial_losses))
         if self.keep_checkpoints is not None:
             object.__setattr__(self, "keep_checkpoints", int(self.keep_checkpoints))
-        if self.trial_timeout is not None and type(self.trial_timeout) not in (int, float):
-            object.__setattr__(self, "trial_timeout", float(self.trial_timeout))
+        for name in ("trial_timeout", "hang_after"):
+            value = getattr(self, name)
+            if value is not None and type(value) not in (int, float):
+                object.__setattr__(self, name, float(value))
 
 
 _LIMITS = {"trial_timeout": Optional(Real(0, math.inf, low_open=True, high_open=True,
                                           description="a positive number of seconds or None")),
            "max_failures": Optional(Integer(low=0, description="an integer >= 0 or None")),
            "max_trial_losses": Integer(low=1, description="a positive integer"),
-           "keep_checkpoints": Optional(Integer(low=1, description="a positive integer or None"))}
+           "keep_checkpoints": Optional(Integer(low=1, description="a positive integer or None")),
+           "hang_after": Optional(Real(0, math.inf, low_open=True, high_open=True,
+                                       description="a positive number of seconds or None"))}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import _checks
 from .._checks import Constraint, Integer, OneOf, Optional, Real, String
 from ..engine._interface import Decision, Exploit, TrialRequest
+from ..engine._settings import Limits
 from ._configs import check_config
 from ._space import SearchSpace
 
@@ -214,7 +215,7 @@ class Searcher(ABC):
             store: str | os.PathLike | None = None, seed: int | None = None,
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
             max_trial_losses: int = 3, keep_checkpoints: int | None = None, time_budget: float | None = None,
-            tensorboard: bool = True, mlflow: bool | str = False) -> Result:
+            tensorboard: bool = True, mlflow: bool | str = False, hang_after: float | None = 300.0) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -247,12 +248,15 @@ class Searcher(ABC):
                 ``store/tensorboard`` (local stores) for ``tensorboard --logdir``.
             mlflow: ``True`` logs to MLflow in ``sqlite:///store/mlflow.db``, a string to that
                 tracking URI: a parent run, a nested run per trial, the best model.
+            hang_after: seconds a sub-epoch may go without beginning a batch, at least (and 10x
+                the longest its trial waited for one before), before it is taken to hang: its
+                trial ends as ``timeout``, its worker is replaced, the others go on. Give more
+                where a first batch compiles for long (``torch.compile``). ``None``: never.
         """
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
+        limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints, hang_after)
         return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
-                   keep_checkpoints=keep_checkpoints, time_budget=time_budget, tensorboard=tensorboard,
-                   mlflow=mlflow)
+                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow)
 
 
 def _shown(value: Any) -> str:

@@ -45,6 +45,23 @@ EXITING = threading.Event()
 TRAINABLE_CACHE_BYTES = 1 << 30
 
 
+class _Progress:
+    """The sub-epoch this worker runs and the batches its trainer has taken from it, for
+    the heartbeats (written by the loop, read by the heartbeat thread: two plain values)."""
+
+    task_id: int | None = None
+    batches: int = 0
+
+    def counted(self, task_id: int, batches: Any) -> Any:
+        self.task_id, self.batches = task_id, 0
+        for batch in batches:
+            self.batches += 1
+            yield batch
+
+
+PROGRESS = _Progress()
+
+
 def _device(worker: int) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", worker % torch.cuda.device_count())
@@ -176,7 +193,7 @@ def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
     while not stop.wait(interval):
         try:
-            channel.send(Heartbeat(worker))
+            channel.send(Heartbeat(worker, PROGRESS.task_id, PROGRESS.batches))
         except OSError:
             if stop.is_set():     # the loop is closing the channel itself
                 return
@@ -201,6 +218,7 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
         # A thread makes batches ahead where that costs more than a few microseconds.
         ahead = isinstance(source, StreamedPartition) or (trainable.transform if train else trainable.eval_transform)
         with Prefetched(batches) if ahead else contextlib.nullcontext(batches) as batches:
+            batches = PROGRESS.counted(task.task_id, batches)
             if train:
                 sums = trainable.train_batches(batches, task.seed, task.epoch, deadline, task.metrics)
             else:

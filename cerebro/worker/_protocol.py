@@ -143,6 +143,8 @@ class Release:
 @dataclass
 class Heartbeat:
     worker: int
+    task_id: int | None = None   # the sub-epoch it runs, and the batches it has begun in it: the
+    batches: int = 0             # driver tells a slow sub-epoch from one that hangs
 
 
 @dataclass
