@@ -132,6 +132,9 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
 @click.option("--store", default=None, help="run directory (default: ./cerebro_runs/<searcher>-<time>)")
 @click.option("--seed", default=None, type=int, help="the run's seed (default: drawn and recorded)")
 @click.option("--trial-timeout", default=None, type=float, help="seconds one sub-epoch of a trial may take")
+@click.option("--hang-after", default=300.0, show_default=True, type=float,
+              help="seconds a sub-epoch may begin no batch (and 10x its trial's longest wait) before it is taken "
+                   "to hang; 0: never")
 @click.option("--max-failures", default=None, type=int, help="stop the run when more trials fail")
 @click.option("--max-trial-losses", default=3, show_default=True, type=int,
               help="a trial on this many lost workers fails as their cause")
@@ -140,8 +143,8 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
               help="seconds; then the run stops at its trials' next epoch boundaries, resumable")
 @click.option("--quiet", is_flag=True, help="no live progress")
 def run(experiment: str, workers: int, backend: str, store: str | None, seed: int | None,
-        trial_timeout: float | None, max_failures: int | None, max_trial_losses: int, mlflow: str | None,
-        time_budget: float | None, quiet: bool) -> None:
+        trial_timeout: float | None, hang_after: float, max_failures: int | None, max_trial_losses: int,
+        mlflow: str | None, time_budget: float | None, quiet: bool) -> None:
     """Run the searcher that EXPERIMENT (a Python file) defines.
 
     The file defines ``data`` (a cb.Dataset) and ``search`` (a searcher such as
@@ -172,7 +175,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
         chosen, workers_arg = "local", workers
     result = search.fit(data, backend=chosen, workers=workers_arg, store=store, seed=seed, verbose=0 if quiet else 1,
                         trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
-                        time_budget=time_budget,
+                        time_budget=time_budget, hang_after=hang_after or None,
                         mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
     print_summary(result, Console())
     exit_if_failed(result)
