@@ -51,8 +51,9 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 from _hops import Hops
@@ -208,16 +209,14 @@ class DynamicScheduler:
                 self._idle[slot], self._slot[last] = last, slot
 
 
-def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completions: int | None = None,
-             hops: Hops | None = None) -> Outcome:
-    """Run every trial of ``case`` for ``case.epochs`` epochs on a simulated clock; with
-    ``hops``, each sub-epoch waits for its state to arrive (:mod:`_hops`)."""
+def _scheduler(case: Case, scheme: str) -> tuple[Any, Callable[[str, int], None], dict[str, int]]:
+    """The scheme's scheduler over one layout, ``start(trial_id, epoch)`` as the driver starts
+    a trial's epoch, and each trial's epoch so far."""
     W, P = case.workers, case.partitions
     layout = {w: [p for p in range(P) if p % W == w] for w in range(W)}
-    costs = case.costs()
     epoch_of: dict[str, int] = {}
     if scheme == "dynamic":
-        scheduler = DynamicScheduler(layout, case.evaluate, seed=case.draw)
+        scheduler: Any = DynamicScheduler(layout, case.evaluate, seed=case.draw)
     else:
         scheduler = MOPScheduler(layout, evaluate=case.evaluate)
         visit = VisitScheme(scheme.removesuffix("-barrier"))
@@ -230,16 +229,28 @@ def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completion
         else:
             then = visit_order(case.draw, trial_id, epoch + 1, P, visit)[0] if epoch < case.epochs else None
             scheduler.start_epoch(trial_id, epoch, visit_order(case.draw, trial_id, epoch, P, visit), overlap, then)
+    return scheduler, start, epoch_of
+
+
+def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completions: int | None = None,
+             hops: Hops | None = None) -> Outcome:
+    """Run every trial of ``case`` for ``case.epochs`` epochs on a simulated clock; with
+    ``hops``, each sub-epoch waits for its state to arrive (:mod:`_hops`)."""
+    costs = case.costs()
+    scheduler, start, epoch_of = _scheduler(case, scheme)
+
+    def cost_of(task: Task) -> float:
+        return costs[int(task.trial_id[1:])] * (1.0 if task.kind == TRAIN else case.eval_cost)
     out = Outcome(rows=[] if keep_rows else None)
     # (time, tie-break, worker, task, when it finished computing where its state still went out)
     events: list[tuple[float, int, int, Task, float | None]] = []
-    idle = set(range(W))
+    idle = set(range(case.workers))
     sequence = 0
 
     def launch(tasks: list[Task], now: float) -> None:
         nonlocal sequence
         for task in tasks:
-            cost = costs[int(task.trial_id[1:])] * (1.0 if task.kind == TRAIN else case.eval_cost)
+            cost = cost_of(task)
             idle.discard(task.worker)
             sequence += 1
             begin = now if hops is None else hops.ready(task, now)
@@ -258,7 +269,7 @@ def simulate(case: Case, scheme: str, *, keep_rows: bool = False, max_completion
                 heapq.heappush(events, (free, sequence, worker, task, end))
                 continue
         computed = end if computed is None else computed
-        cost = costs[int(task.trial_id[1:])] * (1.0 if task.kind == TRAIN else case.eval_cost)
+        cost = cost_of(task)
         out.busy += cost
         out.train_sub_epochs += task.kind == TRAIN
         if out.rows is not None:
