@@ -4,9 +4,9 @@ plane"; issue 34).
 
 A state comes from the worker that trained it and goes to the worker that trains it next,
 to an eval visit, and to the store as a checkpoint. Between those the driver holds it: with
-64 trials of a 300 MB model that would be ~20 GB. The shelf keeps the ``resident`` states
-put last in memory and writes older ones to a file of its own directory (the run's data-only
-format, :func:`cerebro.store.write_message`), reading them back when they are next needed.
+64 trials of a 300 MB model that would be ~20 GB. The shelf keeps ``resident`` states in
+memory and writes the others to files of its own directory (the run's data-only format,
+:func:`cerebro.store.frames`), mapping them back when they are next needed.
 A :class:`Shelved` state's file lives as long as something refers to it (the trial, an
 earlier epoch's evals, a queued checkpoint write), then is removed.
 """
@@ -72,7 +72,8 @@ class StateShelf:
 
     Which to spill: the newest. MOP serves waiting trials in turn, so the state that just
     came back is needed after every other one; the ones that stay in memory are used again
-    soonest (for a cyclic use, keeping the oldest beats keeping the newest). The write runs
+    soonest (on a cyclic use, spilling the least recently put, as an LRU cache would, misses
+    every time). The write runs
     on a thread of its own, off the driver's loop; the state stays in memory until it is
     written, and at most ``MAX_SPILLS_QUEUED`` wait, so a slow disk slows :meth:`put`
     rather than growing memory. A disk that fails keeps the states in memory, with a
