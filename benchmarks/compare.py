@@ -215,7 +215,9 @@ def run_task_parallel(work: dict) -> dict[str, Any]:
     from ray import tune
     x, y, vx, vy = (a.numpy() for a in split(work))
     started = time.perf_counter()
-    ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # A Ray instance of its own: never a cluster another process left running on this machine.
+    ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
     try:
         with tempfile.TemporaryDirectory() as storage:
             trial = tune.with_resources(tune.with_parameters(_ray_trial, configs=work["configs"], data=(x, y, vx, vy),
