@@ -101,12 +101,12 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def _fit(search: cb.Searcher, data: cb.Dataset) -> tuple[Any, float]:
+def _fit(search: cb.Searcher, data: cb.Dataset, hops: str = "direct") -> tuple[Any, float]:
     """Run ``search`` in a temporary store, deleted after; returns (schedule, wall seconds)."""
     root = tempfile.mkdtemp(prefix="cerebro-bench-")
     try:
         started = time.perf_counter()
-        result = search.fit(data, backend=cb.LocalBackend(workers=WORKERS, threads_per_worker=1),
+        result = search.fit(data, backend=cb.LocalBackend(workers=WORKERS, threads_per_worker=1, hops=hops),
                             store=os.path.join(root, "run"), seed=0, verbose=0)
         wall = time.perf_counter() - started
         schedule = result.schedule()
@@ -242,7 +242,7 @@ class OneAtATime(cb.Searcher):
         self._live = False
 
 
-def hop_latency(quick: bool) -> dict[str, Any]:
+def hop_latency(quick: bool, hops: str = "direct") -> dict[str, Any]:
     settings = dict(optimizers=["adam", "sgd"], partitions=2, batch_size=32,
                     epochs=10 if quick else 100, features=1000)
     # One batch per partition, no validation: each sub-epoch is one forward/backward/step.
@@ -250,7 +250,7 @@ def hop_latency(quick: bool) -> dict[str, Any]:
     x, y = _classification(rows, settings["features"], seed=2)
     data = cb.Dataset.from_numpy(x, y, validation=None, partitions=settings["partitions"], seed=0)
     configs = [{"optimizer": o, "batch_size": settings["batch_size"]} for o in settings["optimizers"]]
-    schedule, wall = _fit(OneAtATime(build_hop, configs, settings["epochs"]), data)
+    schedule, wall = _fit(OneAtATime(build_hop, configs, settings["epochs"]), data, hops)
     schedule = schedule.sort_values("start").reset_index(drop=True)
     out: dict[str, Any] = {"settings": settings, "fit_wall_s": wall,
                            "outside_schedule_s": wall - float(schedule["end"].max())}

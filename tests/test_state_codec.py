@@ -81,7 +81,8 @@ def crafted_messages(marker: str) -> dict[str, tuple[bytes, str]]:
     return {
         "a pickle": (pickled_payload(marker), "not a Cerebro data message: it starts with"),
         "a type it may not hold": (data_message({"$object": "system", "fields": {"command": f"touch {marker}"}}),
-                                   "'system' is not a type this message may hold (allowed: ['Heartbeat',"),
+                                   "'system' is not a type this message may hold "
+                                   "(allowed: ['Fetch', 'Forget', 'HandedBack', 'Heartbeat',"),
         "an enum that is not one": (data_message({"$enum": "Hello", "value": 1}),
                                     "'Hello' is not a type this message may hold (allowed: ['TaskKind'])"),
         "fields it lacks": (data_message({"$object": "Hello", "fields": {"worker": 1}}),

@@ -1,5 +1,5 @@
-from ._base import Backend
+from ._base import Backend, Hops
 from ._local import LocalBackend
 from ._spark import SparkBackend
 
-__all__ = ["Backend", "LocalBackend", "SparkBackend"]
+__all__ = ["Backend", "Hops", "LocalBackend", "SparkBackend"]

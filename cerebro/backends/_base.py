@@ -1,13 +1,36 @@
 """A backend starts worker processes somewhere; everything else is the engine's job."""
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 
 from .._checks import Integer, Real
 
+
+class Hops(enum.StrEnum):
+    """How a trial's state goes from the worker that trained it to the one that trains it next.
+
+    ``DIRECT`` (the default): worker to worker, over an authenticated connection; the driver
+    only says who sends what to whom, and gets each trial's state once per epoch, for its
+    checkpoint. ``DRIVER``: every hop goes through the driver, for clusters whose workers
+    cannot open connections to each other (firewalled executors, some container networks).
+    """
+
+    DIRECT = "direct"
+    DRIVER = "driver"
+
 POSITIVE = Integer(low=1, description="a positive integer")
 HEARTBEAT_TIMEOUT = Real(low=1, low_open=True, description="a number of seconds > 1")
 MAX_RESTARTS = Integer(low=0)
+
+
+def check_hops(value: object) -> Hops:
+    """``value`` as :class:`Hops`; raises unless it is ``"direct"`` or ``"driver"``."""
+    try:
+        return Hops(value)
+    except ValueError:
+        raise ValueError(f"hops={value!r} is not one of {[h.value for h in Hops]}: \"direct\" sends states "
+                         f"worker to worker, \"driver\" through the driver") from None
 
 
 def check_positive(name: str, value: object) -> int:
@@ -40,6 +63,7 @@ class Backend(ABC):
     threads_per_worker: int
     heartbeat_timeout: float   # a worker silent this many seconds is lost
     max_restarts: int = 0      # times a lost worker may be started anew, and all workers after losing all
+    hops: Hops = Hops.DIRECT   # how states go from worker to worker (see Hops)
 
     def driver_address(self) -> tuple[str, int]:
         """Where the driver listens for its workers: (host, port); port 0 picks a free one."""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from ..worker._protocol import HANDSHAKE_FAILED
-from ._base import Backend, check_heartbeat_timeout, check_max_restarts, check_positive
+from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 
 class LocalBackend(Backend):
@@ -26,18 +26,21 @@ class LocalBackend(Backend):
             other workers then load its partitions and run its sub-epoch again.
         max_restarts: how often the driver may start a lost worker anew (each worker index),
             and every worker anew when none is left.
+        hops: ``"direct"`` (default): a trial's state goes from worker to worker;
+            ``"driver"``: through the driver (see :class:`cerebro.backends.Hops`).
 
     Example:
         >>> search.fit(data, backend=cb.LocalBackend(workers=4), store="runs/exp1")
     """
 
     def __init__(self, workers: int = 2, threads_per_worker: int | None = None,
-                 heartbeat_timeout: float = 60.0, max_restarts: int = 2) -> None:
+                 heartbeat_timeout: float = 60.0, max_restarts: int = 2, hops: str = "direct") -> None:
         self.workers = check_positive("workers", workers)
         self.threads_per_worker = check_positive("threads_per_worker", 1 if threads_per_worker is None
                                                  else threads_per_worker)
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
         self.max_restarts = check_max_restarts(max_restarts)
+        self.hops = check_hops(hops)
         self._processes: list[subprocess.Popen] = []
         self._unreaped: list[subprocess.Popen] = []     # replaced, killed, not yet ended
 
@@ -93,4 +96,5 @@ class LocalBackend(Backend):
         self._processes = []
 
     def __repr__(self) -> str:
-        return f"LocalBackend(workers={self.workers}, threads_per_worker={self.threads_per_worker})"
+        hops = "" if self.hops is Hops.DIRECT else f", hops={self.hops.value!r}"
+        return f"LocalBackend(workers={self.workers}, threads_per_worker={self.threads_per_worker}{hops})"

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import Integer
-from ._base import Backend, check_heartbeat_timeout, check_max_restarts, check_positive
+from ._base import Backend, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 SHUTDOWN_GRACE_S = 5.0
 
@@ -78,9 +78,11 @@ class SparkBackend(Backend):
     Cerebro worker (see the module docstring for why not one barrier job).
 
     Every task loads its partitions from the store once and keeps them in memory; only model
-    state moves, over the same protocol as local workers, to the driver at
-    ``spark.driver.host``. Executors must reach the store (a shared or distributed file
-    system) and the driver's port.
+    state moves, over the same protocol as local workers: from executor to executor (direct
+    hops), and once per epoch to the driver at ``spark.driver.host``. Executors must reach the
+    store (a shared or distributed file system), the driver's port and each other's ports;
+    where executors cannot reach each other, ``hops="driver"`` sends every hop through the
+    driver.
 
     Args:
         spark: a SparkSession; default: the active one.
@@ -94,6 +96,7 @@ class SparkBackend(Backend):
             so the results are the same.
         slot_wait: seconds to wait for executors to register before deciding there are
             too few task slots.
+        hops: ``"direct"`` (default) or ``"driver"`` (see :class:`cerebro.backends.Hops`).
 
     Example:
         >>> spark = SparkSession.builder.master("spark://host:7077").getOrCreate()
@@ -102,7 +105,7 @@ class SparkBackend(Backend):
 
     def __init__(self, spark: Any = None, workers: int | None = None, threads_per_worker: int | None = None,
                  heartbeat_timeout: float = 60.0, driver_port: int = 0, slot_wait: float = 10.0,
-                 max_restarts: int = 3) -> None:
+                 max_restarts: int = 3, hops: str = "direct") -> None:
         if spark is None:
             from pyspark.sql import SparkSession
             spark = SparkSession.getActiveSession()
@@ -127,6 +130,7 @@ class SparkBackend(Backend):
         DRIVER_PORT.check("driver_port", driver_port)
         self.driver_port = int(driver_port)
         self.max_restarts = check_max_restarts(max_restarts)
+        self.hops = check_hops(hops)
         self._jobs: dict[int, _WorkerJob] = {}
         self._replaced: list[_WorkerJob] = []     # cancelled, maybe not yet ended: stop() waits
         self._task: functools.partial | None = None

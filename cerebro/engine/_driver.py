@@ -1,10 +1,11 @@
-"""The driver loop: owns every trial's latest state and moves it from worker to worker.
+"""The driver loop: says which sub-epoch runs where, and where its state comes from.
 
 It starts the workers (:class:`WorkerPool`), then repeats: ask the scheduler what runs
-next, send those sub-epochs (with the trial's state) to idle workers, take back results
-and hand them to the trial book (:class:`TrialBook`: epoch ends, the searcher's decisions),
-and act on the workers the pool lost or regained. Every event goes to the journal as it
-happens.
+next, send those sub-epochs to idle workers (each naming where its trial's state is: the
+worker itself, a peer's outbox with direct hops, or the state the driver sends along), take
+back results and hand them to the trial book (:class:`TrialBook`: epoch ends, the
+searcher's decisions), and act on the workers the pool lost or regained. Every event goes to
+the journal as it happens.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from ..backends import Backend
+from ..backends import Backend, Hops
 from ..data import PartitionFileError
 from ..report import Progress
 from ..store import (
@@ -31,17 +32,27 @@ from ..store import (
     WorkersRestarted,
 )
 from ..worker._exact import ExactMetrics
-from ..worker._protocol import Heartbeat, RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
+from ..worker._protocol import (
+    Forget,
+    Heartbeat,
+    RunSubEpoch,
+    SetupFailed,
+    StateMissing,
+    SubEpochDone,
+    SubEpochFailed,
+)
 from ._control import answer, obey, take_commands
 from ._errors import WorkerLostError
 from ._hangs import HangWatch, Running
 from ._interface import SearchPolicy
+from ._outboxes import Outboxes
 from ._pool import Joined, Lost, Worker, WorkerPool
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed
 from ._settings import RunSettings
 from ._shelf import StateShelf
-from ._trials import Trial, TrialBook
+from ._trial import Evaluation, Trial
+from ._trials import TrialBook
 from ._writer import StoreRecorder
 
 RESIDENT_STATES_PER_WORKER = 1     # the driver's states in memory: the rest wait on local disk
@@ -73,6 +84,8 @@ class Driver:
         self._restarts = 0
         self._next_task_id = 0
         self.hangs = HangWatch(settings.limits.hang_after)
+        self.outboxes = Outboxes()
+        self.direct = backend.hops is Hops.DIRECT      # until the workers turn out not to reach each other
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -129,7 +142,7 @@ class Driver:
             if self.pool.workers.get(worker.index) is not worker:
                 continue                               # lost meanwhile
             if isinstance(message, StateMissing):
-                self._resend_with_state(worker)
+                self._resend_with_state(worker, message)
             elif isinstance(message, (SubEpochDone, SubEpochFailed)):
                 self._finish_task(worker, message)
             elif isinstance(message, Heartbeat):
@@ -144,6 +157,7 @@ class Driver:
         self._handle_pool_events()
         self.book.apply_decisions()
         self.book.add_trials()
+        self._forget_unneeded()
 
     def _check_stop(self) -> None:
         """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file in the run
@@ -189,17 +203,27 @@ class Driver:
         self._handle_pool_events()
 
     def _send_task(self, worker: Worker, task_id: int, task: Task, trial: Trial) -> None:
-        """Send ``task``, leaving the state out where the worker already holds this version
-        (an eval visit of an earlier epoch takes the state that epoch's training left)."""
+        """Send ``task`` with where its state is: nothing where the worker already holds this
+        version (an eval visit of an earlier epoch takes the state that epoch's training left),
+        else the peer whose outbox holds it (direct hops), else the driver's copy."""
         source = trial.evaluations.get(task.epoch, trial)
-        held = worker.index in source.holders
+        state = fetch = None
+        if worker.index not in source.holders and source.version > 0:
+            peer = self.outboxes.where(trial.trial_id, source.version) if self.direct else None
+            if peer is not None and peer in self.pool.workers:
+                fetch = self.pool.workers[peer].peer
+            else:
+                shelved = source.held_state()
+                assert shelved is not None, f"{trial.trial_id}'s state {source.version} is nowhere (a bug)"
+                state = shelved.get()
         seed = self.settings.seed
         sent = self.pool.send(worker, RunSubEpoch(
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(seed, trial.trial_id), subepoch_seed(seed, trial.trial_id, task.epoch, task.partition),
-            source.version, None if held or source.state is None else source.state.get(),
-            trial.retune and task.kind == TRAIN,
-            self.settings.limits.trial_timeout, _epoch_before(trial, task)))
+            source.version, state, trial.retune and task.kind == TRAIN,
+            self.settings.limits.trial_timeout, _epoch_before(trial, task), fetch,
+            # Direct hops: the driver gets a trial's state at its epoch's end, for the checkpoint.
+            not self.direct or self.scheduler.last_visit(task)))
         if sent:     # a worker holds one version of a trial: this one
             for holding in trial.holdings():
                 if holding.version == source.version:
@@ -207,22 +231,65 @@ class Driver:
                 else:
                     holding.holders.discard(worker.index)
 
-    def _resend_with_state(self, worker: Worker) -> None:
-        """``worker`` no longer held the state its task needs: send the task again with it."""
+    def _resend_with_state(self, worker: Worker, missing: StateMissing) -> None:
+        """``worker`` did not have, or could not fetch, the state its task needs: send the task
+        again from where the state is now; where it is nowhere, the trial goes back (see
+        :meth:`_recover_states`) and the task is to run again."""
         task = worker.running.task
         trial = self.book.live.get(task.trial_id)
         if trial is None:      # it ended meanwhile: nothing left to run
             worker.running = None
             return
-        if task.partition not in self.scheduler.partitions_of(worker.index):
-            # A replacement took the partition back meanwhile: it runs there instead.
+        source = trial.evaluations.get(task.epoch, trial)
+        peer = self.outboxes.where(trial.trial_id, source.version)
+        if peer is not None:   # it no longer holds that state, or cannot be reached
+            self.outboxes.drop(peer, trial.trial_id)
+            if missing.unreachable is not None:
+                self._unreachable(worker, peer, missing.unreachable)
+        for holding in trial.holdings():
+            holding.holders.discard(worker.index)
+        if task.partition not in self.scheduler.partitions_of(worker.index) or not self._available(trial, source):
+            # A replacement took the partition back meanwhile, or the state is lost: it runs again.
             self.scheduler.abort(task)
             worker.running = None
             self.recorder.emit(_told(SubEpochAborted, task))
+            self._recover_states(f"{worker.describe()} could not fetch it: {missing.unreachable or 'not there'}")
             return
-        for holding in trial.holdings():
-            holding.holders.discard(worker.index)
         self._send_task(worker, worker.running.task_id, task, trial)
+
+    def _unreachable(self, worker: Worker, peer: int, why: str) -> None:
+        """``worker`` could not reach ``peer``. Where ``peer`` is alive, the workers cannot
+        reach each other: from now on every hop goes through the driver."""
+        self.pool.check_health()
+        self._handle_pool_events()
+        if peer in self.pool.workers and self.direct:
+            self.direct = False
+            logging.getLogger("cerebro").warning(
+                "%s could not fetch a state from worker %d (%s): the workers cannot reach each other, so "
+                "every hop goes through the driver from now on (set the backend's hops=\"driver\" to start "
+                "so)", worker.describe(), peer, why)
+
+    def _available(self, trial: Trial, holding: Trial | Evaluation) -> bool:
+        """Whether any worker could get ``holding``'s state: built anew, from the driver, or
+        from a live peer's outbox (a worker's own cache serves only that worker)."""
+        return (holding.version == 0 or holding.held_state() is not None
+                or (self.direct and self.outboxes.where(trial.trial_id, holding.version) is not None))
+
+    def _recover_states(self, reason: str) -> None:
+        """Each trial not training now whose latest state is nowhere (its holder was lost)
+        goes back to the driver's copy (:meth:`TrialBook.rewind`)."""
+        running = {w.running.task.trial_id for w in self.pool.workers.values()
+                   if w.running is not None and w.running.task.kind == TRAIN}
+        for trial in list(self.book.live.values()):
+            if trial.trial_id not in running and trial.ending is None and not self._available(trial, trial):
+                self.book.rewind(trial, reason)
+
+    def _forget_unneeded(self) -> None:
+        """Tell each worker which states in its outbox no live trial needs any more."""
+        needed = {t.trial_id: {h.version for h in t.holdings()} for t in self.book.live.values()}
+        for index, trial_id, version in self.outboxes.unneeded(needed):
+            if index in self.pool.workers:
+                self.pool.send(self.pool.workers[index], Forget(trial_id, version))
 
     def _finish_task(self, worker: Worker, message: SubEpochDone | SubEpochFailed) -> None:
         """Journal ``worker``'s finished sub-epoch and hand its result to the trial book; a
@@ -238,6 +305,7 @@ class Driver:
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
         if isinstance(message, SubEpochDone):
+            self._take_outbox(worker, task, trial, message)
             self.book.sub_epoch_done(task, worker.index, message.sums, message.state, message.learning_rate,
                                      message.epoch_metric)
         elif message.data_error is not None:
@@ -248,6 +316,16 @@ class Driver:
                                                       f"{self.settings.limits.trial_timeout} s", task.epoch)
         else:
             self.book.end(trial, TrialStatus.FAILED, message.error, task.epoch)
+
+    def _take_outbox(self, worker: Worker, task: Task, trial: Trial, done: SubEpochDone) -> None:
+        """What ``worker``'s outbox holds after ``done``: the state it trained (a trial trains
+        in one place at a time, so from ``trial.version``), less what it handed back."""
+        self.pool.bytes_between_workers += done.fetched_bytes
+        for back in done.handed_back:
+            self.outboxes.drop(worker.index, back.trial_id)
+            self.book.handed_back(back.trial_id, back.version, back.state)
+        if task.kind == TRAIN and worker.peer is not None:
+            self.outboxes.put(worker.index, trial.trial_id, trial.version + 1)
 
     # --- workers lost and regained ------------------------------------------------------
     def _check_health(self) -> None:
@@ -284,12 +362,15 @@ class Driver:
             # Every lost worker's sub-epoch is to run again, also where a restart makes the
             # events after it moot: workers lost together (a stalled driver, a dead machine)
             # arrive in one batch.
-            cause_removed = any([self._abort_running(event) for event in events if isinstance(event, Lost)])
+            lost = [event for event in events if isinstance(event, Lost)]
+            cause_removed = any([self._abort_running(event) for event in lost])
             for event in events:
                 if isinstance(event, Joined):
                     self._rejoined(event)
                 elif self._hand_over(event, cause_removed):
                     break     # every worker is new: the other events are about the old ones
+            if lost:
+                self._recover_states("; ".join(f"{e.worker.describe()} {e.reason}" for e in lost))
 
     def _abort_running(self, lost: Lost) -> bool:
         """The sub-epoch ``lost.worker`` was running is to run again; True where that loss
@@ -301,6 +382,7 @@ class Driver:
             cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
             worker.running = None
         self.book.forget_holders(worker.index)
+        self.outboxes.lose(worker.index)
         return cause_removed
 
     def _hand_over(self, lost: Lost, cause_removed: bool) -> bool:
@@ -338,6 +420,7 @@ class Driver:
         # seeds, so the results do not change (invariant 2).
         self._restarts += not cause_removed
         self.book.forget_holders()
+        self.outboxes.lose()
         for task in self.pool.restart():
             self.recorder.emit(_told(SubEpochAborted, task))
             self.scheduler.abort(task)

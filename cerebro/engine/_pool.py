@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from ..backends import Backend
+from ..backends import Backend, Hops
 from ..store import Event, RunStore, StateFormatError, WorkerLost, WorkerNotReplaced
 from ..worker._protocol import Hello, Ready, Release, Setup, SetupFailed, Shutdown, TakeOver
 from ..worker._wire import Channel
@@ -45,6 +45,7 @@ class Worker:
     device: str = "?"
     data: str = ""                 # how it holds its partitions (in memory or streamed, and why)
     running: Running | None = None
+    peer: tuple[str, int] | None = None    # where it serves its states to the others (direct hops)
 
     def describe(self) -> str:
         return f"worker {self.index} (pid {self.pid} on {self.host})"
@@ -83,6 +84,7 @@ class WorkerPool:
         self._authkey = b""
         self._starting = True        # a loss while starting stops the run: nothing to hand over
         self.bytes_sent = self.bytes_received = 0   # of the channels of workers since gone
+        self.bytes_between_workers = 0              # fetched by workers from their peers (direct hops)
         self._server: socket.socket | None = None
         self._stopping = threading.Event()
         self._acceptor: threading.Thread | None = None
@@ -179,7 +181,7 @@ class WorkerPool:
                     if sorted(message.rows) != worker.partitions:
                         raise WorkerLostError(f"{worker.describe()} announced partitions {sorted(message.rows)}; "
                                               f"it was given {worker.partitions}")
-                    worker.device, worker.data, worker.last_seen = message.device, message.data, time.monotonic()
+                    self._take_ready(worker, message)
                     self.workers[worker.index] = pending.pop(worker.index)
 
     def _new_worker(self, hello: Hello, channel: Channel) -> Worker:
@@ -190,7 +192,13 @@ class WorkerPool:
         storage = self.settings.storage
         worker.channel.send(Setup(worker.partitions, self.store.data_dir, self.build_blob,
                                   self.backend.threads_per_worker, self.settings.heartbeat_interval,
-                                  storage.in_memory, storage.cache_dir, self.settings.keras_backend))
+                                  storage.in_memory, storage.cache_dir, self.settings.keras_backend,
+                                  self.backend.hops is Hops.DIRECT))
+
+    @staticmethod
+    def _take_ready(worker: Worker, ready: Ready) -> None:
+        worker.device, worker.data, worker.last_seen = ready.device, ready.data, time.monotonic()
+        worker.peer = None if ready.peer is None else tuple(ready.peer)
 
     def _check_startup(self, deadline: float) -> None:
         for index, what in self.backend.exited().items():
@@ -275,10 +283,11 @@ class WorkerPool:
         self.bytes_sent, self.bytes_received = (self.bytes_sent + worker.channel.bytes_sent,
                                                 self.bytes_received + worker.channel.bytes_received)
 
-    def traffic(self) -> tuple[int, int]:
-        """Bytes sent to and received from every worker of the run."""
+    def traffic(self) -> tuple[int, int, int]:
+        """Bytes sent to and received from every worker of the run, and fetched between them."""
         return (self.bytes_sent + sum(w.channel.bytes_sent for w in self.workers.values()),
-                self.bytes_received + sum(w.channel.bytes_received for w in self.workers.values()))
+                self.bytes_received + sum(w.channel.bytes_received for w in self.workers.values()),
+                self.bytes_between_workers)
 
     def info(self) -> dict[int, dict]:
         """Each worker's pid, host, device, partitions and how it holds them, for the journal."""
@@ -369,7 +378,7 @@ class WorkerPool:
             self._give_up(worker, "did not load its partitions")
             return
         del self._arriving[worker.index]
-        worker.device, worker.data, worker.last_seen = message.device, message.data, time.monotonic()
+        self._take_ready(worker, message)
         self.workers[worker.index] = worker
         released: dict[int, list[int]] = {}
         for other in [w for w in self.workers.values() if w is not worker]:

@@ -236,7 +236,7 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
         book.adopt(trial)
         if rt.epoch == 0:            # a warm start's state is its epoch-0 checkpoint
             warm = [c for c in store.checkpoints(trial.trial_id) if "state" in c and c["epoch"] == 0]
-            trial.state, trial.version = (book.shelf.put(warm[0]["state"]), 1) if warm else (None, 0)
+            trial.hold(*((book.shelf.put(warm[0]["state"]), 1) if warm else (None, 0)))
             actions.append((trial, None))
             continue
         exploited = rt.exploited_at == rt.epoch
@@ -244,7 +244,7 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
         exact = [c for c in found if c["epoch"] == rt.epoch and c["exploit"] == exploited]
         earlier = [c for c in found if c["epoch"] < rt.epoch and not c["exploit"]]
         if exact:
-            trial.state, trial.version = book.shelf.put(exact[0]["state"]), 1
+            trial.hold(book.shelf.put(exact[0]["state"]), 1)
             actions.append((trial, rt))
             continue
         if exploited or rt.exploited_at is not None:
@@ -252,9 +252,11 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
                               f"{rt.exploited_at} is damaged or missing: {store.checkpoints(trial.trial_id)}")
         # Roll back to an earlier good checkpoint (or the start) and redo the journaled epochs.
         if earlier:
-            trial.state, trial.version, trial.epoch = book.shelf.put(earlier[0]["state"]), 1, earlier[0]["epoch"]
+            trial.hold(book.shelf.put(earlier[0]["state"]), 1)
+            trial.epoch = earlier[0]["epoch"]
         else:
-            trial.state, trial.version, trial.epoch = None, 0, 0
+            trial.hold(None, 0)
+            trial.epoch = 0
         trial.catch_up, trial.recovered = rt.epoch, rt
         checkpoints = [f"{c['path']}: {c['problem']}" if "problem" in c else c["epoch"]
                        for c in store.checkpoints(trial.trial_id)]

@@ -225,6 +225,25 @@ class MOPScheduler:
                     del self._evaluating[task.trial_id]
         return state.finished()
 
+    def last_visit(self, task: Task) -> bool:
+        """Whether ``task`` is the last train sub-epoch of its trial's epoch."""
+        state = self._state_of(task)
+        return task.kind == TRAIN and state is not None and state.order[-1] == task.partition
+
+    def rewind(self, trial_id: str, trained: int) -> list[int]:
+        """``trial_id``, not training now, goes back to having trained the first ``trained``
+        partitions of its epoch (the state after the later ones was lost); returns those
+        later partitions, which it trains again, in its order."""
+        state = self._epochs[trial_id]
+        if state.training or not 0 <= trained <= state.trained:
+            raise ValueError(f"{trial_id} cannot go back to {trained} of its {state.trained} sub-epochs "
+                             f"trained{' while training' if state.training else ''}")
+        again = state.order[trained:state.trained]
+        if again:       # the step waiting now is dropped when it surfaces (waits_on)
+            state.trained = trained
+            self._push(state, TRAIN, state.order[trained])
+        return again
+
     def abort(self, task: Task) -> None:
         """``task`` will not finish (its worker was lost): it is to be assigned again."""
         state = self._state_of(task)

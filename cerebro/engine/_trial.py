@@ -20,6 +20,10 @@ class Evaluation:
     eval_sums: dict[int, Sums]
     learning_rate: float | None
 
+    def held_state(self) -> Any:
+        """The driver's copy of this version's state (always there for an epoch's end)."""
+        return self.state
+
 
 @dataclass
 class Trial:
@@ -29,9 +33,11 @@ class Trial:
     config: dict
     max_epochs: int
     epoch: int = 0
-    state: Any = None             # a _shelf.Shelved packed state, as it came from the worker
-    version: int = 0              # train sub-epochs the state has seen
-    holders: set[int] = field(default_factory=set)         # workers holding this version
+    state: Any = None             # the driver's copy: a _shelf.Shelved packed state, as it came from a worker
+    state_version: int = 0        # the version of that copy: with direct hops, the latest only at epoch ends
+    version: int = 0              # train sub-epochs the latest state has seen
+    holders: set[int] = field(default_factory=set)         # workers holding the latest version
+    epoch_start: int = 0          # the version its current epoch started from
     paused: bool = False          # waits for the searcher's decide()
     retune: bool = False          # config changed (PBT): optimizer hyperparameters from build(config)
     lost_with: list[str] = field(default_factory=list)      # workers lost while running it
@@ -55,6 +61,14 @@ class Trial:
     # epoch's evals, and its train tasks carry ``last_metrics``, (epoch, metrics) of the last one.
     epoch_metric: str | None = None
     last_metrics: tuple[int, dict[str, float]] | None = None
+
+    def hold(self, state: Any, version: int) -> None:
+        """``state`` (shelved), at ``version``, is the trial's latest and the driver's copy."""
+        self.state, self.state_version, self.version = state, version, version
+
+    def held_state(self) -> Any:
+        """The driver's copy of the latest state; None where only a worker holds it (or at version 0)."""
+        return self.state if self.state_version == self.version else None
 
     def holdings(self) -> list[Trial | Evaluation]:
         """The states the driver holds for it, each with its version and holders: the latest,

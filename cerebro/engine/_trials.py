@@ -26,6 +26,7 @@ from ..store import (
     Event,
     Exploited,
     SearchState,
+    StateLost,
     TrialCreated,
     TrialEnded,
     TrialStatus,
@@ -104,7 +105,7 @@ class TrialBook:
         self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now(),
                                         warm[1] if warm else None))
         if warm is not None:     # its epoch-0 checkpoint: a resume starts it from there too
-            trial.state, trial.version = self.shelf.put(warm[0]), 1
+            trial.hold(self.shelf.put(warm[0]), 1)
             self.recorder.write_checkpoint(trial.trial_id, trial.state, 0)
         self.start_epoch(trial)
         return trial
@@ -122,6 +123,7 @@ class TrialBook:
             return
         trial.epoch += 1
         trial.train_sums, trial.eval_sums, trial.epoch_waits = {}, {}, False
+        trial.epoch_start = trial.version
         continues = getattr(self.policy, "continues_after", None)
         trial.overlap = (self.settings.evaluate and trial.catch_up < trial.epoch < trial.max_epochs
                          and trial.epoch_metric is None
@@ -134,7 +136,8 @@ class TrialBook:
     # --- sub-epochs ---------------------------------------------------------------------
     def sub_epoch_done(self, task: Task, worker: int, sums: Sums, state: object,
                        learning_rate: float | None = None, epoch_metric: str | None = None) -> None:
-        """``task`` ran on ``worker``; at the trial's epoch end, report it to the searcher."""
+        """``task`` ran on ``worker``; at the trial's epoch end, report it to the searcher.
+        ``state``: the trained state, or None where it stayed on ``worker`` (direct hops)."""
         trial = self.live.get(task.trial_id)
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
@@ -144,8 +147,12 @@ class TrialBook:
         if task.kind == TRAIN:
             for holding in trial.holdings():
                 holding.holders.discard(worker)
-            trial.state = None         # let go of first: the shelf's room is for states still to be used
-            trial.state, trial.version, trial.holders = self.shelf.put(state), trial.version + 1, {worker}
+            if state is None:
+                trial.version += 1
+            else:
+                trial.state = None     # let go of first: the shelf's room is for states still to be used
+                trial.hold(self.shelf.put(state), trial.version + 1)
+            trial.holders = {worker}
             trial.retune, trial.learning_rate = False, learning_rate
             trial.train_sums[task.partition] = sums
             if not math.isfinite(sums.loss):
@@ -163,7 +170,7 @@ class TrialBook:
         if trial.trial_id in self.live and trial.overlap and trial.epoch_metric is None and not trial.epoch_waits \
                 and not self.draining and self.scheduler.may_start_next(trial.trial_id):
             # Training done, evals to run: they go on alongside the next epoch.
-            trial.evaluations[trial.epoch] = Evaluation(trial.state, trial.version, set(trial.holders),
+            trial.evaluations[trial.epoch] = Evaluation(trial.held_state(), trial.version, set(trial.holders),
                                                         trial.train_sums, trial.eval_sums, trial.learning_rate)
             self.start_epoch(trial)
 
@@ -192,6 +199,26 @@ class TrialBook:
                     holding.holders.clear()
                 else:
                     holding.holders.discard(worker)
+
+    def handed_back(self, trial_id: str, version: int, state: object) -> None:
+        """A worker's outbox let go of ``trial_id``'s state ``version``: where it is still the
+        trial's latest, the driver keeps it (else that state would be lost with the outbox)."""
+        trial = self.live.get(trial_id)
+        if trial is not None and version == trial.version and trial.state_version < version:
+            trial.state = None
+            trial.hold(self.shelf.put(state), version)
+
+    def rewind(self, trial: Trial, reason: str) -> None:
+        """Direct hops: ``trial``'s latest state was lost (``reason``). It goes back to the
+        driver's copy and trains again the partitions of this epoch since that copy; their
+        seeds are the same, so what they compute is bitwise the same (invariant 2)."""
+        kept = trial.state_version - trial.epoch_start
+        assert kept >= 0, f"{trial.trial_id}: the driver's state predates its epoch {trial.epoch}"
+        again = self.scheduler.rewind(trial.trial_id, kept)
+        for partition in again:
+            trial.train_sums.pop(partition, None)
+        trial.version, trial.holders = trial.state_version, set()
+        self.recorder.emit(StateLost(trial.trial_id, trial.epoch, again, reason, self.recorder.now()))
 
     # --- epoch ends and decisions -------------------------------------------------------
     def _end_epoch(self, trial: Trial, epoch: int) -> None:
@@ -353,9 +380,10 @@ class TrialBook:
                                f"paused at the same epoch ({trial.epoch})")
         self.recorder.emit(Exploited(trial.trial_id, trial.epoch, source.trial_id, trial.config,
                                      dict(exploit.config), self.recorder.now()))
-        trial.config, trial.state = dict(exploit.config), source.state
+        trial.config = dict(exploit.config)
         # A new version no worker holds: the state is sent again, and the trainable rebuilt.
-        trial.version, trial.holders, trial.retune = trial.version + 1, set(), True
+        trial.hold(source.state, trial.version + 1)
+        trial.holders, trial.retune = set(), True
         self.recorder.write_config(trial.trial_id, trial.config)
         self.recorder.write_checkpoint(trial.trial_id, trial.state, trial.epoch, True)
 

@@ -204,7 +204,7 @@ class Result:
         self._exploits: list[dict[str, Any]] = []
         self._redone: set[tuple[str, int]] = set()
         self.finished = False
-        self.bytes_communicated = 0   # driver <-> workers, both ways, once the run has finished
+        self.bytes_communicated = 0   # driver <-> workers, both ways, and worker -> worker, once finished
         # index -> pid, host, launched_by, device, partitions of the latest launch
         self.workers: dict[int, dict[str, Any]] = {}
         events, self.damage = store.readable_events()
@@ -261,7 +261,8 @@ class Result:
                                       if (row["trial_id"], row["epoch"]) in self._redone]
             case RunFinished() as event:
                 self.finished = True
-                self.bytes_communicated = (event.bytes_sent or 0) + (event.bytes_received or 0)
+                self.bytes_communicated = ((event.bytes_sent or 0) + (event.bytes_received or 0)
+                                           + (event.bytes_between_workers or 0))
 
     @property
     def provided_build(self) -> Callable[[dict], Any] | None:

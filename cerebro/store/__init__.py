@@ -13,6 +13,7 @@ from ._events import (
     RunResumed,
     RunStarted,
     SearchState,
+    StateLost,
     SubEpoch,
     SubEpochAborted,
     SubEpochStarted,
@@ -51,8 +52,8 @@ from ._trust import UntrustedCodeError
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
            "Event", "Exploited", "JournalRepaired", "PartitionsMoved", "RunExtended", "RunFinished", "RunInterrupted",
-           "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError", "StoreInUseError", "SubEpoch",
-           "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialAdded", "TrialCreated",
+           "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError", "StateLost", "StoreInUseError",
+           "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialAdded", "TrialCreated",
            "TrialEnded", "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialStopAsked", "TrialTakenUp",
            "UntrustedCodeError", "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced",
            "WorkersRestarted", "improved", "frames", "pack_tensors", "parse", "parse_event", "parse_view",

@@ -68,10 +68,14 @@ class RunResumed(RunStarted):
 
 @dataclass(frozen=True)
 class RunFinished(Event):
+    """The run ended; the bytes the driver sent to and received from its workers, and those the
+    workers fetched from each other (direct hops)."""
+
     name = "run_finished"
     time: float
     bytes_sent: int
     bytes_received: int
+    bytes_between_workers: int = 0
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,20 @@ class TrialRolledBack(Event):
 
 
 @dataclass(frozen=True)
+class StateLost(Event):
+    """Direct hops: the only copy of a trial's latest state was on a worker that was lost (or
+    that its peers could not reach). The trial goes back to the state the driver holds and
+    trains ``partitions`` of ``epoch`` again, with the same seeds: the results do not change."""
+
+    name = "state_lost"
+    trial_id: str
+    epoch: int
+    partitions: list[int]
+    reason: str
+    time: float
+
+
+@dataclass(frozen=True)
 class TrialRetried(Event):
     """``resume(..., retry_failed=True)`` runs a failed trial again, from its last good epoch:
     its ``trial_ended`` before this line no longer counts."""
@@ -321,8 +339,8 @@ class TrialAdded(Event):
 EVENTS: dict[str, type[Event]] = {cls.name: cls for cls in (
     RunStarted, RunResumed, RunFinished, RunInterrupted, JournalRepaired, WorkerLost, PartitionsMoved,
     WorkerReplaced, WorkerNotReplaced, WorkersRestarted, TrialCreated, SubEpoch, EpochEnd, Decided,
-    DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack, TrialRetried, RunExtended, TrialStopAsked,
-    TrialAdded)}
+    DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack, StateLost, TrialRetried, RunExtended,
+    TrialStopAsked, TrialAdded)}
 
 
 def parse_event(record: dict[str, Any]) -> Event | None:

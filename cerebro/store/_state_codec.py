@@ -20,6 +20,7 @@ import dataclasses
 import enum
 import json
 import math
+import mmap
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, BinaryIO
@@ -134,18 +135,21 @@ def write_message(file: BinaryIO, message: Any) -> None:
 
 
 # --- reading ----------------------------------------------------------------------------
-def read_exactly(read_into: Callable[[memoryview], int], n: int) -> bytearray:
+def read_exactly(read_into: Callable[[memoryview], int], n: int) -> bytearray | mmap.mmap:
     """``n`` bytes; memory grows with the bytes that arrive, not with the ``n`` announced, so a
     damaged or lying length ends in ``EOFError``, not in an allocation of terabytes."""
     if n <= _CHUNK:
         return _fill(read_into, bytearray(n))
-    buffer = bytearray()
-    while len(buffer) < n:
-        buffer += _fill(read_into, bytearray(min(_CHUNK, n - len(buffer))))
-    return buffer
+    try:
+        # Anonymous memory is committed page by page as the bytes arrive, and a large state
+        # is read into it in place (growing a bytearray piecewise would copy it again).
+        buffer = mmap.mmap(-1, n)
+    except (OSError, OverflowError, ValueError) as error:
+        raise StateFormatError(f"a buffer of {n} bytes cannot be held: {error}") from None
+    return _fill(read_into, buffer)
 
 
-def _fill(read_into: Callable[[memoryview], int], buffer: bytearray) -> bytearray:
+def _fill(read_into: Callable[[memoryview], int], buffer: bytearray | mmap.mmap) -> bytearray | mmap.mmap:
     view, got = memoryview(buffer), 0
     while got < len(buffer):
         count = read_into(view[got:])

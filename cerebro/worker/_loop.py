@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import socket
@@ -16,11 +17,13 @@ import cloudpickle
 import torch
 
 from ..data import PartitionFileError, PartitionSource, StreamedPartition, transform_rng
-from ..store import TaskKind, pack_tensors, unpack_tensors
+from ..store import StateFormatError, TaskKind, pack_tensors, unpack_tensors
 from ._data import WorkerData
 from ._keras import prepare_keras
+from ._peers import Outbox, StateServer, fetch
 from ._prefetch import Prefetched
 from ._protocol import (
+    Forget,
     Heartbeat,
     Hello,
     Ready,
@@ -43,6 +46,8 @@ EXITING = threading.Event()
 # Built trainables kept per worker, so a trial that comes back is not built again: building
 # initialises every weight, which costs more than the hop itself for large models.
 TRAINABLE_CACHE_BYTES = 1 << 30
+# States kept for the peers that train them next (direct hops); past it, back to the driver.
+OUTBOX_BYTES = 1 << 30
 
 
 class _Progress:
@@ -73,24 +78,35 @@ class _Trainables:
     first, within a byte budget. A trial that comes back is neither built nor sent again."""
 
     def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int,
-                 train_rows: list[int]) -> None:
+                 train_rows: list[int], authkey: bytes = b"") -> None:
         self.build, self.device, self.budget = build, device, budget
         self.train_rows = train_rows      # every partition's, for a schedule that needs an epoch's steps
+        self.authkey = authkey            # proves the run's token to the peers it fetches from
         self._cache: OrderedDict[str, tuple[Trainable, int, int, dict]] = OrderedDict()
+        self.outbox: Outbox | None = None    # direct hops: the states it trained, for its peers
+        self.fetched = 0                     # bytes the last take fetched from a peer
 
-    def take(self, task: RunSubEpoch) -> Trainable | None:
-        """``task``'s trainable at the task's state version; None if that state is not here."""
+    def take(self, task: RunSubEpoch) -> Trainable | StateMissing:
+        """``task``'s trainable at the task's state version, or why that state is not here."""
         # Out of the cache until keep puts it back: a sub-epoch that fails ends its trial.
-        cached = self._cache.pop(task.trial_id, None)
+        cached, self.fetched = self._cache.pop(task.trial_id, None), 0
         if cached is not None and cached[3] != task.config:    # PBT changed the config
             cached = None
         if task.version == 0:
             seed_build(task.init_seed)
             return self._build(task.config)
-        if task.state is None:
-            return cached[0] if cached is not None and cached[1] == task.version else None
+        if task.state is None and task.fetch is None:
+            return cached[0] if cached is not None and cached[1] == task.version else StateMissing(task.task_id)
         trainable = cached[0] if cached is not None and not task.retune else self._build(task.config)
-        trainable.load_state(unpack_tensors(task.state), keep_hyperparameters=task.retune)
+        state = task.state
+        if state is None:
+            try:
+                state, self.fetched = fetch(task.fetch, self.authkey, task.trial_id, task.version)
+            except (OSError, EOFError, StateFormatError) as error:
+                return StateMissing(task.task_id, f"{task.fetch[0]}:{task.fetch[1]}: {type(error).__name__}: {error}")
+            if state is None:
+                return StateMissing(task.task_id)
+        trainable.load_state(unpack_tensors(state), keep_hyperparameters=task.retune)
         return trainable
 
     def _build(self, config: dict) -> Trainable:
@@ -120,50 +136,63 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         setup: Setup = channel.recv()
     except (EOFError, OSError):
         return      # the driver gave up on this worker before it set up
-    data = None
+    data = server = None
     try:
         data = WorkerData(setup.data_dir, setup.in_memory, setup.cache_dir, worker)
-        trainables, device = _set_up(setup, worker, data)
+        trainables, device = _set_up(setup, worker, data, authkey)
+        if setup.direct_hops:    # served where the driver reaches this worker
+            trainables.outbox = Outbox(OUTBOX_BYTES)
+            server = StateServer(channel.sock.getsockname()[0], authkey, trainables.outbox)
     except Exception:
         channel.send(SetupFailed(worker, traceback.format_exc()))
         channel.close()
         if data is not None:
             data.close()
         return
-    channel.send(_ready(worker, device, data))
+    ready = functools.partial(_ready, worker, device, data, server.address if server is not None else None)
+    channel.send(ready())
     stop = threading.Event()
     threading.Thread(target=_beat, args=(channel, worker, setup.heartbeat_interval, stop),
                      daemon=True).start()
     try:
-        while True:
-            try:
-                message = channel.recv()
-            except (EOFError, OSError):
-                return  # the driver is gone: nothing left to do
-            if isinstance(message, Shutdown):
-                return
-            if isinstance(message, Release):
-                data.release(message.partitions)
-                continue
-            if isinstance(message, TakeOver):
-                try:
-                    data.load(message.partitions)
-                    channel.send(_ready(worker, device, data))
-                except Exception:
-                    channel.send(SetupFailed(worker, traceback.format_exc()))
-                continue
-            try:
-                reply(channel, message.task_id, _run(message, trainables, data.sources, device))
-            except OSError:
-                return      # the driver is gone
+        _serve(channel, trainables, data, device, ready)
     finally:
         EXITING.set()
         stop.set()
         channel.close()
         data.close()
+        if server is not None:
+            server.close()
 
 
-def _set_up(setup: Setup, worker: int, data: WorkerData) -> tuple[_Trainables, torch.device]:
+def _serve(channel: Channel, trainables: _Trainables, data: WorkerData, device: torch.device,
+           ready: Callable[[], Ready]) -> None:
+    """Answer the driver's messages until ``Shutdown`` or the driver is gone."""
+    while True:
+        try:
+            message = channel.recv()
+        except (EOFError, OSError):
+            return  # the driver is gone: nothing left to do
+        if isinstance(message, Shutdown):
+            return
+        if isinstance(message, Release):
+            data.release(message.partitions)
+        elif isinstance(message, Forget):
+            trainables.outbox.forget(message.trial_id, message.version)
+        elif isinstance(message, TakeOver):
+            try:
+                data.load(message.partitions)
+                channel.send(ready())
+            except Exception:
+                channel.send(SetupFailed(ready().worker, traceback.format_exc()))
+        else:
+            try:
+                reply(channel, message.task_id, _run(message, trainables, data.sources, device))
+            except OSError:
+                return      # the driver is gone
+
+
+def _set_up(setup: Setup, worker: int, data: WorkerData, authkey: bytes) -> tuple[_Trainables, torch.device]:
     """Open this worker's partitions, once, and unpickle the user's build."""
     torch.set_num_threads(setup.threads)
     if setup.keras_backend is not None:     # before the build's unpickling imports keras
@@ -174,11 +203,11 @@ def _set_up(setup: Setup, worker: int, data: WorkerData) -> tuple[_Trainables, t
     device = _device(worker)
     data.load(setup.partitions)
     return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES,
-                       list(data.layout.rows["train"])), device
+                       list(data.layout.rows["train"]), authkey), device
 
 
-def _ready(worker: int, device: torch.device, data: WorkerData) -> Ready:
-    return Ready(worker, str(device), data.rows(), data.note)
+def _ready(worker: int, device: torch.device, data: WorkerData, peer: tuple[str, int] | None) -> Ready:
+    return Ready(worker, str(device), data.rows(), data.note, peer)
 
 
 def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed | StateMissing) -> None:
@@ -205,8 +234,8 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
          device: torch.device) -> SubEpochDone | SubEpochFailed | StateMissing:
     try:
         trainable = trainables.take(task)
-        if trainable is None:
-            return StateMissing(task.task_id)
+        if isinstance(trainable, StateMissing):
+            return trainable
         train = task.kind is TaskKind.TRAIN
         source = sources[task.partition]["train" if train else "val"]
         rng = transform_rng(task.seed, train)
@@ -225,9 +254,12 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
                 sums = trainable.evaluate_batches(batches, deadline)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if train else None
+        handed_back = () if state is None or trainables.outbox is None else \
+            trainables.outbox.put(task.trial_id, task.version + 1, state)
         evicted = trainables.keep(task, trainable, task.version + train)
-        return SubEpochDone(task.task_id, sums, compute, state, evicted,
-                            trainable.learning_rate() if train else None, trainable.epoch_metric())
+        return SubEpochDone(task.task_id, sums, compute, state if task.return_state else None, evicted,
+                            trainable.learning_rate() if train else None, trainable.epoch_metric(), handed_back,
+                            trainables.fetched)
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
     except PartitionFileError as error:     # not the trial's fault: the run stops

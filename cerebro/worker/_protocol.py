@@ -13,6 +13,7 @@ token and its worker index. The worker connects back over an authenticated chann
     driver -> TakeOver       a lost worker's partitions: load them from the store too
                              worker -> Ready (all its partitions) | SetupFailed
     driver -> Release        partitions a replacement of a lost worker took back: free them
+    driver -> Forget         a state this worker keeps for its peers is needed no more
     worker -> Heartbeat      (every heartbeat_interval seconds, from a side thread)
     driver -> Shutdown
 
@@ -21,6 +22,13 @@ driver leaves the state out of a task whose version the worker holds. ``SubEpoch
 the sub-epoch's ``Sums``, the new state after a train sub-epoch, and the trials the worker
 evicted from that cache, so the driver knows what each worker holds rather than guessing;
 ``StateMissing`` is only the safety net should the two ever disagree.
+
+Direct hops (``Setup.direct_hops``): a worker keeps a copy of each state it trains in its
+outbox (:mod:`._peers`) and serves it to the other workers on a port of its own (``Ready.peer``),
+behind the same HMAC handshake as the driver's. A task whose state another worker holds names
+that worker (``RunSubEpoch.fetch``) and the worker fetches it from there; only the last train
+sub-epoch of an epoch sends the state back to the driver too (``return_state``), for the
+epoch's checkpoint. A worker's outbox hands its oldest states back to the driver when full.
 """
 from __future__ import annotations
 
@@ -52,6 +60,7 @@ class Setup:
     in_memory: bool | str = "auto"     # hold partitions in memory, stream them, or decide (see cerebro.data.Storage)
     cache_dir: str | None = None       # where to copy the partitions of a remote store
     keras_backend: str | None = None   # the driver's Keras backend, where the build uses Keras
+    direct_hops: bool = False          # keep trained states in an outbox and serve them to peers
 
 
 @dataclass
@@ -60,6 +69,7 @@ class Ready:
     device: str
     rows: dict[int, tuple[int, int]]     # partition -> (train rows, validation rows)
     data: str = ""                       # how it holds them: in memory or streamed, and why
+    peer: tuple[str, int] | None = None  # where it serves its outbox to other workers (direct hops)
 
 
 @dataclass
@@ -84,6 +94,8 @@ class RunSubEpoch:
                                  # optimizer hyperparameters (PBT)
     timeout: float | None = None   # seconds the sub-epoch may take (trial_timeout)
     metrics: dict[str, float] | None = None   # a train task's: the epoch before's, where the driver has them
+    fetch: tuple[str, int] | None = None   # the peer whose outbox holds the state (direct hops)
+    return_state: bool = True    # send the trained state back to the driver (else it stays in the outbox)
 
 
 @dataclass(frozen=True)
@@ -106,6 +118,15 @@ class Sums:
                     merge_states(self.states, other.states) if other.states else self.states)
 
 
+@dataclass(frozen=True)
+class HandedBack:
+    """A state a worker's outbox let go of to stay within its budget: the driver keeps it."""
+
+    trial_id: str
+    version: int
+    state: Any
+
+
 @dataclass
 class SubEpochDone:
     task_id: int
@@ -115,11 +136,14 @@ class SubEpochDone:
     evicted: tuple[str, ...] = ()  # trials this worker no longer holds, dropped to make room
     learning_rate: float | None = None   # after a train sub-epoch, where the trainer has one
     epoch_metric: str | None = None      # what its schedule steps on: the driver then sends each epoch's metrics
+    handed_back: tuple[HandedBack, ...] = ()   # states its outbox let go of (direct hops)
+    fetched_bytes: int = 0               # what it fetched from a peer for this task (direct hops)
 
 
 @dataclass
 class StateMissing:
     task_id: int
+    unreachable: str | None = None   # the peer to fetch it from could not be reached: why
 
 
 @dataclass
@@ -140,6 +164,27 @@ class Release:
     partitions: list[int]
 
 
+@dataclass(frozen=True)
+class Forget:
+    """The driver needs ``trial_id``'s state ``version`` from this worker's outbox no more."""
+
+    trial_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Worker to worker: send me ``trial_id``'s state ``version`` from your outbox."""
+
+    trial_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class NotHere:
+    """The answer to a :class:`Fetch` for a state the outbox does not hold (any more)."""
+
+
 @dataclass
 class Heartbeat:
     worker: int
@@ -155,4 +200,5 @@ class Shutdown:
 # What a message on the wire may hold besides plain data and tensors: nothing else can be
 # constructed when one is read (see cerebro.store._state_codec).
 WIRE_TYPES: tuple[type, ...] = (Hello, Setup, Ready, SetupFailed, RunSubEpoch, Sums, SubEpochDone, StateMissing,
-                                SubEpochFailed, TakeOver, Release, Heartbeat, Shutdown, TaskKind)
+                                SubEpochFailed, TakeOver, Release, Heartbeat, Shutdown, TaskKind, HandedBack,
+                                Forget, Fetch, NotHere)

@@ -89,6 +89,9 @@ class Channel:
 NONCE_BYTES = 32
 HANDSHAKE_SECONDS = 1.0     # the driver's deadline for a peer's whole handshake
 _DRIVER, _WORKER = b"driver", b"worker"
+# A direct hop: the worker that needs a state fetches it from the one holding it. Roles of
+# their own, so no proof made for the driver's port is ever valid between workers.
+_FETCHER, _HOLDER = b"peer-fetcher", b"peer-holder"
 
 
 def _proof(authkey: bytes, role: bytes, nonce: bytes) -> bytes:
@@ -137,16 +140,37 @@ def connect(address: tuple[str, int], authkey: bytes, timeout: float = 60.0) -> 
                          f"within {timeout:.0f} s: {why}")
 
 
-def authenticate(sock: socket.socket, authkey: bytes, timeout: float = HANDSHAKE_SECONDS) -> Channel:
-    """The driver's side of the handshake on a freshly accepted ``sock``: the peer must prove
-    the token within ``timeout`` seconds, whatever it sends; closes ``sock`` on failure."""
+def authenticate(sock: socket.socket, authkey: bytes, timeout: float = HANDSHAKE_SECONDS, *,
+                 peer: bool = False) -> Channel:
+    """The listening side of the handshake on a freshly accepted ``sock``: the driver's
+    (``peer=False``), or a worker's serving its states to other workers (``peer=True``). The
+    other end must prove the token within ``timeout`` seconds, whatever it sends; closes
+    ``sock`` on failure."""
     channel = Channel(sock)
     deadline = time.monotonic() + timeout
+    them, me = (_FETCHER, _HOLDER) if peer else (_WORKER, _DRIVER)
     try:
-        channel._challenge(authkey, _WORKER, deadline)
-        channel._answer(authkey, _DRIVER, deadline)
+        channel._challenge(authkey, them, deadline)
+        channel._answer(authkey, me, deadline)
     except (OSError, EOFError, PermissionError):
         sock.close()
         raise
     sock.settimeout(None)
+    return channel
+
+
+def connect_peer(address: tuple[str, int], authkey: bytes, timeout: float) -> Channel:
+    """A channel to another worker's state server at ``address``, both sides authenticated;
+    one attempt (the driver decides what a failed fetch means). Raises ``OSError`` (or
+    ``PermissionError``) on failure, with the sock closed."""
+    sock = socket.create_connection(address, timeout=timeout)
+    channel = Channel(sock)
+    deadline = time.monotonic() + timeout
+    try:
+        channel._answer(authkey, _FETCHER, deadline)
+        channel._challenge(authkey, _HOLDER, deadline)
+    except (OSError, EOFError, PermissionError):
+        sock.close()
+        raise
+    sock.settimeout(timeout)      # a holder that stops answering mid-state fails the fetch
     return channel

@@ -1,0 +1,146 @@
+"""Direct hops: a worker keeps the states it trained and serves them to the other workers.
+
+With MOP a trial's state goes from the worker that trained its last sub-epoch to the one that
+trains its next. Through the driver, every hop crosses the driver's link twice, which bounds a
+large cluster's speed by that one link (``benchmarks/scale.py --network``). Here the state stays
+in the :class:`Outbox` of the worker that trained it, a copy the trainer cannot change, and the
+next worker fetches it from that worker's :class:`StateServer`. The server answers only a peer
+that proves the run's token (the HMAC handshake of :mod:`._wire`, with roles of its own) and
+sends nothing but a state it holds: it reads one small :class:`Fetch` and runs no code.
+
+Example:
+    >>> import torch
+    >>> from cerebro.store import pack_tensors
+    >>> outbox = Outbox(budget=1 << 20)
+    >>> outbox.put("t0000", 3, pack_tensors({"w": torch.zeros(4)}))
+    ()
+    >>> server = StateServer("127.0.0.1", b"k" * 32, outbox)
+    >>> state, size = fetch(server.address, b"k" * 32, "t0000", 3)
+    >>> state["w"].tensor().tolist(), fetch(server.address, b"k" * 32, "t0000", 2)[0]
+    ([0.0, 0.0, 0.0, 0.0], None)
+    >>> server.close()
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from ..store import frames, parse_view
+from ._protocol import Fetch, HandedBack, NotHere
+from ._wire import HANDSHAKE_SECONDS, authenticate, connect_peer
+
+MAX_FETCHES = 64          # connections served at once; more are closed unread (a flood)
+IDLE_SECONDS = 60.0       # a fetch whose bytes stop flowing this long has failed
+
+
+class Outbox:
+    """The states a worker trained, one version per trial, held for the workers that train
+    them next, within ``budget`` bytes: past it, the oldest go back to the driver."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._lock = threading.Lock()      # the worker loop puts, the server's threads get
+        self._entries: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._bytes = 0
+
+    def put(self, trial_id: str, version: int, state: Any) -> tuple[HandedBack, ...]:
+        """Keep ``state`` (packed) as ``trial_id``'s ``version``; returns the states let go of."""
+        # One copy, as one message: the trainer goes on changing its tensors in place.
+        blob = b"".join(frames(state))
+        handed_back = []
+        with self._lock:
+            self._drop(trial_id)
+            self._entries[trial_id] = (version, blob)
+            self._bytes += len(blob)
+            while self._bytes > self.budget and len(self._entries) > 1:
+                oldest = next(iter(self._entries))
+                old_version, old_blob = self._entries[oldest]
+                self._drop(oldest)
+                # A copy the reader may change (it rarely comes to this: the budget is large).
+                handed_back.append(HandedBack(oldest, old_version, parse_view(memoryview(bytearray(old_blob)))))
+        return tuple(handed_back)
+
+    def get(self, trial_id: str, version: int) -> bytes | None:
+        """``trial_id``'s state ``version`` as one message, if held."""
+        with self._lock:
+            entry = self._entries.get(trial_id)
+        return entry[1] if entry is not None and entry[0] == version else None
+
+    def forget(self, trial_id: str, version: int) -> None:
+        with self._lock:
+            entry = self._entries.get(trial_id)
+            if entry is not None and entry[0] == version:
+                self._drop(trial_id)
+
+    def _drop(self, trial_id: str) -> None:
+        entry = self._entries.pop(trial_id, None)
+        if entry is not None:
+            self._bytes -= len(entry[1])
+
+
+class StateServer:
+    """Serves an :class:`Outbox` to authenticated peers on ``host``, a port of its own."""
+
+    def __init__(self, host: str, authkey: bytes, outbox: Outbox) -> None:
+        self._server = socket.create_server((host, 0))
+        self.address: tuple[str, int] = self._server.getsockname()[:2]
+        self._authkey, self._outbox = authkey, outbox
+        self._slots = threading.BoundedSemaphore(MAX_FETCHES)
+        threading.Thread(target=self._accept, name="cerebro-states", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._server.accept()
+            except ConnectionAbortedError:
+                continue
+            except OSError:        # closed
+                return
+            if not self._slots.acquire(blocking=False):
+                sock.close()
+                continue
+            threading.Thread(target=self._serve, args=(sock,), name="cerebro-state", daemon=True).start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        try:
+            channel = authenticate(sock, self._authkey, HANDSHAKE_SECONDS, peer=True)
+        except (OSError, EOFError):      # a stranger, or a peer too slow
+            self._slots.release()
+            return
+        try:
+            channel.sock.settimeout(IDLE_SECONDS)
+            request = channel.recv()
+            if isinstance(request, Fetch):
+                blob = self._outbox.get(request.trial_id, request.version)
+                if blob is None:
+                    channel.send(NotHere())
+                else:
+                    channel.sock.sendall(blob)
+        except Exception:        # noqa: BLE001 - a peer that leaves or sends garbage costs only its connection
+            pass
+        finally:
+            channel.close()
+            self._slots.release()
+
+    def close(self) -> None:
+        try:
+            self._server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._server.close()
+
+
+def fetch(address: tuple[str, int], authkey: bytes, trial_id: str, version: int,
+          timeout: float = IDLE_SECONDS) -> tuple[Any, int]:
+    """``trial_id``'s packed state ``version`` from the peer at ``address`` (None where the peer
+    does not hold it), and the bytes that came. Raises ``OSError`` or ``EOFError`` where the peer cannot be reached or
+    stops sending, :class:`cerebro.store.StateFormatError` where it sends garbage."""
+    channel = connect_peer(tuple(address), authkey, timeout)
+    try:
+        channel.send(Fetch(trial_id, version))
+        answer = channel.recv()
+    finally:
+        channel.close()
+    return (None if isinstance(answer, NotHere) else answer), channel.bytes_received

@@ -1,0 +1,183 @@
+"""Direct hops (issue 34, part 2; DESIGN "Control plane and data plane"): a trial's state goes
+from the worker that trained it to the worker that trains it next, the driver gets it once per
+epoch for the checkpoint, and a state lost with its worker is recomputed bitwise the same."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pandas as pd
+import psutil
+import pytest
+import torch
+from _faults import claim
+from _models import build, digits
+
+import cerebro as cb
+from cerebro.store import pack_tensors, unpack_tensors
+from cerebro.worker._peers import Outbox, StateServer, fetch
+from cerebro.worker._protocol import Fetch, HandedBack
+from cerebro.worker._wire import HANDSHAKE_SECONDS, NONCE_BYTES
+
+KEY = b"k" * 32
+SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
+
+
+# --- the outbox and its server --------------------------------------------------------------
+def _state(value: float, size: int = 1000) -> dict:
+    return pack_tensors({"w": torch.full((size,), value)})
+
+
+def test_the_outbox_keeps_one_version_per_trial_and_hands_the_oldest_back_past_its_budget():
+    outbox = Outbox(budget=10_000)          # room for two states of ~4 kB
+    assert outbox.put("t0", 1, _state(1.0)) == ()
+    assert outbox.put("t0", 2, _state(2.0)) == ()      # replaces version 1
+    assert outbox.get("t0", 1) is None and outbox.get("t0", 2) is not None
+    assert outbox.put("t1", 1, _state(3.0)) == ()
+    handed = outbox.put("t2", 1, _state(4.0))
+    assert [(h.trial_id, h.version) for h in handed] == [("t0", 2)]
+    assert isinstance(handed[0], HandedBack) and torch.equal(unpack_tensors(handed[0].state)["w"],
+                                                            torch.full((1000,), 2.0))
+    outbox.forget("t1", 2)                  # another version: kept
+    assert outbox.get("t1", 1) is not None
+    outbox.forget("t1", 1)
+    assert outbox.get("t1", 1) is None
+
+
+def test_the_outbox_keeps_a_copy_the_trainer_cannot_change():
+    tensor = torch.zeros(100)
+    outbox = Outbox(budget=1 << 20)
+    outbox.put("t0", 1, pack_tensors({"w": tensor}))
+    tensor += 1                             # the trainer goes on training in place
+    server = StateServer("127.0.0.1", KEY, outbox)
+    try:
+        state, size = fetch(server.address, KEY, "t0", 1)
+        assert torch.equal(unpack_tensors(state)["w"], torch.zeros(100)) and size > 400
+        assert fetch(server.address, KEY, "t0", 2)[0] is None       # not that version
+    finally:
+        server.close()
+
+
+def test_a_peer_without_the_token_gets_no_state():
+    outbox = Outbox(budget=1 << 20)
+    outbox.put("t0", 1, _state(5.0))
+    server = StateServer("127.0.0.1", KEY, outbox)
+    try:
+        with pytest.raises(PermissionError):
+            fetch(server.address, b"x" * 32, "t0", 1, timeout=5)
+        # An attacker who skips the handshake and asks at once reads only the server's nonce,
+        # then the connection closes within the handshake's deadline.
+        from cerebro.store import frames
+        with socket.create_connection(server.address, timeout=5) as sock:
+            sock.sendall(b"".join(bytes(f) for f in frames(Fetch("t0", 1))))
+            received, started = b"", time.monotonic()
+            try:
+                while chunk := sock.recv(1 << 16):
+                    received += chunk
+            except ConnectionResetError:    # closed with the request unread
+                pass
+            assert len(received) <= NONCE_BYTES + 2            # its nonce, maybe its refusal: no state
+            assert time.monotonic() - started < HANDSHAKE_SECONDS + 2
+        # A proof made for the driver's port is not valid between workers.
+        from cerebro.worker._wire import _DRIVER, _WORKER, Channel, _proof
+        with socket.create_connection(server.address, timeout=5) as sock:
+            nonce = Channel(sock)._read(NONCE_BYTES, time.monotonic() + 5)
+            sock.sendall(_proof(KEY, _WORKER, bytes(nonce)))
+            assert sock.recv(2) == b"no" and _DRIVER
+    finally:
+        server.close()
+
+
+def test_hops_is_checked_where_the_backend_is_made():
+    with pytest.raises(ValueError, match=r"^hops='peer' is not one of \['direct', 'driver'\]: \"direct\" sends "
+                                         r"states worker to worker, \"driver\" through the driver$"):
+        cb.LocalBackend(workers=2, hops="peer")
+    assert repr(cb.LocalBackend(2, hops="driver")) == "LocalBackend(workers=2, threads_per_worker=1, hops='driver')"
+
+
+# --- whole runs ---------------------------------------------------------------------------
+def _journal(result: cb.Result) -> list[dict]:
+    with open(os.path.join(result.run_dir, "journal.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _assert_same(a: cb.Result, b: cb.Result) -> None:
+    pd.testing.assert_frame_equal(a.history(), b.history(), check_exact=True)
+    for x, y in zip(a.trials, b.trials):
+        assert (x.trial_id, x.status) == (y.trial_id, y.status)
+        for epoch in ("best", "last"):
+            assert all(torch.equal(v, y.state_dict(epoch)[k]) for k, v in x.state_dict(epoch).items())
+
+
+@pytest.fixture(scope="module")
+def hub_and_direct(tmp_path_factory: pytest.TempPathFactory) -> dict[str, cb.Result]:
+    out = {}
+    for hops in ("driver", "direct"):
+        search = cb.GridSearch(build, SPACE, epochs=2)
+        out[hops] = search.fit(digits(partitions=4), backend=cb.LocalBackend(workers=2, hops=hops), seed=3,
+                               verbose=0, store=tmp_path_factory.mktemp("hops") / hops)
+    return out
+
+
+@pytest.mark.slow
+def test_direct_hops_give_the_same_bits_as_hops_through_the_driver(hub_and_direct):
+    _assert_same(hub_and_direct["direct"], hub_and_direct["driver"])
+
+
+@pytest.mark.slow
+def test_with_direct_hops_the_driver_gets_each_state_once_per_epoch(hub_and_direct):
+    def state_bytes(result: cb.Result, trial_id: str) -> int:
+        state = unpack_tensors(result.store.read_checkpoint(trial_id))
+        tensors = [*state["model"].values(), *(v for s in state["optimizer"]["state"].values() for v in s.values())]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    finished = {name: next(e for e in _journal(r) if e["event"] == "run_finished")
+                for name, r in hub_and_direct.items()}
+    result = hub_and_direct["driver"]
+    train = result.schedule().query("kind == 'train'")
+    every_hop = sum(state_bytes(result, t) for t in train.trial_id)    # each train sub-epoch's state
+    epoch_ends = every_hop // 4                                        # 4 partitions: one in 4
+    assert every_hop <= finished["driver"]["bytes_received"] <= every_hop + 3_000_000
+    assert finished["driver"]["bytes_between_workers"] == 0
+    assert epoch_ends <= finished["direct"]["bytes_received"] <= epoch_ends + 3_000_000
+    assert finished["direct"]["bytes_between_workers"] > 0
+    assert hub_and_direct["direct"].bytes_communicated == sum(
+        finished["direct"][k] for k in ("bytes_sent", "bytes_received", "bytes_between_workers"))
+
+
+def killing_the_holder(marker_dir: str):
+    """``build``, except that its second call in a worker (the worker that trains the trial's
+    second sub-epoch, about to fetch the state from the first) kills every other worker with
+    SIGKILL: the only copy of that state is lost with them."""
+    def build_that_kills(config: dict) -> cb.TorchTrainable:
+        me = psutil.Process()
+        in_worker = "cerebro.worker" in " ".join(me.cmdline())      # not the driver's own checks
+        if in_worker and not claim(os.path.join(marker_dir, "first")) and claim(os.path.join(marker_dir, "second")):
+            for sibling in me.parent().children():
+                if sibling.pid != me.pid and "cerebro.worker" in " ".join(sibling.cmdline()):
+                    os.kill(sibling.pid, signal.SIGKILL)
+                    sibling.wait(10)
+        return build(config)
+    return build_that_kills
+
+
+@pytest.mark.slow
+def test_a_state_lost_with_its_worker_is_recomputed_from_the_driver_copy_bitwise(tmp_path):
+    space = {"lr": cb.choice([1e-2])}
+    expected = cb.GridSearch(build, space, epochs=2).fit(digits(partitions=2), backend=cb.LocalBackend(2), seed=5,
+                                                         verbose=0, store=tmp_path / "expected")
+    result = cb.GridSearch(killing_the_holder(str(tmp_path)), space, epochs=2).fit(
+        digits(partitions=2), backend=cb.LocalBackend(2), seed=5, verbose=0, store=tmp_path / "run")
+    assert os.path.exists(tmp_path / "second")
+    journal = _journal(result)
+    lost = [e for e in journal if e["event"] == "state_lost"]
+    first = cb.engine.visit_order(5, "t0000", 1, 2)[0]
+    assert [(e["trial_id"], e["epoch"], e["partitions"]) for e in lost] == [("t0000", 1, [first])]
+    assert "could not fetch it" in lost[0]["reason"] or "exited" in lost[0]["reason"]
+    assert any(e["event"] == "worker_lost" for e in journal)
+    _assert_same(result, expected)
+    train = result.schedule().query("kind == 'train'")
+    assert len(train.query(f"epoch == 1 and partition == {first}")) == 2      # trained again
