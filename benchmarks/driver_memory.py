@@ -9,6 +9,10 @@ The workers' memory is not counted: it grows with the trials they hold, by desig
 
     .venv/bin/python benchmarks/driver_memory.py                 # 4, 16 and 64 trials, ~6 min on 2 cores
     .venv/bin/python benchmarks/driver_memory.py --trials 4 16   # fewer
+    .venv/bin/python benchmarks/driver_memory.py --hops driver   # every hop through the driver
+
+With direct hops (the default) the driver gets each state once per epoch, for its checkpoint;
+``--hops driver`` sends every hop through it, as before direct hops.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ def build(config: dict):
                              torch.nn.functional.cross_entropy, batch_size=256)
 
 
-def one_run(trials: int, epochs: int) -> dict:
+def one_run(trials: int, epochs: int, hops: str) -> dict:
     """In this process: fit ``trials`` trials and return the driver's peak RSS above the baseline."""
     import numpy as np
     import psutil
@@ -56,12 +60,13 @@ def one_run(trials: int, epochs: int) -> dict:
     search = cb.GridSearch(build, {"copy": cb.choice(list(range(trials)))}, epochs=epochs)
     with tempfile.TemporaryDirectory() as scratch:
         started = time.perf_counter()
-        result = search.fit(data, workers=2, store=os.path.join(scratch, "run"), seed=0, verbose=0)
+        result = search.fit(data, backend=cb.LocalBackend(2, hops=hops), store=os.path.join(scratch, "run"), seed=0,
+                            verbose=0)
         seconds = time.perf_counter() - started
         state = sum(v.numel() * v.element_size() for v in result.best.state_dict().values()) * 3   # + Adam's
     done.set()
     sampler.join()
-    return {"trials": trials, "epochs": epochs, "baseline_mb": baseline / 2**20,
+    return {"trials": trials, "epochs": epochs, "hops": hops, "baseline_mb": baseline / 2**20,
             "peak_above_mb": (peak[0] - baseline) / 2**20, "state_mb": state / 2**20, "seconds": seconds,
             "completed": sum(t.status == "completed" for t in result.trials)}
 
@@ -70,16 +75,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, nargs="+", default=[4, 16, 64])
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "driver_memory.json"))
+    parser.add_argument("--hops", choices=["direct", "driver"], default="direct")
+    parser.add_argument("--out", help="default: results/driver_memory[_driver].json")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)      # the child's own run
     args = parser.parse_args()
     if args.one is not None:
-        print(json.dumps(one_run(args.one, args.epochs)))
+        print(json.dumps(one_run(args.one, args.epochs, args.hops)))
         return
     runs = []
     for trials in args.trials:
-        done = subprocess.run([sys.executable, __file__, "--one", str(trials), "--epochs", str(args.epochs)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run([sys.executable, __file__, "--one", str(trials), "--epochs", str(args.epochs),
+                               "--hops", args.hops], capture_output=True, text=True, check=True)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"{'trials':>6} {'state MB':>9} {'peak above baseline MB':>23} {'in states':>10} {'vs 4 trials':>12} "
           f"{'fit s':>7}")
@@ -88,8 +94,9 @@ def main() -> None:
         print(f"{run['trials']:>6} {run['state_mb']:>9.1f} {run['peak_above_mb']:>23.0f} "
               f"{run['peak_above_mb'] / run['state_mb']:>10.1f} {run['peak_above_mb'] / first:>12.2f} "
               f"{run['seconds']:>7.1f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+    out = args.out or os.path.join(HERE, "results", f"driver_memory{'' if args.hops == 'direct' else '_driver'}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
         json.dump({"runs": runs, "cpus": os.cpu_count(), "python": sys.version.split()[0]}, f, indent=1)
 
 

@@ -31,11 +31,13 @@ def _state(value: float, size: int = 1000) -> dict:
     return pack_tensors({"w": torch.full((size,), value)})
 
 
-def test_the_outbox_keeps_one_version_per_trial_and_hands_the_oldest_back_past_its_budget():
+def test_the_outbox_keeps_each_state_until_forgotten_and_hands_the_oldest_back_past_its_budget():
     outbox = Outbox(budget=10_000)          # room for two states of ~4 kB
     assert outbox.put("t0", 1, _state(1.0)) == ()
-    assert outbox.put("t0", 2, _state(2.0)) == ()      # replaces version 1
-    assert outbox.get("t0", 1) is None and outbox.get("t0", 2) is not None
+    assert outbox.put("t0", 2, _state(2.0)) == ()      # version 1 stays until forgotten
+    assert outbox.get("t0", 1) is not None and outbox.get("t0", 2) is not None
+    outbox.forget("t0", 1)
+    assert outbox.get("t0", 1) is None
     assert outbox.put("t1", 1, _state(3.0)) == ()
     handed = outbox.put("t2", 1, _state(4.0))
     assert [(h.trial_id, h.version) for h in handed] == [("t0", 2)]
@@ -181,3 +183,29 @@ def test_a_state_lost_with_its_worker_is_recomputed_from_the_driver_copy_bitwise
     _assert_same(result, expected)
     train = result.schedule().query("kind == 'train'")
     assert len(train.query(f"epoch == 1 and partition == {first}")) == 2      # trained again
+
+
+def unreachable_peers(config: dict) -> cb.TorchTrainable:
+    """``build``, except that a worker's first call closes its state server: the others can
+    no longer fetch from it, while it still answers the driver (as behind a firewall)."""
+    import gc
+
+    from cerebro.worker._peers import StateServer
+    for server in [o for o in gc.get_objects() if type(o) is StateServer]:
+        server.close()
+    return build(config)
+
+
+@pytest.mark.slow
+def test_workers_that_cannot_reach_each_other_fall_back_to_hops_through_the_driver(tmp_path, caplog):
+    expected = cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=cb.LocalBackend(2), seed=4,
+                                                         verbose=0, store=tmp_path / "expected")
+    with caplog.at_level("WARNING", logger="cerebro"):
+        result = cb.GridSearch(unreachable_peers, SPACE, epochs=2).fit(
+            digits(partitions=4), backend=cb.LocalBackend(2), seed=4, verbose=0, store=tmp_path / "run")
+    warnings = [r.getMessage() for r in caplog.records if "cannot reach each other" in r.getMessage()]
+    assert len(warnings) == 1 and "ConnectionRefusedError" in warnings[0]
+    assert warnings[0].endswith('so every hop goes through the driver from now on (set the backend\'s '
+                                'hops="driver" to start so)')
+    assert not any(e["event"] == "worker_lost" for e in _journal(result))
+    _assert_same(result, expected)

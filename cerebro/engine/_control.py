@@ -24,6 +24,7 @@ from typing import Any
 from ..store import STOP_FILE, RunStore, StoreInUseError, TrialAdded, TrialStopAsked
 from ..store import _files as files
 from ._interface import Decision
+from ._trial import Phase
 from ._trials import TrialBook
 
 COMMANDS = "commands"
@@ -221,7 +222,7 @@ def _stop_trial(book: TrialBook, trial_id: Any) -> dict[str, Any]:
     # (or at which it paused, or, the run stopping, at whose end it is parked).
     trial.stop_epoch = min(trial.evaluations, default=trial.epoch)
     book.recorder.emit(TrialStopAsked(trial.trial_id, trial.stop_epoch, book.recorder.now()))
-    if trial.parked and not trial.paused:        # the run is stopping: it ends now, at its epoch boundary
+    if trial.phase is Phase.PARKED:        # the run is stopping: it ends now, at its epoch boundary
         book.go_on(trial, Decision.CONTINUE)
     return {"trial_id": trial.trial_id}
 

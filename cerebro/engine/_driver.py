@@ -51,7 +51,7 @@ from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed
 from ._settings import RunSettings
 from ._shelf import StateShelf
-from ._trial import Evaluation, Trial
+from ._trial import Evaluation, Phase, Trial
 from ._trials import TrialBook
 from ._writer import StoreRecorder
 
@@ -207,11 +207,11 @@ class Driver:
         version (an eval visit of an earlier epoch takes the state that epoch's training left),
         else the peer whose outbox holds it (direct hops), else the driver's copy."""
         source = trial.evaluations.get(task.epoch, trial)
-        state = fetch = None
+        state = fetch = worker.running.fetch_from = None
         if worker.index not in source.holders and source.version > 0:
             peer = self.outboxes.where(trial.trial_id, source.version) if self.direct else None
             if peer is not None and peer in self.pool.workers:
-                fetch = self.pool.workers[peer].peer
+                fetch, worker.running.fetch_from = self.pool.workers[peer].peer, peer
             else:
                 shelved = source.held_state()
                 assert shelved is not None, f"{trial.trial_id}'s state {source.version} is nowhere (a bug)"
@@ -240,12 +240,13 @@ class Driver:
         if trial is None:      # it ended meanwhile: nothing left to run
             worker.running = None
             return
-        source = trial.evaluations.get(task.epoch, trial)
-        peer = self.outboxes.where(trial.trial_id, source.version)
+        source, peer = trial.evaluations.get(task.epoch, trial), worker.running.fetch_from
         if peer is not None:   # it no longer holds that state, or cannot be reached
-            self.outboxes.drop(peer, trial.trial_id)
+            self.outboxes.drop(peer, trial.trial_id, source.version)
             if missing.unreachable is not None:
                 self._unreachable(worker, peer, missing.unreachable)
+                if self.pool.workers.get(worker.index) is not worker or worker.running is None:
+                    return     # lost meanwhile: its task runs again elsewhere
         for holding in trial.holdings():
             holding.holders.discard(worker.index)
         if task.partition not in self.scheduler.partitions_of(worker.index) or not self._available(trial, source):
@@ -281,7 +282,7 @@ class Driver:
         running = {w.running.task.trial_id for w in self.pool.workers.values()
                    if w.running is not None and w.running.task.kind == TRAIN}
         for trial in list(self.book.live.values()):
-            if trial.trial_id not in running and trial.ending is None and not self._available(trial, trial):
+            if trial.trial_id not in running and trial.phase is Phase.TRAINING and not self._available(trial, trial):
                 self.book.rewind(trial, reason)
 
     def _forget_unneeded(self) -> None:
@@ -308,6 +309,10 @@ class Driver:
             self._take_outbox(worker, task, trial, message)
             self.book.sub_epoch_done(task, worker.index, message.sums, message.state, message.learning_rate,
                                      message.epoch_metric)
+            if not self.direct and message.state is None and task.kind == TRAIN:
+                # Sent before the run fell back to hops through the driver: its state is where
+                # the others cannot fetch it.
+                self._recover_states(f"{worker.describe()} cannot be reached by the other workers")
         elif message.data_error is not None:
             raise PartitionFileError(f"{worker.describe()}: {message.data_error}")
         elif message.timed_out:
@@ -319,10 +324,10 @@ class Driver:
 
     def _take_outbox(self, worker: Worker, task: Task, trial: Trial, done: SubEpochDone) -> None:
         """What ``worker``'s outbox holds after ``done``: the state it trained (a trial trains
-        in one place at a time, so from ``trial.version``), less what it handed back."""
+        in one place at a time, so from ``trial.version``), and no longer what it handed back."""
         self.pool.bytes_between_workers += done.fetched_bytes
         for back in done.handed_back:
-            self.outboxes.drop(worker.index, back.trial_id)
+            self.outboxes.drop(worker.index, back.trial_id, back.version)
             self.book.handed_back(back.trial_id, back.version, back.state)
         if task.kind == TRAIN and worker.peer is not None:
             self.outboxes.put(worker.index, trial.trial_id, trial.version + 1)

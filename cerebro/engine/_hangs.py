@@ -22,13 +22,15 @@ HANG_FACTOR = 10.0
 @dataclass
 class Running:
     """The sub-epoch a worker runs: the id its answer will carry, the task, when it was
-    sent, and the batches it has begun in it as its heartbeats last said (since when)."""
+    sent, the batches it has begun in it as its heartbeats last said (since when), and the
+    peer it was told to fetch its state from (direct hops)."""
 
     task_id: int
     task: Task
     started: float
     batches: int = 0
     progressed: float | None = None      # when ``batches`` last changed (None: since started)
+    fetch_from: int | None = None        # the worker whose outbox it fetches the state from
 
 
 class HangWatch:

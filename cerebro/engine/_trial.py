@@ -1,12 +1,46 @@
 """A live trial as the driver holds it: where it stands, its state and its holders, and
-the evaluations of earlier epochs still running beside its next (see :mod:`._trials`)."""
+the evaluations of earlier epochs still running beside its next (see :mod:`._trials`).
+
+Where it stands is one :class:`Phase`, moved only along :data:`TRANSITIONS` (as a task's
+state in dask's ``worker_state_machine``), so no two flags can disagree::
+
+    NEW ──> TRAINING ──> WAITING ──> PAUSED ──> TRAINING ...
+              │   ▲         │           │
+              │   └─────────┘           └──> PARKED (the run stops: resumed later)
+              └──> ENDING (failed; ends once its earlier epoch's evals are in)
+
+A trial that ends leaves the book; it has no phase after that.
+"""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..store import TrialStatus
 from ..worker import Sums
+
+
+class Phase(enum.Enum):
+    """Where a live trial stands."""
+
+    NEW = "new"              # created or taken up; no epoch scheduled yet
+    TRAINING = "training"    # its epoch's sub-epochs are scheduled or running
+    WAITING = "waiting"      # its epoch is done; reported once the evals of the epoch before are in
+    PAUSED = "paused"        # its epoch is reported; it waits for the searcher's decide()
+    PARKED = "parked"        # the run stops: its next epoch waits for a resume
+    ENDING = "ending"        # failed in its epoch: ends once the evals of the epoch before are in
+
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.NEW: frozenset({Phase.TRAINING, Phase.PARKED, Phase.PAUSED}),
+    # TRAINING -> TRAINING: the next epoch starts while this one's evals run (overlap)
+    Phase.TRAINING: frozenset({Phase.TRAINING, Phase.WAITING, Phase.PAUSED, Phase.PARKED, Phase.ENDING}),
+    Phase.WAITING: frozenset({Phase.TRAINING, Phase.PAUSED, Phase.PARKED, Phase.ENDING}),
+    Phase.PAUSED: frozenset({Phase.TRAINING, Phase.PARKED}),
+    Phase.PARKED: frozenset({Phase.PARKED}),      # cb.stop asked while parked: it may park again
+    Phase.ENDING: frozenset(),
+}
 
 
 @dataclass
@@ -38,15 +72,14 @@ class Trial:
     version: int = 0              # train sub-epochs the latest state has seen
     holders: set[int] = field(default_factory=set)         # workers holding the latest version
     epoch_start: int = 0          # the version its current epoch started from
-    paused: bool = False          # waits for the searcher's decide()
+    phase: Phase = Phase.NEW
     retune: bool = False          # config changed (PBT): optimizer hyperparameters from build(config)
     lost_with: list[str] = field(default_factory=list)      # workers lost while running it
     train_sums: dict[int, Sums] = field(default_factory=dict)   # this epoch's, by partition
     eval_sums: dict[int, Sums] = field(default_factory=dict)
     overlap: bool = False         # this epoch's evals may run alongside the next epoch
     evaluations: dict[int, Evaluation] = field(default_factory=dict)   # earlier epochs, by number
-    ending: tuple[TrialStatus, str | None] | None = None   # once the earlier epochs' evals are in
-    epoch_waits: bool = False     # this epoch is done; it is reported after the earlier ones
+    ending: tuple[TrialStatus, str | None] | None = None   # how it ends, in phase ENDING
     # Resume: epochs up to ``catch_up`` ran before the crash and are redone silently; then
     # the trial goes on as ``recovered`` (a ``_replay.RecoveredTrial``) says.
     catch_up: int = 0
@@ -54,13 +87,18 @@ class Trial:
     best: tuple[int, float] | None = None      # (epoch, metric) of its best epoch so far
     improved_at: tuple[int, float] | None = None   # its last improvement by more than min_delta
     stop_reason: str | None = None             # why early stopping ended it
-    parked: bool = False                       # the run is stopping: its next epoch waits for a resume
     stop_epoch: int | None = None              # cb.stop(run_dir, trial=...): it ends going on after it
     learning_rate: float | None = None         # after its last train sub-epoch (history's train_lr)
     # What its schedule steps on (ReduceLROnPlateau's metric): then its next epoch waits for an
     # epoch's evals, and its train tasks carry ``last_metrics``, (epoch, metrics) of the last one.
     epoch_metric: str | None = None
     last_metrics: tuple[int, dict[str, float]] | None = None
+
+    def move(self, to: Phase) -> None:
+        """Go to phase ``to``; raises (a bug) where :data:`TRANSITIONS` does not allow it."""
+        if to not in TRANSITIONS[self.phase]:
+            raise RuntimeError(f"{self.trial_id} cannot go from {self.phase.value} to {to.value} (a bug)")
+        self.phase = to
 
     def hold(self, state: Any, version: int) -> None:
         """``state`` (shelved), at ``version``, is the trial's latest and the driver's copy."""

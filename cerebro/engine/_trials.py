@@ -44,7 +44,7 @@ from ._search_state import SearchStateLog
 from ._seeds import trial_name
 from ._settings import RunSettings
 from ._shelf import StateShelf
-from ._trial import Evaluation, Trial
+from ._trial import Evaluation, Phase, Trial
 from ._visit_order import visit_order
 from ._warm import WarmStarts
 
@@ -119,10 +119,11 @@ class TrialBook:
         """Schedule ``trial``'s next epoch in its visit order (from the seed, never timing);
         while the run stops, park it instead: a resume starts that epoch."""
         if self.draining:
-            trial.parked = True
+            trial.move(Phase.PARKED)
             return
+        trial.move(Phase.TRAINING)
         trial.epoch += 1
-        trial.train_sums, trial.eval_sums, trial.epoch_waits = {}, {}, False
+        trial.train_sums, trial.eval_sums = {}, {}
         trial.epoch_start = trial.version
         continues = getattr(self.policy, "continues_after", None)
         trial.overlap = (self.settings.evaluate and trial.catch_up < trial.epoch < trial.max_epochs
@@ -142,7 +143,7 @@ class TrialBook:
         if trial is None:      # an eval visit of a trial that ended meanwhile
             return
         trial.epoch_metric = epoch_metric
-        if trial.ending is not None and task.epoch == trial.epoch:
+        if trial.phase is Phase.ENDING and task.epoch == trial.epoch:
             return             # it ends once its earlier epochs' evals are in
         if task.kind == TRAIN:
             for holding in trial.holdings():
@@ -164,11 +165,11 @@ class TrialBook:
             (trial.eval_sums if evaluation is None else evaluation.eval_sums)[task.partition] = sums
         if self.scheduler.complete(task):
             if task.epoch == trial.epoch and trial.evaluations:
-                trial.epoch_waits = True       # epochs are reported in order
+                trial.move(Phase.WAITING)      # epochs are reported in order
             else:
                 self._end_epoch(trial, task.epoch)
-        if trial.trial_id in self.live and trial.overlap and trial.epoch_metric is None and not trial.epoch_waits \
-                and not self.draining and self.scheduler.may_start_next(trial.trial_id):
+        if trial.trial_id in self.live and trial.phase is Phase.TRAINING and trial.overlap \
+                and trial.epoch_metric is None and not self.draining and self.scheduler.may_start_next(trial.trial_id):
             # Training done, evals to run: they go on alongside the next epoch.
             trial.evaluations[trial.epoch] = Evaluation(trial.held_state(), trial.version, set(trial.holders),
                                                         trial.train_sums, trial.eval_sums, trial.learning_rate)
@@ -240,7 +241,7 @@ class TrialBook:
         decision = self._report(trial, trial.epoch, trial.state, trial.train_sums, trial.eval_sums,
                                 trial.learning_rate)
         if decision is Decision.PAUSE:
-            trial.paused = True
+            trial.move(Phase.PAUSED)
         elif decision is not None:
             self.go_on(trial, decision)
 
@@ -259,9 +260,9 @@ class TrialBook:
                                f"where its continues_after promised CONTINUE whatever the metrics")
         elif decision is None:
             pass                               # diverged: ended
-        elif trial.ending is not None:
+        elif trial.phase is Phase.ENDING:
             self.end(trial, *trial.ending)
-        elif trial.epoch_waits:
+        elif trial.phase is Phase.WAITING:
             self._end_epoch(trial, trial.epoch)
 
     def _report(self, trial: Trial, epoch: int, state: object, train_sums: dict[int, Sums],
@@ -303,7 +304,7 @@ class TrialBook:
             self.end(trial, TrialStatus.DIVERGED, f"{bad} is {resumed.metrics[bad]} after epoch {trial.epoch}")
             return
         if resumed.pending is not None or resumed.decision is Decision.PAUSE:
-            trial.paused = True          # decided by carry_out, or later by decide()
+            trial.move(Phase.PAUSED)     # decided by carry_out, or later by decide()
             if not resumed.decision_journaled:
                 self.recorder.emit(Decided(trial.trial_id, trial.epoch, Decision.PAUSE.value))
             return
@@ -344,7 +345,7 @@ class TrialBook:
         """Exploits first, so every source still holds the state of the epoch it paused at."""
         for trial_id, decision in sorted(decisions.items(), key=lambda item: not isinstance(item[1], Exploit)):
             trial = self.live.get(trial_id)
-            if trial is None or not trial.paused:
+            if trial is None or trial.phase is not Phase.PAUSED:
                 raise RuntimeError(f"{type(self.policy).__name__} decided {decision!r} for {trial_id}, "
                                    f"which is not a paused trial")
             self.decide_due = True    # what ends or goes on may unblock other decisions
@@ -353,17 +354,17 @@ class TrialBook:
             if isinstance(decision, Exploit):
                 self._exploit(trial, decision)
                 decision = Decision.CONTINUE
-            trial.paused = False
             self.go_on(trial, decision)
 
     def drained(self) -> bool:
         """The run is stopping and every live trial waits at an epoch boundary."""
-        return self.draining and all(t.parked or t.paused for t in self.live.values())
+        return self.draining and all(t.phase in (Phase.PARKED, Phase.PAUSED) for t in self.live.values())
 
     def check_not_stuck(self, running: bool) -> None:
         """Every live trial paused with nothing ``running`` and no ``decide`` due (what the
         last one decided may unblock the rest): the searcher will never decide them."""
-        if self.live and all(t.paused for t in self.live.values()) and not running and not self.decide_due:
+        if self.live and all(t.phase is Phase.PAUSED for t in self.live.values()) and not running \
+                and not self.decide_due:
             raise RuntimeError(f"{type(self.policy).__name__} paused trials {sorted(self.live)} "
                                f"and decided none of them; the run cannot go on")
 
@@ -375,7 +376,7 @@ class TrialBook:
     def _exploit(self, trial: Trial, exploit: Exploit) -> None:
         """PBT: ``trial`` goes on from the state of ``exploit.source``, with the new config."""
         source = self.live.get(exploit.source)
-        if source is None or not source.paused or source.epoch != trial.epoch:
+        if source is None or source.phase is not Phase.PAUSED or source.epoch != trial.epoch:
             raise RuntimeError(f"{trial.trial_id} cannot exploit {exploit.source}: the source must be a trial "
                                f"paused at the same epoch ({trial.epoch})")
         self.recorder.emit(Exploited(trial.trial_id, trial.epoch, source.trial_id, trial.config,
@@ -393,7 +394,8 @@ class TrialBook:
         A failure in ``epoch``, the one it trains in, while an earlier epoch's evals still run
         ends it once they are in and reported, as it would have without the overlap."""
         if epoch == trial.epoch and trial.evaluations and status.is_failure:
-            if trial.ending is None:
+            if trial.phase is not Phase.ENDING:
+                trial.move(Phase.ENDING)
                 trial.ending = (status, reason)
                 self.scheduler.stop_training(trial.trial_id)
             return

@@ -36,13 +36,14 @@ IDLE_SECONDS = 60.0       # a fetch whose bytes stop flowing this long has faile
 
 
 class Outbox:
-    """The states a worker trained, one version per trial, held for the workers that train
-    them next, within ``budget`` bytes: past it, the oldest go back to the driver."""
+    """The states a worker trained, each kept for the workers that need it next until the
+    driver says it is needed no more (:meth:`forget`), within ``budget`` bytes: past it, the
+    oldest go back to the driver."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._lock = threading.Lock()      # the worker loop puts, the server's threads get
-        self._entries: OrderedDict[str, tuple[int, bytes]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._bytes = 0
 
     def put(self, trial_id: str, version: int, state: Any) -> tuple[HandedBack, ...]:
@@ -51,13 +52,11 @@ class Outbox:
         blob = b"".join(frames(state))
         handed_back = []
         with self._lock:
-            self._drop(trial_id)
-            self._entries[trial_id] = (version, blob)
+            self._entries[trial_id, version] = blob
             self._bytes += len(blob)
             while self._bytes > self.budget and len(self._entries) > 1:
-                oldest = next(iter(self._entries))
-                old_version, old_blob = self._entries[oldest]
-                self._drop(oldest)
+                (oldest, old_version), old_blob = self._entries.popitem(last=False)
+                self._bytes -= len(old_blob)
                 # A copy the reader may change (it rarely comes to this: the budget is large).
                 handed_back.append(HandedBack(oldest, old_version, parse_view(memoryview(bytearray(old_blob)))))
         return tuple(handed_back)
@@ -65,19 +64,13 @@ class Outbox:
     def get(self, trial_id: str, version: int) -> bytes | None:
         """``trial_id``'s state ``version`` as one message, if held."""
         with self._lock:
-            entry = self._entries.get(trial_id)
-        return entry[1] if entry is not None and entry[0] == version else None
+            return self._entries.get((trial_id, version))
 
     def forget(self, trial_id: str, version: int) -> None:
         with self._lock:
-            entry = self._entries.get(trial_id)
-            if entry is not None and entry[0] == version:
-                self._drop(trial_id)
-
-    def _drop(self, trial_id: str) -> None:
-        entry = self._entries.pop(trial_id, None)
-        if entry is not None:
-            self._bytes -= len(entry[1])
+            blob = self._entries.pop((trial_id, version), None)
+            if blob is not None:
+                self._bytes -= len(blob)
 
 
 class StateServer:
