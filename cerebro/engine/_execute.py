@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -33,9 +32,9 @@ from ..worker import KerasTrainable, driver_keras_backend
 from ._driver import Driver
 from ._interface import SearchPolicy
 from ._preflight import check_build, first_trials
-from ._settings import Limits, RunSettings
+from ._settings import Limits, RunSettings, WarmStartFrom
 from ._visit_order import VisitScheme
-from ._warm import check_warm_start, warm_start_from
+from ._warm import check_warm_start
 
 
 def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_configs: Sequence[dict[str, Any]],
@@ -76,12 +75,16 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     searcher_blob = pickle_build(policy)
+    run_settings = RunSettings(int(seed), num_partitions, data.has_validation, limits, VisitScheme.LATIN, data.storage,
+                               keras_backend=keras_backend, metric=metric, mode=mode, time_budget=time_budget,
+                               patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0),
+                               warm_start=WarmStartFrom.of_searcher(settings), tensorboard=tensorboard, mlflow=mlflow)
     run_store = RunStore.create(store)
     lock = run_store.lock()
     try:
         with sigterm_interrupts():
-            return _run(policy, run_store, build, build_blob, searcher_blob, settings, data, num_partitions,
-                        backend, int(seed), verbose, limits, tensorboard, mlflow, keras_backend, time_budget)
+            return _run(policy, run_store, (build, build_blob, searcher_blob), settings, data, backend,
+                        run_settings, verbose)
     finally:
         lock.close()
 
@@ -103,57 +106,43 @@ def sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run(policy: SearchPolicy, run_store: RunStore, build: Callable[[dict], Any], build_blob: bytes,
-         searcher_blob: bytes, settings: dict[str, Any], data: Dataset, num_partitions: int, backend: Backend,
-         seed: int, verbose: int, limits: Limits, tensorboard: bool, mlflow: bool | str,
-         keras_backend: str | None, time_budget: float | None) -> Result:
+def _run(policy: SearchPolicy, run_store: RunStore, code: tuple[Callable[[dict], Any], bytes, bytes],
+         searcher_settings: dict[str, Any], data: Dataset, backend: Backend, settings: RunSettings,
+         verbose: int) -> Result:
     """Write the run directory (partitions, build, searcher, run.json), drive the run, and
-    return its :class:`Result`; the arguments are ``execute``'s, checked."""
-    layout = data.write(run_store.data_dir, num_partitions)
-    warm_start = warm_start_from(settings)
-    if warm_start is not None:
-        check_warm_start(warm_start, {"feature_shape": list(layout.feature_shape),
-                                      "feature_dtype": layout.feature_dtype})
+    return its :class:`Result`; the arguments are ``execute``'s, checked (``code``: the build,
+    and the build and the searcher pickled)."""
+    build, build_blob, searcher_blob = code
+    layout = data.write(run_store.data_dir, settings.num_partitions)
+    if settings.warm_start is not None:
+        check_warm_start(settings.warm_start, {"feature_shape": list(layout.feature_shape),
+                                               "feature_dtype": layout.feature_dtype})
     run_store.write_code(build_blob, searcher_blob)
     note = reproducibility_caveat(backend)
-    budget = None if time_budget is None else {"seconds": time_budget, "note": (
-        f"time_budget={time_budget:g}: the run stops at its trials' first epoch boundaries after {time_budget:g} s, "
-        f"so which trials and epochs finish by then depends on timing (resume goes on to the reproducible results)")}
-    if budget is not None:
-        logging.getLogger("cerebro").warning("%s", budget["note"])
+    if settings.time_budget is not None:
+        logging.getLogger("cerebro").warning("%s", settings.budget_note())
+    owned = settings.run_info()
     run_store.write_run_info({
         "state_format": STATE_FORMAT,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "seed": seed,
-        "searcher": settings,
+        **owned,
+        "searcher": searcher_settings,
         "backend": repr(backend),
         "workers": backend.workers,
         "threads_per_worker": backend.threads_per_worker,
         "reproducible": {"across_worker_counts_and_backends": note is None, "why_not": note},
-        "limits": dataclasses.asdict(limits),
-        "time_budget": budget,
-        "visit_order": VisitScheme.LATIN.value,
-        "keras_backend": keras_backend,
-        "tensorboard": tensorboard,
-        "mlflow": mlflow,
-        "data": {"fingerprint": data.fingerprint(), "partitions": num_partitions,
+        "data": {"fingerprint": data.fingerprint(), **owned["data"],
                  "train_rows": layout.rows["train"], "val_rows": layout.rows["val"],
                  "feature_shape": list(layout.feature_shape), "feature_dtype": layout.feature_dtype,
                  "feature_columns": data.feature_columns,
                  "label_dtype": layout.label_dtype, "split_seed": data.seed,
-                 "sample_order": layout.sample_order.value, "row_group_rows": layout.row_group_rows,
-                 "in_memory": data.storage.in_memory, "cache_dir": data.storage.cache_dir},
+                 "sample_order": layout.sample_order.value, "row_group_rows": layout.row_group_rows},
         "versions": {"cerebro": __version__, "torch": torch.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
     })
-    policy.start(seed)
-    progress, mlflow_log = observers(run_store, settings["metric"], settings["mode"], verbose, tensorboard, mlflow)
-    run_settings = RunSettings(seed, num_partitions, layout.has_validation, limits, VisitScheme.LATIN, data.storage,
-                               keras_backend=keras_backend, metric=settings["metric"], mode=settings["mode"],
-                               time_budget=time_budget,
-                               patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0),
-                               warm_start=warm_start)
-    Driver(policy, run_store, backend, run_settings, build_blob=build_blob, progress=progress).run()
+    policy.start(settings.seed)
+    progress, mlflow_log = observers(run_store, settings, verbose)
+    Driver(policy, run_store, backend, settings, build_blob=build_blob, progress=progress).run()
     return finished(run_store, build, mlflow_log)
 
 
@@ -182,14 +171,16 @@ def finished(store: RunStore, build: Callable[[dict], Any] | None, mlflow_log: M
     return result
 
 
-def observers(store: RunStore, metric: str, mode: str, verbose: int, tensorboard: bool,
-              mlflow: bool | str, resumed: bool = False) -> tuple[Progress, MLflowLog | None]:
+def observers(store: RunStore, settings: RunSettings, verbose: int,
+              resumed: bool = False) -> tuple[Progress, MLflowLog | None]:
     """What the driver tells as the run goes: the console (verbose), TensorBoard (local
     stores) and MLflow; the last also on its own, to log the best model at the end."""
+    metric, mode = settings.metric, settings.mode
     chosen: list[Progress] = [ConsoleProgress(metric, mode) if verbose else NoProgress()]
-    if tensorboard and "://" not in store.path:
+    if settings.tensorboard and "://" not in store.path:
         chosen.append(TensorBoardLog(store.path))
-    mlflow_log = MLflowLog(tracking_uri(mlflow, store.path), store.path, metric, mode, resumed) if mlflow else None
+    mlflow_log = MLflowLog(tracking_uri(settings.mlflow, store.path), store.path, metric, mode, resumed) \
+        if settings.mlflow else None
     if mlflow_log is not None:
         chosen.append(mlflow_log)
     return (chosen[0] if len(chosen) == 1 else Fanout(*chosen)), mlflow_log

@@ -16,7 +16,6 @@ from typing import Any
 import cloudpickle
 
 from ..backends import Backend
-from ..data import Storage
 from ..report import Result
 from ..store import (
     DamagedLine,
@@ -49,10 +48,8 @@ from ._extend import extension
 from ._interface import Decision, SearchPolicy
 from ._preflight import build_cheaply, check_metric
 from ._replay import Recovered, RecoveredTrial, ResumeError, replay, replayable, typed_events
-from ._settings import Limits, RunSettings
+from ._settings import RunSettings
 from ._trials import Trial, TrialBook
-from ._visit_order import LEGACY_SCHEME, VisitScheme
-from ._warm import warm_start_from
 
 
 @dataclass
@@ -114,8 +111,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             store.emit(replace(plan.extended, time=plan.recovered.last_time))
             info["searcher"]["epochs"] = plan.extended.epochs
             store.write_run_info(info)
-        progress, mlflow_log = observers(store, info["searcher"]["metric"], info["searcher"]["mode"], verbose,
-                                         info.get("tensorboard", False), info.get("mlflow", False), resumed=True)
+        progress, mlflow_log = observers(store, plan.settings, verbose, resumed=True)
         driver = Driver(plan.policy, store, backend, plan.settings, build_blob=plan.build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, plan.recovered, plan.retry),
                         time_offset=plan.recovered.last_time)
@@ -152,7 +148,7 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     for trial_id, config in retry.items():
         check_build(retry_build, trial_id, config, info)
     policy.start(info["seed"])
-    settings = run_settings(info)
+    settings = RunSettings.from_run_info(info)
     added = [{"event": TrialRetried.name, "trial_id": t} for t in retry]
     added += [] if extended is None else [{"event": RunExtended.name, **extended.record()}]
     try:
@@ -202,17 +198,6 @@ def failed_trials(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             case TrialRetried():
                 failed[event.trial_id] = False
     return {trial_id: configs[trial_id] for trial_id, is_failed in failed.items() if is_failed}
-
-
-def run_settings(info: dict[str, Any]) -> RunSettings:
-    """The settings of the run whose run.json holds ``info`` (older runs lack some: defaults)."""
-    searcher = info["searcher"]
-    return RunSettings(info["seed"], info["data"]["partitions"], sum(info["data"]["val_rows"]) > 0,
-                       Limits(**info.get("limits", {})), VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
-                       Storage(info["data"].get("in_memory", True), info["data"].get("cache_dir")),
-                       keras_backend=info.get("keras_backend"), metric=searcher["metric"], mode=searcher["mode"],
-                       patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
-                       warm_start=warm_start_from(searcher))
 
 
 def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[str, dict[str, Any]]) -> None:

@@ -1,12 +1,15 @@
-"""What ``fit`` was told about how to run, in one object the engine's parts share."""
+"""What ``fit`` was told about how to run, in one object the engine's parts share, written
+to run.json and read back from it (to resume) here only."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .._checks import Integer, Optional, Real
 from ..data import Storage
-from ._visit_order import VisitScheme
+from ._visit_order import LEGACY_SCHEME, VisitScheme
 
 
 @dataclass(frozen=True)
@@ -15,6 +18,12 @@ class WarmStartFrom:
 
     run_dir: str
     epoch: str = "best"
+
+    @classmethod
+    def of_searcher(cls, searcher: dict[str, Any]) -> WarmStartFrom | None:
+        """What the searcher's settings (run.json's ``searcher``) say to warm-start from."""
+        run_dir = searcher.get("warm_start")
+        return None if run_dir is None else cls(run_dir, searcher.get("warm_start_epoch", "best"))
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,7 @@ class RunSettings:
         time_budget: seconds after which the run stops at its trials' next epoch boundaries,
             resumable (None: none; a resume has none).
         warm_start: the finished run whose trials start the ones of equal configs (see ``_warm``).
+        tensorboard, mlflow: what observes the run besides the console (see ``observers``).
     """
 
     seed: int
@@ -89,3 +99,36 @@ class RunSettings:
     min_delta: float = 0.0
     time_budget: float | None = None
     warm_start: WarmStartFrom | None = None
+    tensorboard: bool = True
+    mlflow: bool | str = False
+
+    def budget_note(self) -> str | None:
+        """Why a run with a time budget is not reproducible as it stands; None without one."""
+        if self.time_budget is None:
+            return None
+        return (f"time_budget={self.time_budget:g}: the run stops at its trials' first epoch boundaries after "
+                f"{self.time_budget:g} s, so which trials and epochs finish by then depends on timing (resume goes "
+                f"on to the reproducible results)")
+
+    def run_info(self) -> dict[str, Any]:
+        """The entries of run.json these settings own; the data's three are under ``data``,
+        and ``metric``, ``mode``, early stopping and warm start are the searcher's own."""
+        budget = None if self.time_budget is None else {"seconds": self.time_budget, "note": self.budget_note()}
+        return {"seed": self.seed, "limits": dataclasses.asdict(self.limits), "time_budget": budget,
+                "visit_order": self.visit_scheme.value, "keras_backend": self.keras_backend,
+                "tensorboard": self.tensorboard, "mlflow": self.mlflow,
+                "data": {"partitions": self.num_partitions, "in_memory": self.storage.in_memory,
+                         "cache_dir": self.storage.cache_dir}}
+
+    @classmethod
+    def from_run_info(cls, info: dict[str, Any]) -> RunSettings:
+        """The settings of the run whose run.json holds ``info``, to resume it: as it ran, but
+        with no time budget (older runs lack some entries: their defaults then)."""
+        searcher, data = info["searcher"], info["data"]
+        return cls(info["seed"], data["partitions"], sum(data["val_rows"]) > 0, Limits(**info.get("limits", {})),
+                   VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
+                   Storage(data.get("in_memory", True), data.get("cache_dir")),
+                   keras_backend=info.get("keras_backend"), metric=searcher["metric"], mode=searcher["mode"],
+                   patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
+                   warm_start=WarmStartFrom.of_searcher(searcher), tensorboard=info.get("tensorboard", False),
+                   mlflow=info.get("mlflow", False))

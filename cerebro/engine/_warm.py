@@ -21,12 +21,6 @@ log = logging.getLogger(__name__)
 _EPOCH_FILES = {"best": BEST, "last": "checkpoint.state"}
 
 
-def warm_start_from(searcher: dict[str, Any]) -> WarmStartFrom | None:
-    """What the searcher's settings (run.json's ``searcher``) say to warm-start from."""
-    run_dir = searcher.get("warm_start")
-    return None if run_dir is None else WarmStartFrom(run_dir, searcher.get("warm_start_epoch", "best"))
-
-
 def check_warm_start(source: WarmStartFrom, data_info: dict[str, Any]) -> None:
     """Raises unless ``source`` is a run whose data had the feature layout of ``data_info``
     (run.json's ``data``): its weights would not fit, or would mean something else."""

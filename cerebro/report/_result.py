@@ -26,6 +26,7 @@ from ..store import (
     RunResumed,
     RunStarted,
     RunStore,
+    StateLost,
     SubEpoch,
     TrialCreated,
     TrialEnded,
@@ -241,6 +242,10 @@ class Result:
                     return                     # re-run after a resume to rebuild a damaged checkpoint
                 worker = self.workers.get(event.worker, {})   # the process it ran in at that time
                 self._schedule.append({**event.record(), "host": worker.get("host"), "pid": worker.get("pid")})
+            case StateLost() as event:         # those train sub-epochs ran again: the first runs count no more
+                self._schedule = [row for row in self._schedule if not (
+                    row["trial_id"] == event.trial_id and row["epoch"] == event.epoch and row["kind"] == "train"
+                    and row["partition"] in event.partitions)]
             case TrialEnded() as event:
                 trial = self._trials[event.trial_id]
                 trial.status, trial.reason = event.status, event.reason
