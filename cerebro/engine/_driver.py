@@ -392,7 +392,7 @@ class Driver:
 
     def _hand_over(self, lost: Lost, cause_removed: bool) -> bool:
         """The surviving workers load a lost worker's partitions from the store (its aborted
-        sub-epoch runs again from the state the driver holds, with the same seeds, so the
+        sub-epoch runs again from the state it started from, with the same seeds, so the
         results do not change: invariant 2). Where no worker is left, every worker starts
         anew instead: returns True. ``cause_removed``: see :meth:`_no_worker_left`."""
         worker = lost.worker
@@ -421,7 +421,7 @@ class Driver:
             raise WorkerLostError(f"{last}; no worker is left and the backend may not start more "
                                   f"(max_restarts={self.backend.max_restarts}). "
                                   f"Its journal and checkpoints are in {self.store.path}")
-        # Running sub-epochs run again from the states the driver holds, with the same
+        # Running sub-epochs run again from the states they started from, with the same
         # seeds, so the results do not change (invariant 2).
         self._restarts += not cause_removed
         self.book.forget_holders()

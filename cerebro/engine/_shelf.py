@@ -2,9 +2,10 @@
 disk, so the driver's memory does not grow with the number of trials (DESIGN's "control
 plane"; issue 34).
 
-A state comes from the worker that trained it and goes to the worker that trains it next,
-to an eval visit, and to the store as a checkpoint. Between those the driver holds it: with
-64 trials of a 300 MB model that would be ~20 GB. The shelf keeps ``resident`` states in
+A state comes to the driver at its epoch's end (with direct hops; with ``hops="driver"``
+after every train sub-epoch) and goes to the workers that need it next, to eval visits, and
+to the store as a checkpoint. Between those the driver holds it: with 64 trials of a 300 MB
+model that would be ~20 GB. The shelf keeps ``resident`` states in
 memory and writes the others to files of its own directory (the run's data-only format,
 :func:`cerebro.store.frames`), mapping them back when they are next needed.
 A :class:`Shelved` state's file lives as long as something refers to it (the trial, an
