@@ -117,7 +117,9 @@ def test_a_run_whose_states_wait_on_disk_equals_one_that_holds_them_all(tmp_path
     results = []
     for per_worker in (1, 1000):
         monkeypatch.setattr(_driver, "RESIDENT_STATES_PER_WORKER", per_worker)
-        results.append(search.fit(digits(), workers=2, store=tmp_path / str(per_worker), seed=0, verbose=0))
+        # Every hop through the driver: the most states on its shelf (direct hops bring it one per epoch).
+        results.append(search.fit(digits(), backend=cb.LocalBackend(2, hops="driver"), store=tmp_path / str(per_worker),
+                                  seed=0, verbose=0))
     assert shelves[0].spilled > 12 and shelves[1].spilled == 0
     assert results[0].history().equals(results[1].history())
     for one, other in zip(results[0].trials, results[1].trials, strict=True):
