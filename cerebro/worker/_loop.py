@@ -17,13 +17,14 @@ import cloudpickle
 import torch
 
 from ..data import PartitionFileError, PartitionSource, StreamedPartition, transform_rng
-from ..store import StateFormatError, TaskKind, pack_tensors, unpack_tensors
+from ..store import StateFormatError, TaskKind, frames, pack_tensors, unpack_tensors
 from ._data import WorkerData
 from ._keras import prepare_keras
 from ._peers import Outbox, StateServer, fetch
 from ._prefetch import Prefetched
 from ._protocol import (
     Forget,
+    HandedBack,
     Heartbeat,
     Hello,
     Ready,
@@ -85,6 +86,7 @@ class _Trainables:
         self._cache: OrderedDict[str, tuple[Trainable, int, int, dict]] = OrderedDict()
         self.outbox: Outbox | None = None    # direct hops: the states it trained, for its peers
         self.fetched = 0                     # bytes the last take fetched from a peer
+        self._unfilled: tuple[str, int, list] | None = None    # reserved in the outbox, to copy there
 
     def take(self, task: RunSubEpoch) -> Trainable | StateMissing:
         """``task``'s trainable at the task's state version, or why that state is not here."""
@@ -117,6 +119,24 @@ class _Trainables:
         trainable.place(self.device)
         trainable.steps_per_epoch(sum(-(-rows // trainable.batch_size) for rows in self.train_rows))
         return trainable
+
+    def reserve(self, trial_id: str, version: int, state: Any) -> tuple[HandedBack, ...]:
+        """Room in the outbox for the packed ``state`` just trained; :meth:`fill` copies it
+        there once the driver has the answer (the trainable must not change before)."""
+        parts = frames(state)
+        self._unfilled = (trial_id, version, parts)
+        return self.outbox.reserve(trial_id, version, sum(memoryview(p).nbytes for p in parts))
+
+    def fill(self, answered: bool) -> None:
+        """Copy the state :meth:`reserve` made room for, now the driver has the answer; where
+        the answer failed instead, the driver knows no such state: drop it."""
+        if self._unfilled is not None:
+            trial_id, version, parts = self._unfilled
+            if answered:
+                self.outbox.fill(trial_id, version, parts)
+            else:
+                self.outbox.forget(trial_id, version)
+            self._unfilled = None
 
     def keep(self, task: RunSubEpoch, trainable: Trainable, version: int) -> tuple[str, ...]:
         """Hold ``task``'s trainable at ``version``; returns the other trials evicted to stay
@@ -187,9 +207,10 @@ def _serve(channel: Channel, trainables: _Trainables, data: WorkerData, device: 
                 channel.send(SetupFailed(ready().worker, traceback.format_exc()))
         else:
             try:
-                reply(channel, message.task_id, _run(message, trainables, data.sources, device))
+                sent = reply(channel, message.task_id, _run(message, trainables, data.sources, device))
             except OSError:
                 return      # the driver is gone
+            trainables.fill(sent)
 
 
 def _set_up(setup: Setup, worker: int, data: WorkerData, authkey: bytes) -> tuple[_Trainables, torch.device]:
@@ -210,13 +231,15 @@ def _ready(worker: int, device: torch.device, data: WorkerData, peer: tuple[str,
     return Ready(worker, str(device), data.rows(), data.note, peer)
 
 
-def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed | StateMissing) -> None:
+def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed | StateMissing) -> bool:
     """Send a task's result; one the wire cannot carry (a trainer's sums holding something
-    other than data) fails the task with why, instead of the worker."""
+    other than data) fails the task with why, instead of the worker: returns False then."""
     try:
         channel.send(result)
+        return True
     except (TypeError, ValueError):        # raised while encoding, before any byte went out
         channel.send(SubEpochFailed(task_id, traceback.format_exc()))
+        return False
 
 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
@@ -255,7 +278,7 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if train else None
         handed_back = () if state is None or trainables.outbox is None else \
-            trainables.outbox.put(task.trial_id, task.version + 1, state)
+            trainables.reserve(task.trial_id, task.version + 1, state)
         evicted = trainables.keep(task, trainable, task.version + train)
         return SubEpochDone(task.task_id, sums, compute, state if task.return_state else None, evicted,
                             trainable.learning_rate() if train else None, trainable.epoch_metric(), handed_back,

@@ -38,39 +38,63 @@ IDLE_SECONDS = 60.0       # a fetch whose bytes stop flowing this long has faile
 class Outbox:
     """The states a worker trained, each kept for the workers that need it next until the
     driver says it is needed no more (:meth:`forget`), within ``budget`` bytes: past it, the
-    oldest go back to the driver."""
+    oldest go back to the driver.
+
+    A state is reserved before the worker answers its sub-epoch and filled (copied) right
+    after, so the copy is off the hop's path; a peer that asks in between waits for it."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._lock = threading.Lock()      # the worker loop puts, the server's threads get
-        self._entries: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+        self._filled = threading.Condition()    # the worker loop puts, the server's threads get
+        # (trial, version) -> (bytes, the state as one message; None while reserved)
+        self._entries: OrderedDict[tuple[str, int], tuple[int, bytes | None]] = OrderedDict()
         self._bytes = 0
 
-    def put(self, trial_id: str, version: int, state: Any) -> tuple[HandedBack, ...]:
-        """Keep ``state`` (packed) as ``trial_id``'s ``version``; returns the states let go of."""
-        # One copy, as one message: the trainer goes on changing its tensors in place.
-        blob = b"".join(frames(state))
+    def reserve(self, trial_id: str, version: int, size: int) -> tuple[HandedBack, ...]:
+        """Room for ``trial_id``'s ``version`` of ``size`` bytes; returns the states let go of."""
         handed_back = []
-        with self._lock:
-            self._entries[trial_id, version] = blob
-            self._bytes += len(blob)
-            while self._bytes > self.budget and len(self._entries) > 1:
-                (oldest, old_version), old_blob = self._entries.popitem(last=False)
-                self._bytes -= len(old_blob)
+        with self._filled:
+            self._entries[trial_id, version] = (size, None)
+            self._bytes += size
+            for key in [k for k, (_, blob) in self._entries.items() if blob is not None]:
+                if self._bytes <= self.budget:
+                    break
+                held, blob = self._entries.pop(key)
+                self._bytes -= held
                 # A copy the reader may change (it rarely comes to this: the budget is large).
-                handed_back.append(HandedBack(oldest, old_version, parse_view(memoryview(bytearray(old_blob)))))
+                handed_back.append(HandedBack(*key, parse_view(memoryview(bytearray(blob)))))
         return tuple(handed_back)
 
-    def get(self, trial_id: str, version: int) -> bytes | None:
-        """``trial_id``'s state ``version`` as one message, if held."""
-        with self._lock:
-            return self._entries.get((trial_id, version))
+    def fill(self, trial_id: str, version: int, parts: list[memoryview | bytes]) -> None:
+        """Keep the reserved state, as one message (``parts``: its frames); a copy, as the
+        trainer goes on changing its tensors in place."""
+        blob = b"".join(parts)
+        with self._filled:
+            if (trial_id, version) in self._entries:    # else forgotten meanwhile
+                self._entries[trial_id, version] = (len(blob), blob)
+            self._filled.notify_all()
+
+    def put(self, trial_id: str, version: int, state: Any) -> tuple[HandedBack, ...]:
+        """:meth:`reserve` and :meth:`fill` at once: keep ``state`` (packed)."""
+        parts = frames(state)
+        handed_back = self.reserve(trial_id, version, sum(memoryview(p).nbytes for p in parts))
+        self.fill(trial_id, version, parts)
+        return handed_back
+
+    def get(self, trial_id: str, version: int, timeout: float = IDLE_SECONDS) -> bytes | None:
+        """``trial_id``'s state ``version`` as one message, if held (waiting while reserved)."""
+        def settled() -> bool:
+            return self._entries.get((trial_id, version), (0, b""))[1] is not None
+        with self._filled:
+            self._filled.wait_for(settled, timeout)
+            return self._entries.get((trial_id, version), (0, None))[1]
 
     def forget(self, trial_id: str, version: int) -> None:
-        with self._lock:
-            blob = self._entries.pop((trial_id, version), None)
-            if blob is not None:
-                self._bytes -= len(blob)
+        with self._filled:
+            entry = self._entries.pop((trial_id, version), None)
+            if entry is not None:
+                self._bytes -= entry[0]
+            self._filled.notify_all()
 
 
 class StateServer:
