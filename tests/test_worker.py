@@ -152,7 +152,8 @@ class ThreadBackend(Backend):
             thread.join(timeout=30)
 
 
-def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_misses_it(tmp_path, monkeypatch):
+def _watch_answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[RunSubEpoch, object]]:
+    """Every task the workers (threads) run and what they answer, as they answer it."""
     answers: list[tuple[RunSubEpoch, object]] = []
 
     def watched_run(task: RunSubEpoch, trainables: _Trainables, sources: dict, device: torch.device) -> object:
@@ -160,8 +161,13 @@ def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_mis
         answers.append((task, answer))
         return answer
 
-    monkeypatch.setattr(_loop, "TRAINABLE_CACHE_BYTES", 0)     # each worker keeps only its latest trial
     monkeypatch.setattr(_loop, "_run", watched_run)
+    return answers
+
+
+def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_misses_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(_loop, "TRAINABLE_CACHE_BYTES", 0)     # each worker keeps only its latest trial
+    answers = _watch_answers(monkeypatch)
     # A heartbeat that fails on a closing channel ends the worker's process with os._exit:
     # here that would be pytest's, so worker threads send none.
     monkeypatch.setattr(_loop, "_beat", lambda *args: None)
@@ -182,16 +188,9 @@ def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_mis
 
 
 def test_states_a_full_outbox_hands_back_reach_the_driver_which_sends_them_on(tmp_path, monkeypatch):
-    answers: list[tuple[RunSubEpoch, object]] = []
-
-    def watched_run(task: RunSubEpoch, trainables: _Trainables, sources: dict, device: torch.device) -> object:
-        answer = _run(task, trainables, sources, device)
-        answers.append((task, answer))
-        return answer
-
     monkeypatch.setattr(_loop, "_beat", lambda *args: None)     # as above
     monkeypatch.setattr(_loop, "OUTBOX_BYTES", 0)      # each outbox keeps only the state it trained last
-    monkeypatch.setattr(_loop, "_run", watched_run)
+    answers = _watch_answers(monkeypatch)
     threads = torch.get_num_threads()
     try:
         # (Worker threads share torch's random state, so this run is not bitwise reproducible:

@@ -146,15 +146,8 @@ def authenticate(sock: socket.socket, authkey: bytes, timeout: float = HANDSHAKE
     (``peer=False``), or a worker's serving its states to other workers (``peer=True``). The
     other end must prove the token within ``timeout`` seconds, whatever it sends; closes
     ``sock`` on failure."""
-    channel = Channel(sock)
-    deadline = time.monotonic() + timeout
-    them, me = (_FETCHER, _HOLDER) if peer else (_WORKER, _DRIVER)
-    try:
-        channel._challenge(authkey, them, deadline)
-        channel._answer(authkey, me, deadline)
-    except (OSError, EOFError, PermissionError):
-        sock.close()
-        raise
+    channel = _shake(sock, authkey, time.monotonic() + timeout, (_FETCHER, _HOLDER) if peer else (_WORKER, _DRIVER),
+                     listening=True)
     sock.settimeout(None)
     return channel
 
@@ -164,13 +157,24 @@ def connect_peer(address: tuple[str, int], authkey: bytes, timeout: float) -> Ch
     one attempt (the driver decides what a failed fetch means). Raises ``OSError`` (or
     ``PermissionError``) on failure, with the sock closed."""
     sock = socket.create_connection(address, timeout=timeout)
-    channel = Channel(sock)
-    deadline = time.monotonic() + timeout
+    channel = _shake(sock, authkey, time.monotonic() + timeout, (_HOLDER, _FETCHER), listening=False)
+    sock.settimeout(timeout)      # a holder that stops answering mid-state fails the fetch
+    return channel
+
+
+def _shake(sock: socket.socket, authkey: bytes, deadline: float, roles: tuple[bytes, bytes], *,
+           listening: bool) -> Channel:
+    """Both proofs on ``sock`` (``roles``: the other side's and this side's); the listening
+    side challenges first. Closes ``sock`` where either fails."""
+    channel, (them, me) = Channel(sock), roles
     try:
-        channel._answer(authkey, _FETCHER, deadline)
-        channel._challenge(authkey, _HOLDER, deadline)
+        if listening:
+            channel._challenge(authkey, them, deadline)
+            channel._answer(authkey, me, deadline)
+        else:
+            channel._answer(authkey, me, deadline)
+            channel._challenge(authkey, them, deadline)
     except (OSError, EOFError, PermissionError):
         sock.close()
         raise
-    sock.settimeout(timeout)      # a holder that stops answering mid-state fails the fetch
     return channel
