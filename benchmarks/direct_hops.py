@@ -30,7 +30,8 @@ import torch
 from overhead import hop_latency, machine, table
 
 from cerebro.store import pack_tensors
-from cerebro.worker._peers import Outbox, StateServer, fetch
+from cerebro.worker._outbox import Outbox
+from cerebro.worker._peers import StateServer, fetch
 
 KEY = b"b" * 32
 SIZES_MB = (12, 100)

@@ -18,7 +18,8 @@ from _models import build, digits
 
 import cerebro as cb
 from cerebro.store import pack_tensors, unpack_tensors
-from cerebro.worker._peers import Outbox, StateServer, fetch
+from cerebro.worker._outbox import Outbox
+from cerebro.worker._peers import StateServer, fetch
 from cerebro.worker._protocol import Fetch, HandedBack
 from cerebro.worker._wire import HANDSHAKE_SECONDS, NONCE_BYTES
 
@@ -31,22 +32,49 @@ def _state(value: float, size: int = 1000) -> dict:
     return pack_tensors({"w": torch.full((size,), value)})
 
 
-def test_the_outbox_keeps_each_state_until_forgotten_and_hands_the_oldest_back_past_its_budget():
-    outbox = Outbox(budget=10_000)          # room for two states of ~4 kB
-    assert outbox.put("t0", 1, _state(1.0)) == ()
-    assert outbox.put("t0", 2, _state(2.0)) == ()      # version 1 stays until forgotten
-    assert outbox.get("t0", 1) is not None and outbox.get("t0", 2) is not None
-    outbox.forget("t0", 1)
+def _tensor(outbox: Outbox, trial_id: str, version: int) -> torch.Tensor:
+    from cerebro.store import parse_view
+    return unpack_tensors(parse_view(memoryview(bytearray(outbox.get(trial_id, version)))))["w"]
+
+
+def test_the_outbox_keeps_each_state_until_forgotten_and_the_oldest_on_disk_past_its_budget():
+    outbox = Outbox(budget=10_000)          # room for two states of ~4 kB in memory
+    try:
+        assert outbox.put("t0", 1, _state(1.0)) == ()
+        assert outbox.put("t0", 2, _state(2.0)) == ()      # version 1 stays until forgotten
+        outbox.forget("t0", 1)
+        assert outbox.get("t0", 1) is None and torch.equal(_tensor(outbox, "t0", 2), torch.full((1000,), 2.0))
+        outbox.put("t1", 1, _state(3.0))
+        assert outbox.put("t2", 1, _state(4.0)) == () and outbox.spilled == 1     # the oldest, t0's
+        files = os.listdir(outbox._directory)
+        assert len(files) == 1 and oct(os.stat(outbox._directory).st_mode & 0o777) == "0o700"
+        assert torch.equal(_tensor(outbox, "t0", 2), torch.full((1000,), 2.0))    # read back from disk
+        path = os.path.join(outbox._directory, files[0])
+        with open(path, "r+b") as f:        # one flipped byte: that state is not sent
+            f.seek(-5, os.SEEK_END)
+            byte = f.read(1)
+            f.seek(-5, os.SEEK_END)
+            f.write(bytes([byte[0] ^ 1]))
+        assert outbox.get("t0", 2) is None
+        outbox.forget("t0", 2)
+        assert os.listdir(outbox._directory) == []
+    finally:
+        outbox.close()
+    assert not os.path.exists(outbox._directory)
+
+
+def test_where_the_disk_fails_the_outbox_hands_its_oldest_states_back_to_the_driver(caplog):
+    outbox = Outbox(budget=5_000)
+    outbox._directory = "/dev/null/cerebro"       # not a directory: every write fails
+    outbox.put("t0", 1, _state(1.0))
+    outbox.put("t1", 1, _state(2.0))          # t0's goes back, with the next reservation
     assert outbox.get("t0", 1) is None
-    assert outbox.put("t1", 1, _state(3.0)) == ()
-    handed = outbox.put("t2", 1, _state(4.0))
-    assert [(h.trial_id, h.version) for h in handed] == [("t0", 2)]
-    assert isinstance(handed[0], HandedBack) and torch.equal(unpack_tensors(handed[0].state)["w"],
-                                                            torch.full((1000,), 2.0))
-    outbox.forget("t1", 2)                  # another version: kept
-    assert outbox.get("t1", 1) is not None
-    outbox.forget("t1", 1)
-    assert outbox.get("t1", 1) is None
+    handed = outbox.reserve("t2", 1)
+    assert [(h.trial_id, h.version) for h in handed] == [("t0", 1)] and isinstance(handed[0], HandedBack)
+    assert torch.equal(unpack_tensors(handed[0].state)["w"], torch.full((1000,), 1.0))
+    assert [r.getMessage() for r in caplog.records] == [
+        "could not write t0's state 1 to local disk ([Errno 20] Not a directory: '/dev/null/cerebro/0.state'): it goes "
+        "back to the driver"]
 
 
 def test_the_outbox_keeps_a_copy_the_trainer_cannot_change():

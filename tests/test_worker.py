@@ -12,7 +12,7 @@ import cerebro as cb
 from cerebro.backends import Backend
 from cerebro.data import InMemoryPartition, PartitionLayout, SampleScheme
 from cerebro.store import TaskKind
-from cerebro.worker import _loop, run_worker
+from cerebro.worker import _loop, _outbox, run_worker
 from cerebro.worker._loop import _run, _Trainables
 from cerebro.worker._protocol import RunSubEpoch, StateMissing, SubEpochDone, SubEpochFailed
 
@@ -187,9 +187,10 @@ def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_mis
     assert any(task.state is None and task.version > 0 for task, _ in answers)
 
 
-def test_states_a_full_outbox_hands_back_reach_the_driver_which_sends_them_on(tmp_path, monkeypatch):
+def test_states_an_outbox_without_disk_hands_back_reach_the_driver_which_sends_them_on(tmp_path, monkeypatch):
     monkeypatch.setattr(_loop, "_beat", lambda *args: None)     # as above
-    monkeypatch.setattr(_loop, "OUTBOX_BYTES", 0)      # each outbox keeps only the state it trained last
+    monkeypatch.setattr(_loop, "OUTBOX_BYTES", 0)      # each outbox keeps only the state it trained last,
+    monkeypatch.setattr(_outbox.Outbox, "_write", lambda self, key, blob: None)             # and no disk
     answers = _watch_answers(monkeypatch)
     threads = torch.get_num_threads()
     try:

@@ -20,7 +20,8 @@ from ..data import PartitionFileError, PartitionSource, StreamedPartition, trans
 from ..store import StateFormatError, TaskKind, frames, pack_tensors, unpack_tensors
 from ._data import WorkerData
 from ._keras import prepare_keras
-from ._peers import Outbox, StateServer, fetch
+from ._outbox import Outbox
+from ._peers import StateServer, fetch
 from ._prefetch import Prefetched
 from ._protocol import (
     Forget,
@@ -47,7 +48,7 @@ EXITING = threading.Event()
 # Built trainables kept per worker, so a trial that comes back is not built again: building
 # initialises every weight, which costs more than the hop itself for large models.
 TRAINABLE_CACHE_BYTES = 1 << 30
-# States kept for the peers that train them next (direct hops); past it, back to the driver.
+# States kept in memory for the peers that train them next (direct hops); past it, on local disk.
 OUTBOX_BYTES = 1 << 30
 
 
@@ -123,9 +124,8 @@ class _Trainables:
     def reserve(self, trial_id: str, version: int, state: Any) -> tuple[HandedBack, ...]:
         """Room in the outbox for the packed ``state`` just trained; :meth:`fill` copies it
         there once the driver has the answer (the trainable must not change before)."""
-        parts = frames(state)
-        self._unfilled = (trial_id, version, parts)
-        return self.outbox.reserve(trial_id, version, sum(memoryview(p).nbytes for p in parts))
+        self._unfilled = (trial_id, version, frames(state))
+        return self.outbox.reserve(trial_id, version)
 
     def fill(self, answered: bool) -> None:
         """Copy the state :meth:`reserve` made room for, now the driver has the answer; where
@@ -183,6 +183,7 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         data.close()
         if server is not None:
             server.close()
+            trainables.outbox.close()
 
 
 def _serve(channel: Channel, trainables: _Trainables, data: WorkerData, device: torch.device,

@@ -28,7 +28,8 @@ outbox (:mod:`._peers`) and serves it to the other workers on a port of its own 
 behind the same HMAC handshake as the driver's. A task whose state another worker holds names
 that worker (``RunSubEpoch.fetch``) and the worker fetches it from there; only the last train
 sub-epoch of an epoch sends the state back to the driver too (``return_state``), for the
-epoch's checkpoint. A worker's outbox hands its oldest states back to the driver when full.
+epoch's checkpoint. A worker's outbox keeps its oldest states on local disk when its memory
+budget is spent, and hands them back to the driver only where that disk fails.
 """
 from __future__ import annotations
 
