@@ -6,7 +6,6 @@ import math
 import os
 import runpy
 import sys
-from collections import Counter
 
 import click
 import pandas as pd
@@ -15,7 +14,6 @@ from rich.console import Console
 from rich.table import Table
 
 from .report import Result, load
-from .store import WorkerLost, WorkerNotReplaced, WorkerReplaced, WorkersRestarted, parse_event
 
 
 def print_summary(result: Result, console: Console) -> None:
@@ -193,11 +191,13 @@ def status(run_dir: str) -> None:
     done = sum(t.status.is_finished for t in result.trials)
     console.print(f"{'finished' if result.finished else 'not finished'}: {done} of "
                   f"{len(result.trials)} trials ended")
-    incidents = Counter(type(parse_event(e)) for e in result.store.events())
-    if incidents[WorkerLost]:
-        console.print(f"workers: {incidents[WorkerLost]} lost, {incidents[WorkerReplaced]} started anew"
-                      + (f" ({incidents[WorkerNotReplaced]} could not be)" if incidents[WorkerNotReplaced]
-                         else "") + f", all restarted {incidents[WorkersRestarted]} times")
+    incidents = result.incidents     # read with the rest of the journal
+    if incidents["worker_lost"]:
+        console.print(f"workers: {incidents['worker_lost']} lost, {incidents['worker_replaced']} started anew"
+                      + (f" ({incidents['worker_not_replaced']} could not be)" if incidents["worker_not_replaced"]
+                         else "") + f", all restarted {incidents['workers_restarted']} times")
+    if incidents["state_lost"]:
+        console.print(f"trial states lost with their workers and recomputed: {incidents['state_lost']}")
     print_summary(result, console)
 
 

@@ -213,6 +213,11 @@ def test_a_state_lost_with_its_worker_is_recomputed_from_the_driver_copy_bitwise
                and e["epoch"] == 1 and e["partition"] == first]
     assert len(trained) == 2                  # trained again; the schedule keeps the run that counts
     assert len(result.schedule().query(f"kind == 'train' and epoch == 1 and partition == {first}")) == 1
+    from click.testing import CliRunner
+
+    from cerebro.cli import main
+    shown = CliRunner().invoke(main, ["status", result.run_dir])
+    assert shown.exit_code == 0 and "\ntrial states lost with their workers and recomputed: 1\n" in shown.output
 
 
 def unreachable_peers(config: dict) -> cb.TorchTrainable:

@@ -213,6 +213,8 @@ class Result:
             warnings.warn(message, stacklevel=3)
         for event in events:
             self._apply(event)
+        # What happened to the run, by journal event name (workers lost, states lost, ...).
+        self.incidents: Counter[str] = Counter(event.get("event") for event in events)
 
     def _apply(self, record: dict[str, Any]) -> None:
         event = parse_event(record)
