@@ -187,7 +187,7 @@ def test_the_driver_sends_the_state_of_a_trial_a_worker_evicted_so_no_worker_mis
     assert any(task.state is None and task.version > 0 for task, _ in answers)
 
 
-def test_states_an_outbox_without_disk_hands_back_reach_the_driver_which_sends_them_on(tmp_path, monkeypatch):
+def test_a_run_whose_outboxes_keep_nothing_completes_every_trial(tmp_path, monkeypatch):
     monkeypatch.setattr(_loop, "_beat", lambda *args: None)     # as above
     monkeypatch.setattr(_loop, "OUTBOX_BYTES", 0)      # each outbox keeps only the state it trained last,
     monkeypatch.setattr(_outbox.Outbox, "_write", lambda self, key, blob: None)             # and no disk
@@ -206,11 +206,8 @@ def test_states_an_outbox_without_disk_hands_back_reach_the_driver_which_sends_t
     # net (StateMissing, then the state from the driver, or the trial back to its last copy).
     assert all(isinstance(answer, SubEpochDone) or (isinstance(answer, StateMissing) and answer.unreachable is None)
                for _, answer in answers)
-    handed = [back for _, answer in answers if isinstance(answer, SubEpochDone) for back in answer.handed_back]
-    assert handed
-    # The driver sent mid-epoch states on, which it has only from the outboxes' hand-backs.
-    assert any(task.state is not None and task.version % 4 for task, _ in answers)
-    assert any(task.fetch is not None and task.state is None for task, _ in answers)
+    # Which states go back to the driver depends on timing (a state forgotten before its
+    # worker trains the next is not); the hand-back itself: test_direct_hops.py.
 
 
 def test_a_result_the_wire_cannot_carry_fails_its_task_not_the_worker():
