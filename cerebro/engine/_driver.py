@@ -32,26 +32,18 @@ from ..store import (
     WorkersRestarted,
 )
 from ..worker._exact import ExactMetrics
-from ..worker._protocol import (
-    Forget,
-    Heartbeat,
-    RunSubEpoch,
-    SetupFailed,
-    StateMissing,
-    SubEpochDone,
-    SubEpochFailed,
-)
+from ..worker._protocol import Heartbeat, RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
 from ._control import answer, obey, take_commands
 from ._errors import WorkerLostError
 from ._hangs import HangWatch, Running
 from ._interface import SearchPolicy
-from ._outboxes import Outboxes
+from ._outboxes import DirectHops, Outboxes
 from ._pool import Joined, Lost, Worker, WorkerPool
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._seeds import init_seed, subepoch_seed
 from ._settings import RunSettings
 from ._shelf import StateShelf
-from ._trial import Evaluation, Phase, Trial
+from ._trial import Trial
 from ._trials import TrialBook
 from ._writer import StoreRecorder
 
@@ -59,7 +51,7 @@ RESIDENT_STATES_PER_WORKER = 1     # the driver's states in memory: the rest wai
 QUEUED_CHECKPOINTS_PER_WORKER = 2  # then the driver waits for a slow store (back-pressure)
 
 
-class Driver:
+class Driver(DirectHops):
     """Runs one model selection with MOP; see :func:`cerebro.engine.execute` for its setup.
 
     ``take_up(book)``, given on resume, adds the trials of the run before its crash.
@@ -258,40 +250,6 @@ class Driver:
             return
         self._send_task(worker, worker.running.task_id, task, trial)
 
-    def _unreachable(self, worker: Worker, peer: int, why: str) -> None:
-        """``worker`` could not reach ``peer``. Where ``peer`` is alive, the workers cannot
-        reach each other: from now on every hop goes through the driver."""
-        self.pool.check_health()
-        self._handle_pool_events()
-        if peer in self.pool.workers and self.direct:
-            self.direct = False
-            logging.getLogger("cerebro").warning(
-                "%s could not fetch a state from worker %d (%s): the workers cannot reach each other, so "
-                "every hop goes through the driver from now on (set the backend's hops=\"driver\" to start "
-                "so)", worker.describe(), peer, why)
-
-    def _available(self, trial: Trial, holding: Trial | Evaluation) -> bool:
-        """Whether any worker could get ``holding``'s state: built anew, from the driver, or
-        from a live peer's outbox (a worker's own cache serves only that worker)."""
-        return (holding.version == 0 or holding.held_state() is not None
-                or (self.direct and self.outboxes.where(trial.trial_id, holding.version) is not None))
-
-    def _recover_states(self, reason: str) -> None:
-        """Each trial not training now whose latest state is nowhere (its holder was lost)
-        goes back to the driver's copy (:meth:`TrialBook.rewind`)."""
-        running = {w.running.task.trial_id for w in self.pool.workers.values()
-                   if w.running is not None and w.running.task.kind == TRAIN}
-        for trial in list(self.book.live.values()):
-            if trial.trial_id not in running and trial.phase is Phase.TRAINING and not self._available(trial, trial):
-                self.book.rewind(trial, reason)
-
-    def _forget_unneeded(self) -> None:
-        """Tell each worker which states in its outbox no live trial needs any more."""
-        needed = {t.trial_id: {h.version for h in t.holdings()} for t in self.book.live.values()}
-        for index, trial_id, version in self.outboxes.unneeded(needed):
-            if index in self.pool.workers:
-                self.pool.send(self.pool.workers[index], Forget(trial_id, version))
-
     def _finish_task(self, worker: Worker, message: SubEpochDone | SubEpochFailed) -> None:
         """Journal ``worker``'s finished sub-epoch and hand its result to the trial book; a
         failed one ends its trial (failed, or timeout)."""
@@ -321,16 +279,6 @@ class Driver:
                                                       f"{self.settings.limits.trial_timeout} s", task.epoch)
         else:
             self.book.end(trial, TrialStatus.FAILED, message.error, task.epoch)
-
-    def _take_outbox(self, worker: Worker, task: Task, trial: Trial, done: SubEpochDone) -> None:
-        """What ``worker``'s outbox holds after ``done``: the state it trained (a trial trains
-        in one place at a time, so from ``trial.version``), and no longer what it handed back."""
-        self.pool.bytes_between_workers += done.fetched_bytes
-        for back in done.handed_back:
-            self.outboxes.drop(worker.index, back.trial_id, back.version)
-            self.book.handed_back(back.trial_id, back.version, back.state)
-        if task.kind == TRAIN and worker.peer is not None:
-            self.outboxes.put(worker.index, trial.trial_id, trial.version + 1)
 
     # --- workers lost and regained ------------------------------------------------------
     def _check_health(self) -> None:

@@ -17,7 +17,17 @@ Example:
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from ..worker._protocol import Forget, SubEpochDone
+from ._scheduler import TRAIN, Task
+from ._trial import Evaluation, Phase, Trial
+
+if TYPE_CHECKING:     # the driver's parts, which this mixin's methods use through ``self``
+    from ._pool import Worker, WorkerPool
+    from ._trials import TrialBook
 
 
 class Outboxes:
@@ -57,3 +67,59 @@ class Outboxes:
         for worker, trial_id, version in gone:
             self.drop(worker, trial_id, version)
         return gone
+
+
+class DirectHops:
+    """The driver's part in direct hops (mixed into :class:`._driver.Driver`): what each
+    outbox holds after an answer, which states no live trial needs, which trials lost their
+    latest state with a worker, and the fall-back to hops through the driver."""
+
+    pool: WorkerPool
+    book: TrialBook
+    outboxes: Outboxes
+    direct: bool
+
+    def _unreachable(self, worker: Worker, peer: int, why: str) -> None:
+        """``worker`` could not reach ``peer``. Where ``peer`` is alive, the workers cannot
+        reach each other: from now on every hop goes through the driver."""
+        self.pool.check_health()
+        self._handle_pool_events()
+        if peer in self.pool.workers and self.direct:
+            self.direct = False
+            logging.getLogger("cerebro").warning(
+                "%s could not fetch a state from worker %d (%s): the workers cannot reach each other, so "
+                "every hop goes through the driver from now on (set the backend's hops=\"driver\" to start "
+                "so)", worker.describe(), peer, why)
+
+    def _available(self, trial: Trial, holding: Trial | Evaluation) -> bool:
+        """Whether any worker could get ``holding``'s state: built anew, from the driver, or
+        from a live peer's outbox (a worker's own cache serves only that worker)."""
+        return (holding.version == 0 or holding.held_state() is not None
+                or (self.direct and self.outboxes.where(trial.trial_id, holding.version) is not None))
+
+    def _recover_states(self, reason: str) -> None:
+        """Each trial not training now whose latest state is nowhere (its holder was lost)
+        goes back to the driver's copy (:meth:`TrialBook.rewind`)."""
+        running = {w.running.task.trial_id for w in self.pool.workers.values()
+                   if w.running is not None and w.running.task.kind == TRAIN}
+        for trial in list(self.book.live.values()):
+            if trial.trial_id not in running and trial.phase is Phase.TRAINING and not self._available(trial, trial):
+                self.book.rewind(trial, reason)
+
+    def _forget_unneeded(self) -> None:
+        """Tell each worker which states in its outbox no live trial needs any more."""
+        needed = {t.trial_id: {h.version for h in t.holdings()} for t in self.book.live.values()}
+        for index, trial_id, version in self.outboxes.unneeded(needed):
+            if index in self.pool.workers:
+                self.pool.send(self.pool.workers[index], Forget(trial_id, version))
+
+    def _take_outbox(self, worker: Worker, task: Task, trial: Trial, done: SubEpochDone) -> None:
+        """What ``worker``'s outbox holds after ``done``: the state it trained (a trial trains
+        in one place at a time, so from ``trial.version``), and no longer what it handed back."""
+        self.pool.bytes_between_workers += done.fetched_bytes
+        for back in done.handed_back:
+            self.outboxes.drop(worker.index, back.trial_id, back.version)
+            self.book.handed_back(back.trial_id, back.version, back.state)
+        if task.kind == TRAIN and worker.peer is not None:
+            self.outboxes.put(worker.index, trial.trial_id, trial.version + 1)
+
