@@ -36,6 +36,10 @@ class Outboxes:
     def __init__(self) -> None:
         self._held: dict[tuple[str, int], set[int]] = {}     # (trial, version) -> workers
 
+    def __len__(self) -> int:
+        """States held in any outbox, as the driver knows."""
+        return len(self._held)
+
     def put(self, worker: int, trial_id: str, version: int) -> None:
         """``worker`` trained ``trial_id`` to ``version``: its outbox holds it now."""
         self._held.setdefault((trial_id, version), set()).add(worker)
@@ -108,6 +112,8 @@ class DirectHops:
 
     def _forget_unneeded(self) -> None:
         """Tell each worker which states in its outbox no live trial needs any more."""
+        if not self.outboxes:       # hops through the driver: nothing to look at on each turn
+            return
         needed = {t.trial_id: {h.version for h in t.holdings()} for t in self.book.live.values()}
         for index, trial_id, version in self.outboxes.unneeded(needed):
             if index in self.pool.workers:
