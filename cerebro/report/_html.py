@@ -12,7 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from ._result import Result, flat_config, load
+from ._result import Result, load
+from ._trial_result import flat_config
 
 STATUS_COLORS = {"completed": "#2a9d8f", "stopped": "#e9c46a", "failed": "#e76f51", "diverged": "#9b2226",
                  "timeout": "#6d597a", "running": "#457b9d"}

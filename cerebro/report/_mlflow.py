@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._progress import Progress
 from ._pyfunc import save_pyfunc
-from ._result import flat_config
+from ._trial_result import flat_config
 
 if TYPE_CHECKING:
     from ._result import Result

@@ -20,7 +20,7 @@ from ..data import FeatureSpec, prediction_rows
 from ..worker import predict_rows
 
 if TYPE_CHECKING:
-    from ._result import TrialResult
+    from ._trial_result import TrialResult
 
 
 def save_pyfunc(trial: TrialResult, path: str, epoch: int | str = "best") -> None:

@@ -1,24 +1,18 @@
 """``Result``: what a run produced, rebuilt from its run directory at any time."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
-import numpy as np
 import pandas as pd
-import torch
 
-from ..data import FeatureSpec, prediction_rows
 from ..store import (
-    BEST,
     EpochEnd,
     Exploited,
     RunExtended,
@@ -36,152 +30,10 @@ from ..store import (
     WorkersRestarted,
     improved,
     parse_event,
-    unpack_tensors,
 )
-from ..worker import Trainable, predict_rows
+from ._trial_result import TrialResult, flat_config
 
 _ERROR_LINES = 8     # of a failed trial's traceback, in Result.failure
-_RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*:")     # "ValueError: ..."
-
-
-@dataclass
-class TrialResult:
-    """One trial: its configuration, status, last epoch's metrics and trained weights.
-
-    ``status`` is ``running`` until the trial ends as completed, stopped (by the searcher:
-    ``reason`` says why, e.g. the rung), failed (its build or training raised: see
-    ``error``), diverged (non-finite loss) or timeout. ``config`` is the latest one: PBT
-    changes it (see :meth:`Result.lineage`).
-    """
-
-    trial_id: str
-    config: dict[str, Any]
-    status: TrialStatus = TrialStatus.RUNNING
-    epochs: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    reason: str | None = None
-    best_epoch: int | None = None        # the epoch with the best ``metric`` under ``mode``
-    best_metrics: dict[str, float] = field(default_factory=dict)     # that epoch's metrics
-    warm_started_from: str | None = None     # RUN_DIR:TRIAL@EPOCH whose state it started from (warm_start)
-    _result: Result | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def cause(self) -> str | None:
-        """``reason`` in one line: the exception a traceback ends in (``Type: message``),
-        else its last line; None while the trial has no reason."""
-        lines = [line.strip() for line in (self.reason or "").strip().splitlines() if line.strip()]
-        raised = [line for line in lines if _RAISED.match(line)]
-        return (raised or lines or [None])[-1]
-
-    def state_dict(self, epoch: int | str = "best") -> dict[str, torch.Tensor]:
-        """The model's weights on the CPU after ``epoch``: ``"best"`` (the default: the epoch
-        with the best metric, kept apart as it happened), ``"last"`` (the last finished one;
-        where its checkpoint is damaged, the newest sound one's, with a warning naming the
-        file and the epoch the weights are really from) or an epoch number whose weights were
-        kept (a finished trial's best and last; a live one's last two too)."""
-        store = self._require_result().store
-        limit = self._require_result().keep_checkpoints
-        kept = (BEST, "checkpoint.state", "checkpoint.prev.state")     # checked by name: reading them is later
-        if self.status.is_finished and self.epochs and not any(store.has("trials", self.trial_id, n) for n in kept):
-            raise FileNotFoundError(f"{self.trial_id} kept no weights: the run kept only the best "
-                                    f"{limit} finished trials' (keep_checkpoints={limit})" if limit else
-                                    f"{self.trial_id} has no checkpoint in {store.path!r}")
-        if epoch == "last" or (epoch == "best" and self.best_epoch is None):
-            sound, found = self._newest_sound(store)
-            if sound["epoch"] < self.epochs:
-                damaged = "; ".join(f"{c['path']}: {c['problem']}" for c in found if "problem" in c)
-                warnings.warn(f"{self.trial_id}'s checkpoint of epoch {self.epochs} is damaged ({damaged}); these "
-                              f"weights are from epoch {sound['epoch']}", stacklevel=2)
-            return unpack_tensors(sound["state"]["model"])
-        wanted = self.best_epoch if epoch == "best" else epoch
-        if isinstance(wanted, bool) or not isinstance(wanted, int):
-            raise ValueError(f"epoch={epoch!r} must be 'best', 'last' or an epoch number")
-        kept = store.checkpoints(self.trial_id, (BEST, "checkpoint.state", "checkpoint.prev.state"))
-        # An exploit's checkpoint holds the weights PBT copied in, not those the epoch trained.
-        sound = [c for c in kept if "state" in c and not c.get("exploit")]
-        match = next((c for c in sound if c["epoch"] == wanted), None)
-        if match is None and epoch == "best":     # a run from before best epochs were kept, or damaged
-            warnings.warn(f"{self.trial_id} kept no sound weights of its best epoch {wanted}; these are its last "
-                          f"epoch's", stacklevel=2)
-            return self.state_dict("last")
-        if match is None:
-            raise ValueError(f"{self.trial_id} kept no weights of epoch {wanted}; it kept epochs "
-                             f"{sorted({c['epoch'] for c in sound})}")
-        return unpack_tensors(match["state"]["model"])
-
-    def _newest_sound(self, store: RunStore) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """The kept checkpoint of the latest epoch that passes its check (a finished trial's
-        best epoch's, where its last is damaged), and every one found; raises if none does."""
-        found = store.checkpoints(self.trial_id, ("checkpoint.state", "checkpoint.prev.state", BEST))
-        sound = [c for c in found if "state" in c]
-        if sound:       # the latest epoch; of equal ones, the first: the checkpoint itself
-            return max(sound, key=lambda c: c["epoch"]), found
-        return store.sound_checkpoint(self.trial_id)      # raises, naming each file's problem
-
-    def save_weights(self, path: str | os.PathLike, epoch: int | str = "best") -> None:
-        """Write :meth:`state_dict` of ``epoch`` to ``path`` as safetensors, data only, with the
-        trial id, epoch and config (JSON) as metadata; ``safetensors.torch.load_file`` reads
-        it back."""
-        from safetensors.torch import save_file
-        number = self.epoch_number(epoch)
-        save_file(self.state_dict(epoch), os.fspath(path),
-                  metadata={"trial_id": self.trial_id, "epoch": str(number), "config": json.dumps(self.config)})
-
-    def model(self, epoch: int | str = "best") -> Any:
-        """The model that ``build(config)`` makes (a ``torch.nn.Module`` in eval mode, or a
-        ``keras.Model``), with the weights of ``epoch`` (see :meth:`state_dict`) loaded."""
-        return self.trainable(epoch).trained_model()
-
-    def trainable(self, epoch: int | str = "best") -> Trainable:
-        """What ``build(config)`` returns, with the weights of ``epoch`` loaded."""
-        trainable = self._require_result().build(self.config)
-        if not isinstance(trainable, Trainable):
-            raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
-                            f"got {type(trainable).__name__}")
-        trainable.load_weights(self.state_dict(epoch))
-        return trainable
-
-    def predict(self, data: Any, *, epoch: int | str = "best", batch_size: int | None = None) -> np.ndarray:
-        """The model's outputs for ``data`` (a numpy array, a pandas DataFrame with the
-        training's feature columns, a Parquet path or a :class:`cerebro.Dataset`), one row per
-        input row, in order: the weights of ``epoch`` (see :meth:`state_dict`), the rows made
-        as evaluation made them in training (the ``eval_transform``, not ``transform``), in
-        batches of ``batch_size`` (default: the trainable's), on the GPU where there is one.
-        Rows of another shape or dtype than the run's are refused before any batch runs.
-
-        Example (a fragment: ``result`` is a finished run's):
-            >>> outputs = result.best.predict(X_test)          # (rows, outputs), e.g. logits
-        """
-        spec = FeatureSpec.of_run(self._require_result().store.read_run_info()["data"])
-        features, _ = prediction_rows(data, spec)
-        return predict_rows(self.trainable(epoch), features, batch_size)
-
-    def spark_udf(self, spark: Any, *, epoch: int | str = "best", batch_size: int | None = None) -> Any:
-        """A Spark pandas UDF that runs this trial's model (the weights of ``epoch``, in batches
-        of ``batch_size`` rows, default the trial's) on the
-        executors: weights broadcast once, the model built once per Python worker; it takes
-        the feature column (an array column; numeric columns as ``F.array(*columns)``, in the
-        training's order) and returns each row's outputs as an array of floats. The build is
-        the run's (see :mod:`._udf`).
-
-        Example (a fragment: it needs a Spark session and a finished run):
-            >>> udf = result.best.spark_udf(spark)
-            >>> spark_df.withColumn("prediction", udf("features"))
-        """
-        from ._udf import spark_udf
-        return spark_udf(self, spark, epoch, batch_size)
-
-    def epoch_number(self, epoch: int | str) -> int:
-        """The epoch number ``epoch`` (as :meth:`state_dict` takes it) names."""
-        if epoch == "last" or (epoch == "best" and self.best_epoch is None):
-            return self.epochs
-        return self.best_epoch if epoch == "best" else epoch
-
-    def _require_result(self) -> Result:
-        if self._result is None:
-            raise RuntimeError(f"trial {self.trial_id} is not attached to a run directory")
-        return self._result
 
 
 class Result:
@@ -389,15 +241,3 @@ def load(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None,
     could run code: only for run directories you trust.
     """
     return Result(RunStore.open(run_dir, trust), build)
-
-
-def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``config`` with its nested dicts flattened to dotted names (``model.kind``), as the
-    columns of ``history()`` and ``summary()``; lists stay values."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            flat.update(flat_config(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..store import Event
 from ._progress import Progress
-from ._result import flat_config
+from ._trial_result import flat_config
 
 
 class TensorBoardLog(Progress):

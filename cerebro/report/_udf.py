@@ -19,7 +19,7 @@ from ..data import FeatureSpec, prediction_rows
 from ..worker import inference_device, predict_rows
 
 if TYPE_CHECKING:
-    from ._result import TrialResult
+    from ._trial_result import TrialResult
 
 _BUILT: dict[str, Any] = {}      # in an executor's Python worker: UDF -> its built trainable and features
 
