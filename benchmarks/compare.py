@@ -22,6 +22,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import gc
 import itertools
 import json
 import math
@@ -126,6 +128,7 @@ def _distributed(rank: int, strategy: str, work: dict, rendezvous: str, out: str
     """One of WORKERS processes of ``data_parallel`` or ``model_averaging``. They meet through
     a file, not a port picked beforehand: another process could take such a port between
     its pick and gloo's bind. Gloo's own connections stay on loopback."""
+    faulthandler.enable()       # an abort in gloo's C++ shows where Python was
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=WORKERS)
     torch.set_num_threads(1)
@@ -165,13 +168,19 @@ def _distributed(rank: int, strategy: str, work: dict, rendezvous: str, out: str
                         sent += parameter.numel() * parameter.element_size()
             curve.append(accuracy(model, vx, vy))
         curves[json.dumps(config)] = curve
+        # DDP's reducer holds the process group: let go of it now, so the group ends in
+        # destroy_process_group below, while every rank is there, and not when this
+        # function returns, after the other rank may have closed its connections
+        # (gloo then aborted the process: "terminate called without an active exception").
+        del model, optimizer
+        gc.collect()
     training = time.perf_counter() - started
     totals = torch.tensor([sent], dtype=torch.float64)
     dist.all_reduce(totals)
-    dist.barrier()      # no rank tears gloo down while another still uses it (it aborts otherwise)
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"comm_bytes": int(totals.item()), "training_s": training, "curves": curves}, f)
+    dist.barrier()      # no rank tears gloo down while another still uses it
     dist.destroy_process_group()
 
 
