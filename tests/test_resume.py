@@ -36,9 +36,17 @@ def crashed_run(tmp_path, point: str) -> str:
     return store
 
 
+_UNINTERRUPTED: dict[str, cb.Result] = {}
+
+
 def uninterrupted(tmp_path, point: str) -> cb.Result:
-    return reference(point).fit(digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1),
-                                store=tmp_path / "reference", seed=5, verbose=0)
+    """The search of ``point`` run without a fault. It is deterministic and tests only read
+    it, so it runs once per session (in the first test's ``tmp_path``), not once per test."""
+    if point not in _UNINTERRUPTED:
+        _UNINTERRUPTED[point] = reference(point).fit(
+            digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1),
+            store=tmp_path / f"uninterrupted-{point}", seed=5, verbose=0)
+    return _UNINTERRUPTED[point]
 
 
 def workers_of(store: str) -> list[int]:
