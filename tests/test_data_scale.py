@@ -93,7 +93,7 @@ def test_a_remote_store_is_read_through_each_workers_local_cache(tmp_path):
     local = search.fit(digits_data(True), workers=2, store=tmp_path / "local", seed=1, verbose=0)
     assert_same(remote, local)
     notes = worker_notes(remote)
-    assert len(notes) == 2 and all(re.search(rf"; copied 0\.\d\d MB from the store to {cache}/cerebro-worker[01]-", n)
+    assert len(notes) == 2 and all(re.search(rf"; copied 0\.\d\d MB from the store to {cache}/cerebro-worker-[01]-", n)
                                    for n in notes)
     assert os.listdir(cache) == []                  # each worker removed its copy when it ended
 

@@ -30,7 +30,7 @@ class LocalBackend(Backend):
             ``"driver"``: through the driver (see :class:`cerebro.backends.Hops`).
 
     Example:
-        >>> search.fit(data, backend=cb.LocalBackend(workers=4), store="runs/exp1")
+        >>> search.fit(data, backend=cb.LocalBackend(workers=4), store="runs/exp1")  # doctest: +SKIP
     """
 
     def __init__(self, workers: int = 2, threads_per_worker: int | None = None,

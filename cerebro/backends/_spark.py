@@ -99,8 +99,8 @@ class SparkBackend(Backend):
         hops: ``"direct"`` (default) or ``"driver"`` (see :class:`cerebro.backends.Hops`).
 
     Example:
-        >>> spark = SparkSession.builder.master("spark://host:7077").getOrCreate()
-        >>> search.fit(data, backend=cb.SparkBackend(spark, workers=4), store="/shared/runs/exp1")
+        >>> spark = SparkSession.builder.master("spark://host:7077").getOrCreate()  # doctest: +SKIP
+        >>> search.fit(data, backend=cb.SparkBackend(spark, workers=4), store="/shared/runs/exp1")  # doctest: +SKIP
     """
 
     def __init__(self, spark: Any = None, workers: int | None = None, threads_per_worker: int | None = None,
@@ -111,7 +111,7 @@ class SparkBackend(Backend):
             spark = SparkSession.getActiveSession()
             if spark is None:
                 raise ValueError("spark=None needs an active SparkSession; create one with "
-                                 "SparkSession.builder...getOrCreate() or pass it")
+                                 "SparkSession.builder...getOrCreate()  # doctest: +SKIP or pass it")
         self.spark = spark
         context = spark.sparkContext
         check_no_long_task_speculation(context.getConf())

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 
 from ..store import _files as files
+from ..store._scratch import remove_scratch, scratch_directory
 from ._partitions import SPLITS, partition_file
 
 
@@ -34,7 +34,7 @@ class LocalCache:
         if self._root is None:
             if self._cache_dir is not None:
                 os.makedirs(self._cache_dir, exist_ok=True)
-            self._root = tempfile.mkdtemp(prefix=f"cerebro-worker{self._worker}-", dir=self._cache_dir)
+            self._root = scratch_directory("cerebro-worker", self._cache_dir, tag=f"{self._worker}-")
         for name in ["meta.json"] + [os.path.relpath(partition_file("", split, p), "")
                                      for split in SPLITS for p in partitions]:
             target = os.path.join(self._root, name)
@@ -49,7 +49,7 @@ class LocalCache:
 
     def close(self) -> None:
         if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
+            remove_scratch(self._root)
             self._root = None
 
 

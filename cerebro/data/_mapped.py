@@ -16,7 +16,7 @@ Example:
     >>> from cerebro.data._partitions import write_table
     >>> directory = tempfile.mkdtemp()
     >>> table = pa.table({"features": pa.array(np.arange(6, dtype=np.float32)), "label": pa.array(np.arange(6))})
-    >>> write_table(table, directory, "train", 0, rows_per_group=4)
+    >>> _ = write_table(table, directory, "train", 0, rows_per_group=4)      # (size, CRC-32)
     >>> mapped = map_partition(os.path.join(directory, "train", "part-00000.parquet"),
     ...                        [((), "float32"), ((), "int64")], rows=6, row_group_rows=4)
     >>> features, label = mapped.rows(np.array([1, 2, 5]))

@@ -43,8 +43,8 @@ def stop(run_dir: str | os.PathLike, trial: str | None = None, *, timeout: float
     (within ``timeout`` seconds, else :class:`TimeoutError`).
 
     Example (a fragment: it needs a live run):
-        >>> cb.stop("runs/exp1")                   # or: cerebro stop runs/exp1
-        >>> cb.stop("runs/exp1", trial="t0003")    # or: cerebro stop runs/exp1 --trial t0003
+        >>> cb.stop("runs/exp1")                   # or: cerebro stop runs/exp1  # doctest: +SKIP
+        >>> cb.stop("runs/exp1", trial="t0003")    # or: cerebro stop runs/exp1 --trial t0003  # doctest: +SKIP
     """
     if trial is not None and not isinstance(trial, str):
         raise TypeError(f"trial={trial!r} must be a trial id such as 't0003'")
@@ -63,8 +63,10 @@ def add_trial(run_dir: str | os.PathLike, config: Mapping[str, Any], *, timeout:
     kind; a config that does not is refused with the reason, the run untouched.
 
     Example (a fragment: it needs a live run):
-        >>> cb.add_trial("runs/exp1", {"lr": 0.005, "hidden": 64})   # or: cerebro add runs/exp1 --config '{...}'
+        >>> cb.add_trial("runs/exp1", {"lr": 0.005, "hidden": 64})  # doctest: +SKIP
         't0004'
+
+        or, from a shell: ``cerebro add runs/exp1 --config '{"lr": 0.005, "hidden": 64}'``.
     """
     _check_timeout(timeout)
     try:

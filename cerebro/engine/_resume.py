@@ -89,9 +89,9 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     the line before it, with a warning), a searcher that answers otherwise than the journal.
 
     Example:
-        >>> result = cb.resume("runs/exp1")          # or: cerebro resume runs/exp1
-        >>> result = cb.resume("runs/exp1", fixed_build, retry_failed=True)
-        >>> result = cb.resume("runs/exp1", epochs=20)     # or: cerebro resume runs/exp1 --epochs 20
+        >>> result = cb.resume("runs/exp1")          # or: cerebro resume runs/exp1  # doctest: +SKIP
+        >>> result = cb.resume("runs/exp1", fixed_build, retry_failed=True)  # doctest: +SKIP
+        >>> result = cb.resume("runs/exp1", epochs=20)     # or: cerebro resume runs/exp1 --epochs 20  # doctest: +SKIP
     """
     store = RunStore.open(run_dir, trust)
     if verbose not in (0, 1):

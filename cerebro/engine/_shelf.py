@@ -17,8 +17,6 @@ import functools
 import mmap
 import os
 import queue
-import shutil
-import tempfile
 import threading
 import warnings
 import weakref
@@ -26,6 +24,7 @@ import zlib
 from typing import Any
 
 from ..store import StateFormatError, frames, parse_view
+from ..store._scratch import remove_scratch, scratch_directory
 
 
 class Shelved:
@@ -114,7 +113,7 @@ class StateShelf:
 
     def _make_directory(self) -> str:
         if self._directory is None:
-            self._directory = tempfile.mkdtemp(prefix="cerebro-states-")
+            self._directory = scratch_directory("cerebro-states")
         return self._directory
 
     def _write_spills(self) -> None:
@@ -137,7 +136,7 @@ class StateShelf:
             self._thread.join()
             self._thread = None
         if self._directory is not None and os.path.basename(self._directory).startswith("cerebro-states-"):
-            shutil.rmtree(self._directory, ignore_errors=True)
+            remove_scratch(self._directory)
 
 
 def _remove(path: str) -> None:

@@ -24,7 +24,7 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     and return its path. Works on a run that is still going: it shows what is done so far.
 
     Example:
-        >>> cb.report.write_report("runs/exp1")        # or: cerebro report runs/exp1
+        >>> cb.report.write_report("runs/exp1")        # or: cerebro report runs/exp1  # doctest: +SKIP
     """
     result = load(run_dir)
     path = os.fspath(out) if out is not None else os.path.join(result.run_dir, "report.html")

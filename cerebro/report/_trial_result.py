@@ -130,7 +130,7 @@ class TrialResult:
         Rows of another shape or dtype than the run's are refused before any batch runs.
 
         Example (a fragment: ``result`` is a finished run's):
-            >>> outputs = result.best.predict(X_test)          # (rows, outputs), e.g. logits
+            >>> outputs = result.best.predict(X_test)          # (rows, outputs), e.g. logits  # doctest: +SKIP
         """
         spec = FeatureSpec.of_run(self._require_result().store.read_run_info()["data"])
         features, _ = prediction_rows(data, spec)
@@ -145,8 +145,8 @@ class TrialResult:
         the run's (see :mod:`._udf`).
 
         Example (a fragment: it needs a Spark session and a finished run):
-            >>> udf = result.best.spark_udf(spark)
-            >>> spark_df.withColumn("prediction", udf("features"))
+            >>> udf = result.best.spark_udf(spark)  # doctest: +SKIP
+            >>> spark_df.withColumn("prediction", udf("features"))  # doctest: +SKIP
         """
         from ._udf import spark_udf
         return spark_udf(self, spark, epoch, batch_size)

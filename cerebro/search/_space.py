@@ -43,7 +43,9 @@ def _check_order(name: str, low: float, high: float) -> None:
 class choice(Distribution):
     """One of ``values``, each equally likely; the only primitive a grid can enumerate.
 
+    >>> import cerebro as cb
     >>> cb.choice([32, 64, 128])
+    choice([32, 64, 128])
     """
 
     def __init__(self, values: Sequence[Any]) -> None:

@@ -38,7 +38,9 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
     :mod:`cerebro.store._trust`).
 
     Example (a fragment: it needs a finished run):
-        >>> cb.predict("runs/exp1", X_test, workers=2, top_k=3)      # or: cerebro predict RUN IN.parquet -o OUT
+        >>> cb.predict("runs/exp1", X_test, workers=2, top_k=3)  # doctest: +SKIP
+
+        or, from a shell: ``cerebro predict RUN IN.parquet -o OUT``.
     """
     spark, workers = _spark_of(backend, workers)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):

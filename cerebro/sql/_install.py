@@ -156,7 +156,7 @@ def install(dsn: str, schema: str = "cerebro", *, store_root: str | None = None,
     FUNCTIONS IN SCHEMA cerebro TO analyst``.
 
     Example (a fragment: it needs a running server):
-        >>> cb.sql.install("postgresql:///mydb?host=/var/run/postgresql", store_root="/srv/cerebro")
+        >>> cb.sql.install("postgresql:///mydb?host=/var/run/postgresql", store_root="/srv/cerebro")  # doctest: +SKIP
         'cerebro 0.1.0 on Python 3.11.2 (/usr/bin/python3)'
     """
     if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):

@@ -26,14 +26,13 @@ import itertools
 import logging
 import mmap
 import os
-import shutil
-import tempfile
 import threading
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..store import frames, parse_view
+from ..store._scratch import remove_scratch, scratch_directory
 from ._protocol import HandedBack
 
 IDLE_SECONDS = 60.0       # how long a peer waits for a state that is being copied
@@ -113,7 +112,7 @@ class Outbox:
     def close(self) -> None:
         """Remove the states on disk (the worker ends)."""
         if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
+            remove_scratch(self._directory)
 
     def _spill(self) -> None:
         """The oldest states in memory to disk while past the budget (the newest stays)."""
@@ -141,7 +140,7 @@ class Outbox:
     def _write(self, key: tuple[str, int], blob: bytes) -> _OnDisk | None:
         try:
             if self._directory is None:
-                self._directory = tempfile.mkdtemp(prefix="cerebro-outbox-")    # mode 0700
+                self._directory = scratch_directory("cerebro-outbox")    # mode 0700
             path = os.path.join(self._directory, f"{next(self._names)}.state")
             with open(path, "xb") as f:
                 f.write(blob)
