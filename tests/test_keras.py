@@ -33,17 +33,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["tensorflow", "jax"])
-def test_keras_mlp_and_cnn_with_dropout_are_bitwise_equal_on_1_2_and_4_workers(tmp_path, backend):
-    run = subprocess.run([sys.executable, os.path.join(HERE, "_keras_run.py"), str(tmp_path), "1", "2", "4"],
+@pytest.mark.parametrize(("backend", "workers"), [("tensorflow", [1, 2, 4]), ("jax", [1, 4])])
+def test_keras_mlp_and_cnn_with_dropout_are_bitwise_equal_on_any_worker_count(tmp_path, backend, workers):
+    """4 partitions on 1, 2 or 4 workers (JAX: 1 and 4, as its workers compile for long)."""
+    run = subprocess.run([sys.executable, os.path.join(HERE, "_keras_run.py"), str(tmp_path), *map(str, workers)],
                          env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     runs = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert [r["workers"] for r in runs] == [1, 2, 4]
+    assert [r["workers"] for r in runs] == workers
     for r in runs:
         assert r["backend"] == backend and r["statuses"] == ["completed", "completed"], r["errors"]
-    assert runs[0]["weights"] == runs[1]["weights"] == runs[2]["weights"]
-    assert runs[0]["history"] == runs[1]["history"] == runs[2]["history"]
+    assert len({r["weights"] for r in runs}) == 1 and len({r["history"] for r in runs}) == 1
 
 
 def fit(tmp_path, searcher: cb.Searcher, workers: int, name: str, data: cb.Dataset | None = None) -> cb.Result:
