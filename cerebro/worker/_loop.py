@@ -219,9 +219,10 @@ def _set_up(setup: Setup, worker: int, data: WorkerData, authkey: bytes) -> tupl
     torch.set_num_threads(setup.threads)
     if setup.keras_backend is not None:     # before the build's unpickling imports keras
         prepare_keras(setup.keras_backend, setup.threads)
-    # torch.optim imports torch._dynamo when the first optimizer is built (seconds): pay
-    # that at start-up rather than inside some trial's first sub-epoch.
-    importlib.import_module("torch._dynamo")
+    else:
+        # torch.optim imports torch._dynamo when the first optimizer is built (seconds): pay
+        # that at start-up rather than inside some trial's first sub-epoch.
+        importlib.import_module("torch._dynamo")
     device = _device(worker)
     data.load(setup.partitions)
     return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES,
