@@ -46,7 +46,7 @@ def test_the_outbox_keeps_each_state_until_forgotten_and_the_oldest_on_disk_past
         assert outbox.get("t0", 1) is None and torch.equal(_tensor(outbox, "t0", 2), torch.full((1000,), 2.0))
         outbox.put("t1", 1, _state(3.0))
         assert outbox.put("t2", 1, _state(4.0)) == () and outbox.spilled == 1     # the oldest, t0's
-        files = os.listdir(outbox._directory)
+        files = [name for name in os.listdir(outbox._directory) if name.endswith(".state")]
         assert len(files) == 1 and oct(os.stat(outbox._directory).st_mode & 0o777) == "0o700"
         assert torch.equal(_tensor(outbox, "t0", 2), torch.full((1000,), 2.0))    # read back from disk
         path = os.path.join(outbox._directory, files[0])
@@ -57,9 +57,11 @@ def test_the_outbox_keeps_each_state_until_forgotten_and_the_oldest_on_disk_past
             f.write(bytes([byte[0] ^ 1]))
         assert outbox.get("t0", 2) is None
         outbox.forget("t0", 2)
-        assert os.listdir(outbox._directory) == []
+        assert os.listdir(outbox._directory) == ["owner"]        # the lock of the scratch directory
     finally:
+        directory = outbox._directory
         outbox.close()
+    assert not os.path.exists(directory)
     assert not os.path.exists(outbox._directory)
 
 
