@@ -1,0 +1,98 @@
+"""The fixed cost of a run: starting its workers, and stopping them at its end.
+
+A search of one trial, one epoch, on 200 generated rows and 2 local workers, so nearly all
+of its wall time is the run's own fixed cost: the workers' start (a Python process each,
+importing torch), the work, and the wait for the workers to exit at the end. Each repeat
+runs in a fresh process; ``--against DIR`` also runs the same script with the ``cerebro``
+of another checkout (e.g. a ``git worktree`` of an older commit), alternating with this
+one, so both are measured side by side under the same load.
+
+    .venv/bin/python benchmarks/run_overhead.py [--repeats 7] [--against /tmp/old] \
+        [--out benchmarks/results/run_overhead.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+ONE_RUN = r"""
+import json, sys, tempfile, time
+import numpy as np, torch
+import cerebro as cb
+from cerebro.engine._pool import WorkerPool
+
+def build(config):
+    model = torch.nn.Linear(8, 2)
+    return cb.TorchTrainable(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=config["lr"]),
+                             loss=torch.nn.functional.cross_entropy, batch_size=32)
+
+marks = {}
+opened, closed = WorkerPool.open, WorkerPool.close
+def timed_open(self, *args, **kwargs):
+    marks["start"] = time.perf_counter()
+    try:
+        return opened(self, *args, **kwargs)
+    finally:
+        marks["started"] = time.perf_counter()
+def timed_close(self, *args, **kwargs):
+    marks["stop"] = time.perf_counter()
+    try:
+        return closed(self, *args, **kwargs)
+    finally:
+        marks["stopped"] = time.perf_counter()
+WorkerPool.open, WorkerPool.close = timed_open, timed_close
+
+X = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")
+data = cb.Dataset.from_numpy(X, (X[:, 0] > 0).astype("int64"), validation=0.2, partitions=2, seed=0)
+search = cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1)
+search.fit(data, workers=2, store=tempfile.mkdtemp(), verbose=0)           # warm: imports, preflight
+began = time.perf_counter()
+result = search.fit(data, workers=2, store=tempfile.mkdtemp(), verbose=0)
+ended = time.perf_counter()
+assert result.trials[0].status == "completed"
+print(json.dumps({"fit_s": ended - began, "start_s": marks["started"] - marks["start"],
+                  "stop_s": marks["stopped"] - marks["stop"]}))
+"""
+
+
+def one(root: str) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-c", ONE_RUN], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=root)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--against", help="another checkout's root, measured alternately with this one")
+    parser.add_argument("--out", default="benchmarks/results/run_overhead.json")
+    args = parser.parse_args()
+    roots = {"this": ROOT, **({"against": os.path.abspath(args.against)} if args.against else {})}
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in roots}
+    for _ in range(args.repeats):
+        for name, root in roots.items():
+            samples[name].append(one(root))
+    medians = {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
+               for name, runs in samples.items()}
+    print("| checkout | fit s | workers' start s | workers' stop s |\n|---|---|---|---|")
+    for name, m in medians.items():
+        print(f"| {name} ({roots[name]}) | {m['fit_s']:.2f} | {m['start_s']:.2f} | {m['stop_s']:.2f} |")
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"command": " ".join([sys.executable, *sys.argv]), "repeats": args.repeats, "roots": roots,
+                   "medians": medians, "samples": samples}, f, indent=1)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
