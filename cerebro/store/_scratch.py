@@ -37,7 +37,9 @@ def scratch_directory(kind: str, under: str | None = None, tag: str = "") -> str
     sweep(f"{kind}-", under)
     hidden = tempfile.mkdtemp(prefix=f".{kind}-{tag}", dir=under)
     owner = os.open(os.path.join(hidden, OWNER), os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o600)
-    fcntl.flock(owner, fcntl.LOCK_EX)
+    # A file system without locks fails every sweeper's lock too, and no sweep removes it.
+    with contextlib.suppress(OSError):
+        fcntl.flock(owner, fcntl.LOCK_EX)
     path = os.path.join(under, os.path.basename(hidden)[1:])
     os.rename(hidden, path)
     _held[path] = owner
@@ -74,7 +76,7 @@ def _abandoned(path: str) -> bool:
     try:
         fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
-    except BlockingIOError:
+    except OSError:        # held (BlockingIOError), or a file system without locks
         return False
     finally:
         os.close(owner)
