@@ -45,7 +45,8 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    """The public API only (not this module's imports and helpers)."""
+    return sorted([*__all__, "__version__"])
 
 
 if TYPE_CHECKING:

@@ -420,3 +420,14 @@ def test_fingerprint_tracks_data_and_split():
     assert cb.Dataset.from_numpy(X, Y, validation=0.2, seed=1).fingerprint() != base
     assert cb.Dataset.from_numpy(X, Y, validation=0.3, seed=0).fingerprint() != base
     assert len(base) == 16 and int(base, 16) >= 0
+
+
+def test_a_datasets_repr_says_its_rows_partitions_features_label_and_storage(tmp_path):
+    X = np.zeros((100, 8), dtype=np.float32)
+    data = cb.Dataset.from_numpy(X, np.arange(100) % 2, partitions=4, in_memory=False, cache_dir=tmp_path)
+    assert repr(data) == (f"ArrayDataset(80 training rows, 20 validation rows, partitions=4, features: float32 (8,), "
+                          f"label: int64 class indices, in_memory=False, cache_dir={str(tmp_path)!r}, seed=0)")
+    df = pd.DataFrame({"a": np.arange(50.0), "b": np.arange(50.0), "y": np.arange(50.0)})
+    assert repr(cb.Dataset.from_pandas(df, label="y", validation=None, seed=3)) == (
+        "ArrayDataset(50 training rows, 0 validation rows, partitions=one per worker, features: float32 (2,) "
+        "from ['a', 'b'], label: float32 targets, in_memory='auto', seed=3)")

@@ -112,4 +112,4 @@ def test_every_public_name_resolves():
     assert sorted(cerebro.__all__) == sorted(cerebro._EXPORTS)
     for name in cerebro.__all__:
         assert getattr(cerebro, name) is not None, name
-    assert set(cerebro.__all__) <= set(dir(cerebro))
+    assert dir(cerebro) == sorted([*cerebro.__all__, "__version__"])     # the public API, nothing else

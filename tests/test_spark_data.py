@@ -70,6 +70,9 @@ def test_array_vector_and_column_list_forms_write_every_row_once(frame, tmp_path
 def test_a_validation_column_marks_the_validation_rows(frame, tmp_path):
     df, _ = frame
     data = cb.Dataset.from_spark(df, features="array", label="label", validation="is_val", seed=0)
+    assert repr(data) == (f"SparkDataset({ROWS - ROWS // 5} training rows, {ROWS // 5} validation rows, "
+                          f"partitions=one per worker, features: float32 from ['array'], label: int64 class indices, "
+                          f"in_memory='auto', seed=0)")
     layout = data.write(str(tmp_path), 2)
     assert sum(layout.rows["val"]) == ROWS // 5 and read_layout(str(tmp_path)).rows == layout.rows
     for split in ("train", "val"):          # the executors' files, each with its size and CRC-32

@@ -189,6 +189,11 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
                              f"differs from the training label ({self.label.dtype}, {self.label.shape[1:]})")
         return rows, rows[:0], validation
 
+    def __repr__(self) -> str:
+        validation = len(self._val_rows) if self._val is None else len(self._val.label)
+        shape = "" if self.features.dtype == object else f" {self.features.shape[1:]}"
+        return self._repr(validation, f"{self.feature_dtype}{shape}", str(self.label.dtype))
+
     # --- what a run uses ----------------------------------------------------------------
     @property
     def num_train_rows(self) -> int:

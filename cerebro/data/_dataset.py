@@ -72,6 +72,16 @@ class Dataset(abc.ABC):
         super().__init_subclass__(**kwargs)
         Dataset._builders.update(dict.fromkeys(constructors, cls))
 
+    def _repr(self, validation_rows: int, features: str, label_dtype: str) -> str:
+        """What a user checks before a run: rows, partitions, features, label, storage."""
+        columns = f" from {self.feature_columns}" if self.feature_columns else ""
+        kind = "class indices" if label_dtype == "int64" else "targets"
+        cache = f", cache_dir={self.storage.cache_dir!r}" if self.storage.cache_dir else ""
+        return (f"{type(self).__name__}({self.num_train_rows} training rows, {validation_rows} validation rows, "
+                f"partitions={'one per worker' if self.partitions is None else self.partitions}, "
+                f"features: {features}{columns}, label: {label_dtype} {kind}, "
+                f"in_memory={self.storage.in_memory!r}{cache}, seed={self.seed})")
+
     def __init__(self, *, validation: Any, partitions: int | None, seed: int, in_memory: bool | str = "auto",
                  cache_dir: str | os.PathLike | None = None) -> None:
         check_partition_count(partitions)

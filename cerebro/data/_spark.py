@@ -100,6 +100,11 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         return cls(df, features=features, label=label, validation=validation, partitions=partitions, seed=seed,
                    in_memory=in_memory, cache_dir=cache_dir)
 
+    def __repr__(self) -> str:
+        # An array column's length is known only once written.
+        shape = "" if self._binary or self._feature_shape is None else f" {self._feature_shape}"
+        return self._repr(self._val_rows, f"{self.feature_dtype}{shape}", self._label_dtype)
+
     @property
     def num_train_rows(self) -> int:
         """The number of training rows (counted once, in Spark)."""
