@@ -2,39 +2,15 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import runpy
 import sys
 
 import click
-import pandas as pd
-from rich import box
 from rich.console import Console
-from rich.table import Table
 
+from ._cli_tables import print_summary, print_trial
 from .report import Result, load
-
-
-def print_summary(result: Result, console: Console) -> None:
-    """The trials ranked by the run's metric at their best epoch, as a table (with the last
-    epoch's beside it)."""
-    summary = result.summary()
-    if "best_epoch" in summary and summary.best_epoch.isna().all():
-        summary = summary.drop(columns=["best_epoch", f"best_{result.metric}"])     # no epoch ended yet
-    if "reason" in summary and summary.reason.isna().all():
-        summary = summary.drop(columns="reason")     # no trial stopped early or failed
-    elif "reason" in summary:                        # a traceback in one line: the exception it ends in
-        causes = {t.trial_id: t.cause for t in result.trials}
-        summary["reason"] = [causes[trial_id] for trial_id in summary.trial_id]
-    table = Table(title=f"trials ranked by their best {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
-    for column in summary.columns:
-        table.add_column(str(column), justify="left" if column in ("trial_id", "status") else "right")
-    for row in summary.itertuples(index=False):
-        table.add_row(*("" if v is None or v is pd.NA else f"{v:.4f}" if isinstance(v, float) and not math.isnan(v)
-                        and not v.is_integer() else str(v) for v in row))
-    console.print(table)
 
 
 def exit_if_failed(result: Result) -> None:
@@ -49,6 +25,7 @@ Examples:
   cerebro demo                                  a real model selection on bundled digits
   cerebro run experiment.py --workers 4 --store runs/exp1 --seed 0
   cerebro status runs/exp1                      where a run stands, live or finished
+  cerebro status runs/exp1 --trial t0003        one trial, its whole error included
   cerebro report runs/exp1                      runs/exp1/report.html, opens offline
   cerebro resume runs/exp1                      finish a run whose driver died (or that stopped)
   cerebro resume runs/exp1 --epochs 20          train a finished grid, random or PBT run on to 20 epochs
@@ -181,12 +158,17 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-def status(run_dir: str) -> None:
-    """Show where a run stands, live or finished: its trials, their status and metrics.
+@click.option("--trial", default=None, help="show this trial alone, its whole error included (e.g. t0003)")
+def status(run_dir: str, trial: str | None) -> None:
+    """Show where a run stands, live or finished: its trials, their status and metrics (a
+    failed trial's error in one line: --trial ID shows all of it).
 
-    Example: cerebro status runs/exp1
+    Example: cerebro status runs/exp1 --trial t0003
     """
     result = load(run_dir)
+    if trial is not None:
+        print_trial(result, trial)
+        return
     console = Console()
     done = sum(t.status.is_finished for t in result.trials)
     console.print(f"{'finished' if result.finished else 'not finished'}: {done} of "

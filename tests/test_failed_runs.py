@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 
-from _models import build, digits
+from _models import build, digits, failing_after
 
 import cerebro as cb
 
@@ -61,3 +61,23 @@ search = cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1)
     resumed = subprocess.run([sys.executable, "-m", "cerebro", "resume", store, "--quiet"], capture_output=True,
                              text=True, timeout=600)
     assert resumed.returncode == 1 and "the run failed: every trial of the run failed (1 failed)" in resumed.stderr
+
+
+def test_status_shows_a_failed_trial_in_one_line_and_with_trial_its_whole_traceback(tmp_path):
+    from click.testing import CliRunner
+
+    from cerebro.cli import main
+    search = cb.GridSearch(failing_after(5, lr=3e-2), {"lr": cb.choice([1e-2, 3e-2])}, epochs=2)
+    result = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    failed = next(t for t in result.trials if t.status == "failed")
+    assert failed.error.startswith("Traceback (most recent call last):")
+    table = CliRunner().invoke(main, ["status", result.run_dir], env={"COLUMNS": "250"}).output
+    assert "RuntimeError: bug: the loss fails after 5 steps" in table and "Traceback" not in table
+    shown = CliRunner().invoke(main, ["status", result.run_dir, "--trial", failed.trial_id], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0
+    lines = shown.output.splitlines()
+    assert lines[0] == f"{failed.trial_id} failed after {failed.epochs} epochs"
+    assert lines[1] == 'config: {"lr": 0.03}' and "error:" in lines
+    assert shown.output.rstrip().endswith(failed.error.rstrip())      # the whole traceback, as journaled
+    unknown = CliRunner().invoke(main, ["status", result.run_dir, "--trial", "t0099"])
+    assert unknown.exit_code == 2 and "'t0099' is not a trial of" in unknown.output and "t0000, t0001" in unknown.output
