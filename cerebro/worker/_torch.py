@@ -7,7 +7,7 @@ import enum
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,6 +142,7 @@ class TorchTrainable(Trainable):
         self._scaler = torch.amp.GradScaler("cuda", enabled=False)
         # Epoch steps the schedule took: not every scheduler counts them (ChainedScheduler).
         self._stepped_epochs = 0
+        self._shapes_checked = False     # the first batch's loss is watched for broadcasting
 
     def _check_scheduler(self) -> None:
         if self.lr_scheduler is None:
@@ -318,17 +319,37 @@ class TorchTrainable(Trainable):
         outputs = None
         autocast = torch.autocast("cuda", torch.float16) if self._scaler.is_enabled() else contextlib.nullcontext()
         try:
-            with autocast:
+            with autocast, _broadcast_refused(not self._shapes_checked):
                 outputs = self.model(inputs)
                 loss = self.loss(outputs, targets)
         except Exception as error:
             made = "" if outputs is None else f" -> outputs {describe(outputs)}"
             error.add_note(f"on a batch of features {describe(inputs)}{made}, labels {describe(targets)}")
             raise
+        self._shapes_checked = True
         if loss.dim() != 0:
             raise ValueError(f"loss(outputs, targets) must return a scalar (the batch's mean loss); it returned "
                              f"a tensor of shape {tuple(loss.shape)} (a loss with reduction='none'?)")
         return outputs, loss
+
+
+@contextlib.contextmanager
+def _broadcast_refused(watch: bool) -> Iterator[None]:
+    """Where ``watch``: torch's losses warn, then broadcast, when the outputs' shape is not the
+    labels' (a regression model's (B, 1) against labels (B,) becomes (B, B) pairs, and it
+    trains on them): that is an error instead. Other warnings are given on as they came."""
+    if not watch:
+        yield
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for warning in caught:
+        if str(warning.message).startswith("Using a target size"):
+            raise ValueError(f"the model's outputs and the labels differ in shape ({warning.message}); the loss "
+                             f"would pair every output with every label. Make them equal: e.g. return "
+                             f"model(x).squeeze(-1) for labels of shape (rows,), or give labels of shape (rows, 1)")
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 @torch.no_grad()
