@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import runpy
 import sys
@@ -18,6 +19,17 @@ def exit_if_failed(result: Result) -> None:
     if result.failure is not None:     # fit logged it in full; its first line is enough here
         click.echo(f"the run failed: {result.failure.splitlines()[0]}", err=True)
         sys.exit(1)
+
+
+def _interrupted(error: BaseException | None) -> None:
+    """One line, no traceback: a run under way (InterruptedRun) says how to finish it. Then
+    exit 1 at once: the run has closed its workers and files, and after a handled Ctrl-C
+    the interpreter's own exit sometimes ended the process by SIGINT instead (1 in 6 tries)."""
+    click.echo(str(error) if getattr(error, "run_dir", None) else "interrupted", err=True)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 @click.group(epilog="""\b
@@ -52,15 +64,13 @@ def entry() -> None:
     from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
     try:
         main(standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("interrupted; `cerebro resume RUN_DIR` finishes the run", err=True)
-        sys.exit(1)
+    except click.exceptions.Abort as error:      # click's form of a KeyboardInterrupt
+        _interrupted(error.__cause__)
     except click.ClickException as error:
         error.show()
         sys.exit(2)
-    except KeyboardInterrupt:
-        click.echo("interrupted; `cerebro resume RUN_DIR` finishes the run", err=True)
-        sys.exit(1)
+    except KeyboardInterrupt as error:
+        _interrupted(error)
     except (WorkerLostError, TooManyFailuresError, ResumeError, StoreWriteError, StoreInUseError) as error:
         click.echo(f"the run failed: {error}", err=True)
         sys.exit(1)

@@ -131,3 +131,34 @@ def test_help_explains_every_command_with_examples():
 def test_the_demo_refuses_a_framework_it_does_not_know():
     with pytest.raises(ValueError, match=r"^framework='mxnet' is not one of 'torch', 'keras'$"):
         demo.search(framework="mxnet")
+
+
+def test_ctrl_c_on_cerebro_run_prints_one_line_with_the_resume_command_and_no_traceback(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C sends it: the driver's and
+    its workers'."""
+    import signal
+    import time
+
+    from _faults import epochs_journaled
+    script = tmp_path / "experiment.py"
+    script.write_text("import cerebro as cb\nfrom cerebro import demo\ndata = demo.load_data()\n"
+                      "search = cb.GridSearch(demo.build, {'architecture': cb.choice(['mlp']), 'lr': cb.choice([1e-3]),"
+                      " 'batch_size': cb.choice([16])}, epochs=200)\n")
+    store = str(tmp_path / "run")
+    run = subprocess.Popen([sys.executable, "-m", "cerebro", "run", str(script), "--workers", "2", "--store", store,
+                            "--seed", "0", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while epochs_journaled(store) < 1 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)      # polling the journal, with a deadline
+        assert epochs_journaled(store) >= 1 and run.poll() is None
+        os.killpg(run.pid, signal.SIGINT)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 1, (run.returncode, err[-3000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1] == f"the run in {store} was interrupted; `cerebro resume {store}` finishes it"
+    assert not cb.load(store).finished

@@ -34,7 +34,7 @@ from ..store import (
 from ..worker._exact import ExactMetrics
 from ..worker._protocol import Heartbeat, RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
 from ._control import answer, obey, take_commands
-from ._errors import WorkerLostError
+from ._errors import InterruptedRun, WorkerLostError
 from ._hangs import HangWatch, Running
 from ._interface import SearchPolicy
 from ._outboxes import DirectHops, Outboxes
@@ -112,6 +112,8 @@ class Driver(DirectHops):
                 pass    # the error already on its way is the one to report
             finally:
                 self.book.shelf.close()
+            if interrupted and not isinstance(error, InterruptedRun):
+                raise InterruptedRun(self.recorder.path) from error
             raise
         self.pool.close("interrupted" if stopped else "finished", self.progress.finish)
         try:

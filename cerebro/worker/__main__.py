@@ -17,6 +17,9 @@ if __name__ == "__main__":
     # The backend stops workers with SIGTERM: exit through the finally blocks, which remove
     # the worker's local copy of its partitions (unless they run already).
     signal.signal(signal.SIGTERM, lambda signum, frame: None if EXITING.is_set() else sys.exit(0))
+    # A terminal's Ctrl-C reaches the whole process group: the driver's, which stops its
+    # workers itself, and not a traceback from each worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     host, port, worker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     try:
         run_worker((host, port), bytes.fromhex(sys.stdin.readline().strip()), worker)
