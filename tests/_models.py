@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 import torch
-from _faults import striking
+from _faults import claim, striking, training
 from sklearn.datasets import load_digits
 
 import cerebro as cb
@@ -84,6 +84,34 @@ def crashing_once(marker: str, how: str = "exit"):
         trainable.loss = striking(trainable.loss, crash, marker=marker)
         return trainable
     return crash_once_build
+
+
+def eval_waits_for_next_epoch(gate: str):
+    """An MLP with Adam and a StepLR schedule (the rate halves each epoch, so a training batch
+    knows it is past the first epoch), where the first eval batch anywhere waits until a
+    training batch of a later epoch has run: the run ends only if the next epoch starts
+    while that epoch's evals still run. The wait is bounded, so a scheduler that held the
+    next epoch for the evals fails the trial with the reason instead of hanging."""
+    def gated_build(config: dict) -> cb.TorchTrainable:
+        model = make_model("mlp")
+        first_rate = config.get("lr", 1e-2)
+        optimizer = torch.optim.Adam(model.parameters(), lr=first_rate)
+        started = os.path.join(gate, "later-epoch-trained")
+
+        def gated_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            if training() and optimizer.param_groups[0]["lr"] < first_rate:
+                claim(started)
+            elif not training() and claim(os.path.join(gate, "eval-waited")):
+                deadline = time.monotonic() + 120
+                while not os.path.exists(started):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the next epoch did not start while this epoch's evals ran")
+                    time.sleep(0.01)
+            return torch.nn.functional.cross_entropy(outputs, targets)
+
+        return cb.TorchTrainable(model, optimizer, gated_loss, batch_size=32, metrics={"accuracy": cb.metrics.accuracy},
+                                 lr_scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5))
+    return gated_build
 
 
 def penalized(config: dict) -> cb.TorchTrainable:

@@ -11,7 +11,7 @@ import os
 import pandas as pd
 import pytest
 import torch
-from _models import build, digits
+from _models import build, digits, eval_waits_for_next_epoch
 
 import cerebro as cb
 from cerebro.engine import visit_order
@@ -71,8 +71,9 @@ def test_no_worker_runs_two_sub_epochs_and_no_trial_is_on_two_workers(runs, name
                 # a trial trains on one worker at a time; its eval visits read a frozen state
                 assert not overlap or "eval" in (a.kind, b.kind), (trial_id, a.to_dict(), b.to_dict())
         # An epoch's evals come after its training. Grid search goes on whatever the metrics,
-        # so they run alongside the next epoch (the one after waits for them); with a
-        # searcher that needs them, the next epoch waits.
+        # so they may run alongside the next epoch (the one after waits for them; that they
+        # do overlap is proven by test_grid_search_starts_the_next_epoch_while_evals_run);
+        # with a searcher that needs them, the next epoch waits.
         for epoch in range(1, EPOCHS + 1):
             train = rows[(rows.epoch == epoch) & (rows.kind == "train")]
             evals = rows[(rows.epoch == epoch) & (rows.kind == "eval")]
@@ -82,8 +83,24 @@ def test_no_worker_runs_two_sub_epochs_and_no_trial_is_on_two_workers(runs, name
             if name.endswith("barrier"):
                 assert later.empty or evals.end.max() <= later.start.min()
             elif not later.empty:
-                assert evals.start.max() >= later.start.min()       # they overlapped
                 assert (rows[rows.epoch == epoch + 2].start >= evals.end.max()).all()
+
+
+def test_grid_search_starts_the_next_epoch_while_evals_run(tmp_path):
+    """The first eval visit waits until the next epoch's training has run a batch, so this
+    run ends only if grid search starts an epoch while the epoch before is being evaluated."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    search = cb.GridSearch(eval_waits_for_next_epoch(str(gate)), {"lr": cb.choice([1e-2])}, epochs=2,
+                           metric="val_accuracy", mode="max")
+    result = search.fit(digits(partitions=4), backend=cb.LocalBackend(workers=2), seed=SEED, verbose=0,
+                        store=tmp_path / "run")
+    assert [t.status for t in result.trials] == ["completed"], result.trials[0].error
+    assert (gate / "eval-waited").exists() and (gate / "later-epoch-trained").exists()
+    schedule = result.schedule()
+    evals = schedule[(schedule.epoch == 1) & (schedule.kind == "eval")]
+    later = schedule[(schedule.epoch == 2) & (schedule.kind == "train")]
+    assert evals.end.max() > later.start.min()
 
 
 def test_evals_alongside_the_next_epoch_change_no_result(runs):
