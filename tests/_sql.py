@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-import pyarrow as pa
 import pytest
-from sklearn.datasets import load_digits
+from _docs import run_section
 
 import cerebro as cb
 
@@ -55,21 +53,11 @@ def error_of(uri: str, *statements: str, store: str | None = None) -> str:
 
 def prepare(uri: str) -> None:
     """Install Cerebro; split the digits into ``digits_train``, ``digits_val`` and
-    ``digits_test`` (id, pixels real[], digit integer); the two architectures in ``arch``
+    ``digits_test`` (id, pixels real[], digit integer) with docs/sql.md's code; the two architectures in ``arch``
     and their grid with the compile and fit parameters in ``mst``."""
     version = cb.sql.install(uri)
     assert version.startswith(f"cerebro {cb.__version__} on Python 3.11")
-    features, label = load_digits(return_X_y=True)
-    features = (features / 16.0).astype(np.float32)
-    parts = {"digits_train": slice(0, 1200), "digits_val": slice(1200, 1500), "digits_test": slice(1500, None)}
-    with dbapi.connect(uri) as connection, connection.cursor() as cursor:
-        for name, rows in parts.items():
-            cursor.execute(f"CREATE TABLE {name} (id integer, pixels real[], digit integer)")
-            cursor.adbc_ingest(name, pa.table({
-                "id": pa.array(np.arange(len(label))[rows].astype(np.int32)),
-                "pixels": pa.array(list(features[rows]), type=pa.list_(pa.float32())),
-                "digit": pa.array(label[rows].astype(np.int32))}), mode="append")
-        connection.commit()
+    run_section("docs/sql.md", "The data", 1, replace={"postgresql:///mydb": uri})     # as a user would
     for model_arch in architectures():
         sql(uri, f"SELECT cerebro.load_model_arch('arch', '{model_arch}'::json)")
     sql(uri, "SELECT cerebro.load_model_selection_table('arch', 'mst', ARRAY[1, 2], "

@@ -6,6 +6,7 @@ import re
 import statistics
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -76,20 +77,30 @@ def test_cerebro_demo_command_runs_a_model_selection(tmp_path):
     assert f"best: {loaded.best.trial_id}" in completed.stdout
 
 
-def test_run_command_runs_the_search_an_experiment_file_defines(tmp_path):
+def test_run_command_runs_the_example_its_help_gives_as_written(tmp_path):
+    """``cerebro run --help``'s example experiment.py, copied from the terminal, runs."""
+    shown = subprocess.run([sys.executable, "-m", "cerebro", "run", "--help"], capture_output=True, text=True,
+                           timeout=60).stdout
+    example = shown.split("Example experiment.py (it runs as written):\n", 1)[1].split("\nOptions:", 1)[0]
     script = tmp_path / "experiment.py"
-    script.write_text("""
-from cerebro import demo
-data = demo.load_data()
-search = demo.search(epochs=1)
-""")
+    script.write_text(textwrap.dedent(example))
     completed = subprocess.run([sys.executable, "-m", "cerebro", "run", str(script), "--workers", "1", "--store",
                                 str(tmp_path / "run"), "--seed", "3", "--quiet"], capture_output=True, text=True,
                                timeout=600)
     assert completed.returncode == 0, completed.stderr[-2000:]
     loaded = cb.load(tmp_path / "run")
-    assert loaded.finished and len(loaded.trials) == 8 and loaded.seed == 3
+    assert loaded.finished and len(loaded.trials) == 16 and loaded.seed == 3
     assert loaded.best.trial_id in completed.stdout
+
+
+def test_the_demos_help_and_the_readme_agree_on_its_time_and_folder():
+    shown = " ".join(subprocess.run([sys.executable, "-m", "cerebro", "demo", "--help"], capture_output=True,
+                                    text=True, timeout=60).stdout.split())
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, "README.md"), encoding="utf-8") as f:
+        readme = " ".join(f.read().split())
+    took = re.search(r"\(about (\d+ s on \d+ cores)\)", shown).group(1)
+    folder = re.search(r"default: (\./cerebro_runs/demo-<time>)", shown).group(1)
+    assert f"about {took})" in readme and f"`{folder}`" in readme
 
 
 @pytest.mark.parametrize("args, code, message", [

@@ -1,43 +1,20 @@
-"""docs/guide.md's "Selection workflow" section runs as written: its Python blocks, one
-after the other in one namespace, in a fresh directory, printing what the text says."""
+"""docs/guide.md's sections run as written: their Python blocks, one after the other in one
+namespace, in a fresh directory, printing what the text says."""
 from __future__ import annotations
 
-import contextlib
-import io
 import os
-import re
 import sys
 
 import pytest
+from _docs import run_section
 
 pytestmark = pytest.mark.slow
-GUIDE = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "guide.md")
-
-
-def section_blocks(title: str) -> list[str]:
-    with open(GUIDE) as f:
-        text = f.read()
-    start = text.index(f"\n## {title}")
-    end = text.find("\n## ", start + 1)
-    blocks = re.findall(r"```python\n(.*?)```", text[start:end if end >= 0 else None], flags=re.S)
-    return [b for b in blocks if not b.startswith("# fragment")]
-
-
-def run_section(title: str, blocks: int) -> tuple[dict, str]:
-    """Run the section's ``blocks`` Python blocks in one namespace; it and what they printed."""
-    found = section_blocks(title)
-    assert len(found) == blocks
-    namespace: dict = {}
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        for block in found:
-            exec(compile(block, GUIDE, "exec"), namespace)     # noqa: S102  (our own docs)
-    return namespace, printed.getvalue()
+GUIDE = "docs/guide.md"
 
 
 def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    namespace, out = run_section("Selection workflow", 8)
+    namespace, out = run_section(GUIDE, "Selection workflow", 8)
     assert "kept no weights: the run kept only the best 1 finished trials'" in out
     assert "[10, 10]" in out
     steered = namespace["steered"]
@@ -50,7 +27,7 @@ def test_the_selection_workflow_section_runs_as_written(tmp_path, monkeypatch):
 def test_the_applying_the_winner_section_runs_as_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])    # cerebro
-    namespace, out = run_section("Applying the winner", 4)
+    namespace, out = run_section(GUIDE, "Applying the winner", 4)
     top = namespace["top"]
     assert list(top.columns) == ["id", "class_1", "prob_1", "class_2", "prob_2", "class_3", "prob_3"]
     assert out.strip().endswith("0.0")
@@ -60,7 +37,7 @@ def test_the_learning_rate_schedules_section_runs_as_written(tmp_path, monkeypat
     """A plateau schedule and a one-cycle schedule given as a function: every trial completes,
     the one-cycle rate ends near zero, the plateau rate never rises."""
     monkeypatch.chdir(tmp_path)
-    namespace, out = run_section("Learning-rate schedules", 1)
+    namespace, out = run_section(GUIDE, "Learning-rate schedules", 1)
     result = namespace["result"]
     assert [t.status for t in result.trials] == ["completed"] * 4 and "train_lr" in out
     history = result.history().sort_values(["trial_id", "epoch"])
@@ -76,7 +53,7 @@ def test_the_warm_start_section_runs_as_written(tmp_path, monkeypatch):
     """The two best trials of the wide grid go on from their best epochs; configurations it
     never tried start from build."""
     monkeypatch.chdir(tmp_path)
-    namespace, out = run_section("Warm start", 1)
+    namespace, out = run_section(GUIDE, "Warm start", 1)
     wide, longer, best = namespace["wide"], namespace["longer"], namespace["best"]
     assert "warm_started_from" in out
     sources = {f"{wide.run_dir}:{t.trial_id}@{t.best_epoch}": t.config for t in best}
@@ -92,7 +69,7 @@ def test_the_metrics_section_runs_as_written(tmp_path, monkeypatch):
     """The best trial by val_f1 is the one with the highest exact F1 at its best epoch, for the
     torch and the Keras trainer."""
     monkeypatch.chdir(tmp_path)
-    namespace, out = run_section("Metrics", 2)
+    namespace, out = run_section(GUIDE, "Metrics", 2)
     for result in (namespace["result"], namespace["keras_result"]):
         assert [t.status for t in result.trials] == ["completed"] * 2
         assert result.best.best_metrics["val_f1"] == max(t.best_metrics["val_f1"] for t in result.trials)

@@ -1,0 +1,64 @@
+"""Every Python block of README.md and docs/*.md runs as written in a fresh directory (here,
+in test_guide_workflow.py, or in _sql.py's set-up of the SQL tests' database), or is marked
+as a fragment on its first line, saying what it needs."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from _docs import DOCS, FRAGMENT, python_blocks, run_section
+
+import cerebro as cb
+
+TESTS = os.path.dirname(__file__)
+# (document, title prefix of its sections) -> the file whose tests run those sections' blocks
+RUN_BY = {("README.md", ""): "test_docs_run.py",
+          ("docs/guide.md", "Quick start"): "test_docs_run.py",
+          ("docs/guide.md", "Searchers"): "test_docs_run.py",
+          ("docs/guide.md", "Selection workflow"): "test_guide_workflow.py",
+          ("docs/guide.md", "Warm start"): "test_guide_workflow.py",
+          ("docs/guide.md", "Learning-rate schedules"): "test_guide_workflow.py",
+          ("docs/guide.md", "Metrics"): "test_guide_workflow.py",
+          ("docs/guide.md", "Applying the winner"): "test_guide_workflow.py",
+          ("docs/sql.md", "The data"): "_sql.py",
+          ("docs/sql.md", "Model architectures"): "test_docs_run.py"}
+
+
+def test_every_python_block_is_run_by_a_test_or_marked_a_fragment():
+    for doc in DOCS:
+        for section, code in python_blocks(doc):
+            runs = [title for (d, title) in RUN_BY if d == doc and section.startswith(title)]
+            assert code.startswith(FRAGMENT) or runs, f"{doc} § {section}: a block no test runs:\n{code}"
+    for (doc, title), where in RUN_BY.items():
+        with open(os.path.join(TESTS, where), encoding="utf-8") as f:
+            source = f.read()
+        assert f'"{title}"' in source and "run_section(" in source, (doc, title, where)
+
+
+@pytest.mark.slow
+def test_the_readme_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace, _ = run_section("README.md", "", 3)
+    result = namespace["result"]
+    assert len(result.trials) == 16 and all(t.status == "completed" for t in result.trials)
+    assert cb.load("runs/exp1").best.trial_id == result.best.trial_id
+    assert set(namespace["space"]) == {"lr", "batch_size", "hidden"}
+    assert isinstance(namespace["build"]({"lr": 1e-3}), cb.KerasTrainable)     # the Keras block's
+
+
+@pytest.mark.slow
+def test_the_guide_quick_start_and_searchers_run_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = run_section("docs/guide.md", "Quick start", 1)[0]["result"]
+    assert result.finished and {t.status for t in result.trials} <= {"completed", "stopped"}
+    assert any(t.status == "stopped" for t in result.trials)       # ASHA stopped some at a rung
+    space = run_section("docs/guide.md", "Searchers", 1)[0]["space"]
+    assert set(space) == {"lr", "model", "optimizer"} and space["optimizer"]["nesterov"] is False
+
+
+@pytest.mark.slow
+def test_the_sql_guide_architectures_are_keras_json(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace, _ = run_section("docs/sql.md", "Model architectures", 1)
+    assert [layer.units for layer in namespace["deep"].layers if hasattr(layer, "units")] == [128, 64, 10]
+    assert '"class_name": "Sequential"' in namespace["mlp"].to_json()
