@@ -7,7 +7,9 @@ epoch, in two workers at the same moment. So "once" cannot be "if the marker fil
 create it and strike": two workers can both see it absent. :func:`claim` is one atomic step
 (``open`` with ``O_CREAT | O_EXCL``): of any number of processes, exactly one gets ``True``.
 And "while training" is checked, not assumed: :func:`training` tells a training batch (torch
-computes gradients) from an eval batch (the trainer evaluates under ``torch.no_grad``).
+computes gradients) from an eval batch (the trainer evaluates under ``torch.no_grad``). A
+fault never hits the driver's preflight step (:func:`cerebro.worker.in_preflight`): it is
+meant for a worker.
 
 Example::
 
@@ -24,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from cerebro.worker import in_preflight
 
 TRAIN, EVAL, ANY = "train", "eval", "any"
 
@@ -62,7 +66,7 @@ def striking(loss: Callable[..., Any], strike: Callable[[], Any], *, marker: str
     in_phase(phase)      # a bad phase fails where the build is written, not in a worker
 
     def loss_that_strikes(outputs, targets):
-        if in_phase(phase) and when() and claim(marker, note()):
+        if not in_preflight() and in_phase(phase) and when() and claim(marker, note()):
             strike()
         return loss(outputs, targets)
     return loss_that_strikes

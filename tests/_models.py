@@ -12,6 +12,7 @@ from _faults import claim, striking, training
 from sklearn.datasets import load_digits
 
 import cerebro as cb
+from cerebro.worker import in_preflight
 
 
 def digits(partitions: int | None = 4, rows: int | None = 600, validation: float = 0.2) -> cb.Dataset:
@@ -37,6 +38,8 @@ def build(config: dict) -> cb.TorchTrainable:
     model = make_model(config.get("architecture", "mlp"), config.get("hidden", 32))
 
     def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if in_preflight():                  # the faults below are for the workers
+            return torch.nn.functional.cross_entropy(outputs, targets)
         if config.get("crash"):
             os._exit(3)
         if config.get("slow"):
@@ -99,6 +102,8 @@ def eval_waits_for_next_epoch(gate: str):
         started = os.path.join(gate, "later-epoch-trained")
 
         def gated_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            if in_preflight():
+                return torch.nn.functional.cross_entropy(outputs, targets)
             if training() and optimizer.param_groups[0]["lr"] < first_rate:
                 claim(started)
             elif not training() and claim(os.path.join(gate, "eval-waited")):

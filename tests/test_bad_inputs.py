@@ -39,6 +39,20 @@ def build_per_row_loss(config: dict) -> cb.TorchTrainable:
     return linear(loss=torch.nn.CrossEntropyLoss(reduction="none"))
 
 
+def build_two_outputs(config: dict) -> cb.TorchTrainable:
+    return linear(outputs=2)
+
+
+def build_with_a_metric_that_raises(config: dict) -> cb.TorchTrainable:
+    model = torch.nn.Linear(8, 3)
+    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
+                             batch_size=8, metrics={"ratio": lambda outputs, targets: outputs.sum() / targets.sum(1)})
+
+
+def build_own_classification_loss(config: dict) -> cb.TorchTrainable:
+    return linear(loss=lambda outputs, targets: torch.nn.functional.nll_loss(outputs.log_softmax(1), targets))
+
+
 def build_that_raises(config: dict) -> cb.TorchTrainable:
     raise RuntimeError(f"no model for {config}")
 
@@ -69,8 +83,24 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
                       r"label must be numeric \(class indices 0\.\.K-1 or float targets\); got dtype <U1"),
     "float labels for a classification loss": (
         lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, (Y * 0.5).astype(np.float32), partitions=2)), ValueError,
-        r"the label is float32 but loss=cross_entropy takes class indices; encode the classes as integers 0\.\.K-1 "
-        r"\(e\.g\. y\.astype\(int\)\)"),
+        r"the label is float32 but loss=cross_entropy takes class indices; encode the classes as integers 0\.\.K-1: "
+        r"y\.astype\(int\), or for Spark ML's double labels \(StringIndexer's\), "
+        r"df\.withColumn\('label', df\['label'\]\.cast\('int'\)\) before from_spark"),
+    "class indices beyond the model's outputs": (
+        lambda t: fit(t, search=cb.GridSearch(build_two_outputs, SPACE, epochs=1)), ValueError,
+        r"one training step of build\(\{'lr': 0\.1\}\) on 4 training rows, run on the driver before any worker "
+        r"starts, fails as every trial would at its first batch: ValueError: the labels hold class indices 0\.\.2 "
+        r"but the model outputs 2 values per row, one per class 0\.\.1; give its last layer 3 outputs, or encode "
+        r"the classes as 0\.\.1"),
+    "a metric that raises": (
+        lambda t: fit(t, search=cb.GridSearch(build_with_a_metric_that_raises, SPACE, epochs=1)), ValueError,
+        r"one training step of build\(\{'lr': 0\.1\}\) on 4 training rows, run on the driver before any worker "
+        r"starts, fails as every trial would at its first batch: IndexError: Dimension out of range .*"),
+    "float labels for a loss of its own that takes class indices": (
+        lambda t: fit(t, search=cb.GridSearch(build_own_classification_loss, SPACE, epochs=1),
+                      dataset=cb.Dataset.from_numpy(X, Y.astype(np.float32), partitions=2)), ValueError,
+        r"one training step of build\(\{'lr': 0\.1\}\) on 4 training rows, run on the driver before any worker "
+        r"starts, fails as every trial would at its first batch: RuntimeError: .*Long.*Float.*"),
     "1-D features": (lambda t: cb.Dataset.from_numpy(X[:, 0], Y), ValueError,
                      r"features must have shape \(rows, \.\.\.\) with at least 2 dimensions; got shape \(60,\)"),
     "infinite features": (lambda t: cb.Dataset.from_numpy(np.where(X > 0.99, np.inf, X), Y), ValueError,
@@ -266,10 +296,10 @@ def build_with_own_per_row_loss(config: dict) -> cb.TorchTrainable:
     return linear(loss=lambda outputs, targets: torch.nn.functional.cross_entropy(outputs, targets, reduction="none"))
 
 
-@pytest.mark.slow
-def test_a_loss_of_its_own_that_is_not_a_scalar_fails_its_trial_at_the_first_batch(tmp_path):
-    result = cb.GridSearch(build_with_own_per_row_loss, SPACE, epochs=1).fit(
-        data(), workers=1, store=tmp_path / "run", verbose=0)
-    assert [t.status for t in result.trials] == ["failed"]
-    assert "ValueError: loss(outputs, targets) must return a scalar (the batch's mean loss); it returned a tensor " \
-           "of shape (8,) (a loss with reduction='none'?)" in result.trials[0].error
+def test_a_loss_of_its_own_that_is_not_a_scalar_is_refused_before_any_worker_starts(tmp_path):
+    with pytest.raises(ValueError) as raised:
+        fit(tmp_path, search=cb.GridSearch(build_with_own_per_row_loss, SPACE, epochs=1))
+    assert str(raised.value) == (
+        "one training step of build({'lr': 0.1}) on 4 training rows, run on the driver before any worker starts, "
+        "fails as every trial would at its first batch: ValueError: loss(outputs, targets) must return a scalar "
+        "(the batch's mean loss); it returned a tensor of shape (4,) (a loss with reduction='none'?)")

@@ -148,11 +148,8 @@ def test_a_nested_random_search_is_the_same_on_1_and_2_workers_and_flattens_its_
 
 
 def test_the_guides_nested_space_runs_as_written_and_draws_one_branch():
-    from test_guide_workflow import section_blocks
-    [block] = section_blocks("Searchers")
-    namespace: dict = {}
-    exec(compile(block, "docs/guide.md", "exec"), namespace)      # noqa: S102  (our own docs)
-    space = namespace["space"]
+    from _docs import run_section
+    space = run_section("docs/guide.md", "Searchers", 1)[0]["space"]
     for seed in range(10):
         config = sample_config(space, np.random.default_rng(seed))
         assert check_config(space, config) == config

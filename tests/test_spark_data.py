@@ -2,7 +2,11 @@
 Spark that either backend trains on."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import zlib
 
 import numpy as np
@@ -15,6 +19,7 @@ from pyspark.sql import functions as F
 
 import cerebro as cb
 from cerebro.data import read_layout, read_partition
+from cerebro.data._spark_python import ExecutorPythonError
 
 pytestmark = pytest.mark.slow
 
@@ -121,6 +126,63 @@ def test_errors_name_the_column(spark, frame):
     with pytest.raises(TypeError, match=re.escape("feature column 'y' must be an array of numbers (of any depth), "
                                                   "a pyspark.ml Vector or binary; it is int")):
         cb.Dataset.from_spark(ragged, features="y", label="y")
+
+
+def test_spark_ml_double_labels_are_refused_before_any_work_with_the_cast_to_make(spark, tmp_path):
+    """StringIndexer gives double labels; a classification loss is refused at fit's preflight
+    (which reads a few rows with one small job), before any partition is written."""
+    from pyspark.ml.feature import StringIndexer
+    named = spark.createDataFrame([(x.tolist(), f"digit {y}") for x, y in zip(X, Y)], ["features", "name"])
+    indexed = StringIndexer(inputCol="name", outputCol="label").fit(named).transform(named)
+    data = cb.Dataset.from_spark(indexed, features="features", label="label", partitions=2)
+    features, label = data.sample(3)
+    assert features.shape == (3, 64) and features.dtype == np.float32 and label.dtype == np.float32
+    search = cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1)
+    with pytest.raises(ValueError, match=re.escape("df.withColumn('label', df['label'].cast('int'))")):
+        search.fit(data, workers=2, store=tmp_path / "run", verbose=0)
+    assert not (tmp_path / "run" / "data").exists()
+    cast = cb.Dataset.from_spark(indexed.withColumn("label", F.col("label").cast("int")), features="features",
+                                 label="label", partitions=2)
+    assert cast.sample(3)[1].dtype == np.int64
+
+
+def test_executors_whose_python_cannot_import_cerebro_get_one_message_naming_it(spark, frame, tmp_path,
+                                                                                 monkeypatch):
+    """A Python on the executors without Cerebro's dependencies: one error naming it and the fix."""
+    blocked = tmp_path / "blocked" / "cerebro"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncd {tmp_path}\nPYTHONPATH={blocked.parent} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", str(python))
+    data = cb.Dataset.from_spark(frame[0], features="array", label="label")
+    with pytest.raises(ExecutorPythonError) as raised:
+        data.write(str(tmp_path / "data"), 2)
+    assert str(raised.value).startswith(f"Spark's executors run the Python {str(python)!r}, which cannot import "
+                                        f"what Cerebro needs (ModuleNotFoundError: No module named 'torch'). ")
+    assert "PYSPARK_PYTHON=/path/to/python" in str(raised.value) and raised.value.__cause__ is None
+
+
+def test_a_local_master_runs_the_executors_on_the_drivers_python_unless_told_otherwise(tmp_path):
+    """No PYSPARK_PYTHON, and a python3 on the PATH without pyspark or Cerebro: from_spark on a
+    local master still writes its partitions, as the executors run the driver's interpreter."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        from pyspark.sql import SparkSession
+        import cerebro as cb
+        spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+        df = spark.createDataFrame([([float(i), 1.0], i % 2) for i in range(20)], ["f", "y"])
+        layout = cb.Dataset.from_spark(df, features="f", label="y").write({str(tmp_path / "data")!r}, 2)
+        print(spark.sparkContext.pythonExec == sys.executable, sum(layout.rows["train"]) + sum(layout.rows["val"]))
+    """))
+    env = {key: value for key, value in os.environ.items() if key != "PYSPARK_PYTHON"}
+    env["PATH"] = os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p))
+    completed = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["True", "20"]
 
 
 def test_spark_written_partitions_train_identically_on_both_backends(spark, frame, tmp_path):

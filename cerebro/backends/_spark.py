@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import Integer
+from ..data._spark_python import explained, use_the_drivers_python_locally
 from ._base import Backend, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 SHUTDOWN_GRACE_S = 5.0
@@ -114,6 +115,7 @@ class SparkBackend(Backend):
                                  "SparkSession.builder...getOrCreate()  # doctest: +SKIP or pass it")
         self.spark = spark
         context = spark.sparkContext
+        use_the_drivers_python_locally(context)
         check_no_long_task_speculation(context.getConf())
         if workers is not None:
             check_positive("workers", workers)
@@ -190,8 +192,9 @@ class SparkBackend(Backend):
             self.spark.sparkContext.cancelJobGroup(job.group)   # kills the task's Python worker
 
     def exited(self) -> dict[int, str]:
+        context = self.spark.sparkContext
         return {worker: "ended with its Spark job" + ("" if job.error is None else
-                                                      f", which failed: {str(job.error).splitlines()[0]}")
+                                                      f", which failed: {_first_line(job.error, context)}")
                 for worker, job in self._jobs.items() if not job.thread.is_alive()}
 
     def stop(self) -> None:
@@ -211,3 +214,8 @@ class SparkBackend(Backend):
     def __repr__(self) -> str:
         return (f"SparkBackend(master={self.spark.sparkContext.master!r}, workers={self.workers}, "
                 f"threads_per_worker={self.threads_per_worker})")
+
+
+def _first_line(error: BaseException, context: Any) -> str:
+    """The line that says why a worker's job failed: Py4J's first line names only the call."""
+    return str(explained(error, context)).splitlines()[0]

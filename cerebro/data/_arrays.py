@@ -219,6 +219,13 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         features, label = self.features[self._train_rows[:rows]], self.label[self._train_rows[:rows]]
         return np.ascontiguousarray(features), np.ascontiguousarray(label)
 
+    def label_range(self) -> tuple[int, int] | None:
+        """See :meth:`Dataset.label_range`."""
+        labels = [self.label] + ([] if self._val is None else [self._val.label])
+        if self.label.dtype != np.int64 or not self.label.size:
+            return None
+        return min(int(a.min()) for a in labels if a.size), max(int(a.max()) for a in labels if a.size)
+
     def validation_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Validation rows in their seeded, shuffled order (empty without validation)."""
         if self._val is not None:

@@ -173,7 +173,12 @@ class Dataset(abc.ABC):
 
     def sample(self, rows: int) -> tuple[np.ndarray, np.ndarray] | None:
         """The first ``rows`` training rows as a worker loads them (features, label), for
-        checks on the driver; None where getting them would cost a job (Spark)."""
+        checks on the driver; None where a source cannot give them."""
+        return None
+
+    def label_range(self) -> tuple[int, int] | None:
+        """The smallest and largest class index over every row (training and validation), for
+        the driver's check that the model outputs one value per class; None for float targets."""
         return None
 
     def check_partitions(self, partitions: int) -> None:

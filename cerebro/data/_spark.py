@@ -30,6 +30,7 @@ from ._partitions import (
 )
 from ._sample_order import SampleScheme
 from ._spark_columns import column_type, numeric_types, spark_features
+from ._spark_python import explained, use_the_drivers_python_locally
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -50,6 +51,7 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
 
         if not isinstance(df, DataFrame):
             raise TypeError(f"from_spark needs a pyspark.sql.DataFrame; got {type(df).__name__}")
+        use_the_drivers_python_locally(df.sparkSession.sparkContext)
         super().__init__(validation=validation, partitions=partitions, seed=seed, in_memory=in_memory,
                          cache_dir=cache_dir)
         label_type = column_type(df, label)
@@ -84,6 +86,7 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         if self._feature_shape is not None and int(np.prod(self._feature_shape)) != self._feature_length:
             raise ValueError(f"feature column {shown!r} holds arrays of shape {self._feature_shape} in its first row "
                              f"and of {self._feature_length} values in others; every row needs the same shape")
+        self._label_range = (int(stats["min_label"]), int(stats["max_label"])) if integral else None
         self._val_rows = int(stats["validation_rows"] or 0)
         self._train_rows = int(stats["rows"]) - self._val_rows
         if self._train_rows == 0:
@@ -120,6 +123,23 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         """The features' dtype as stored: bytes, or float32 (Spark's numbers become float32)."""
         return BYTES if self._binary else "float32"
 
+    def label_range(self) -> tuple[int, int] | None:
+        """See :meth:`Dataset.label_range` (counted with the other statistics, in one job)."""
+        return self._label_range
+
+    def sample(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` training rows, as the workers load them, for the driver's checks: one small
+        job that reads only what it returns."""
+        from pyspark.sql import functions as F
+
+        group = self._prepared.where(~F.col("is_validation")).select("features", "label").limit(rows).toPandas()
+        label = group["label"].to_numpy().astype(self._label_dtype)
+        if self._binary:
+            return np.array([bytes(v) for v in group["features"]], dtype=object), label
+        shape = self._feature_shape or (self._feature_length,)
+        features = np.stack(group["features"].map(np.asarray).to_numpy()).astype(np.float32)
+        return features.reshape(len(group), *shape), label
+
     def write(self, data_dir: str, num_partitions: int) -> PartitionLayout:
         """Write every (split, partition) from the executor that holds it; nothing is collected."""
         from pyspark.sql import functions as F
@@ -137,9 +157,12 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         def write_group(group: pd.DataFrame) -> pd.DataFrame:
             return _write_group(data_dir, feature_length, group_rows, group)
 
-        written = keyed.groupBy("split", "partition").applyInPandas(
-            write_group,
-            schema="split string, partition int, rows long, digest string, size long, crc long").collect()
+        try:
+            written = keyed.groupBy("split", "partition").applyInPandas(
+                write_group,
+                schema="split string, partition int, rows long, digest string, size long, crc long").collect()
+        except Exception as error:
+            raise explained(error, self._prepared.sparkSession.sparkContext) from None
         rows = {split: [0] * num_partitions for split in SPLITS}
         checks: dict[str, list[list[int]]] = {split: [[0, 0]] * num_partitions for split in SPLITS}
         digests = {}
@@ -239,6 +262,7 @@ def _statistics(prepared: Any, binary: bool) -> Any:
         F.sum(F.when(nan, 1).otherwise(0)).alias("nan_features"),
         F.sum(F.when(F.col("label").isNull(), 1).otherwise(0)).alias("null_labels"),
         F.sum(F.when(F.isnan("label") | (F.abs("label") == float("inf")), 1).otherwise(0)).alias("nan_labels"),
+        F.min("label").alias("min_label"), F.max("label").alias("max_label"),
         min_size.alias("min_size"), max_size.alias("max_size"),
         F.sum(F.col("is_validation").cast("long")).alias("validation_rows"),
     ).first()

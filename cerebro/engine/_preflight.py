@@ -6,10 +6,13 @@ the CPU. From the first that builds it learns
 the metrics the trainable logs, and so whether ``metric`` can rank the trials and whether a
 space key would overwrite a history column; and from its loss object what fails for every
 trial alike: float labels for torch's classification losses, a loss with
-``reduction='none'``. Nothing else of the user's code runs here: a model or a loss may have
-side effects. What the driver cannot see (a model whose output does not fit the labels, a
-loss of its own that is not a scalar) fails that trial at its first sub-epoch, with the
-shapes in its error.
+``reduction='none'``. Then, for torch, one training step of that configuration, built on
+the CPU, on a few real training rows (:func:`check_a_step`): a loss that needs other labels,
+a metric that raises, a model whose input is not the data's, class indices beyond the
+model's outputs, all refused with the cause before any worker starts. That step runs the
+user's model and loss on the driver, as Lightning's sanity check does; code with side effects
+can ask :func:`cerebro.worker.in_preflight`. What depends on the configuration (one trial's
+build that fails) fails that trial alone, at its first sub-epoch.
 """
 from __future__ import annotations
 
@@ -18,14 +21,16 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..data import Dataset
 from ..report import flat_config
-from ..worker import Trainable
+from ..worker import Trainable, preflight
 from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from", "warm_started_from")
+PREFLIGHT_ROWS = 4      # real rows for the preflight's one training step
 
 
 def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]], metric: str,
@@ -47,10 +52,70 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
         missing = "transform" if trainable.transform is None else "eval_transform"
         raise ValueError(f"the features are bytes (encoded data) and build(config) gives no {missing} to decode "
                          f"them; pass {type(trainable).__name__}({missing}=fn), fn(features, rng) -> array")
-    sample = data.sample(1)
+    sample = data.sample(PREFLIGHT_ROWS)
     if sample is not None:
         trainable.check_label(sample[1])
+        if trainable.checks_a_step_on_the_driver:
+            check_a_step(build, [config, *configs], sample, data)
     return trainable
+
+
+def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
+                 sample: tuple[np.ndarray, np.ndarray], data: Dataset) -> None:
+    """One training step of ``build(config)``, built on the CPU, on ``sample`` (a few real
+    training rows), for the first of ``configs`` where that works; raises if it works for
+    none, as every trial would then fail at its first batch. The copies are thrown away; a
+    model or loss may ask :func:`cerebro.worker.in_preflight`."""
+    failures = []
+    for config in {repr(c): c for c in configs}.values():   # each distinct one once
+        try:
+            with preflight():
+                _one_step(build, config, sample, data)
+            return
+        except Exception as error:
+            if "cuda" in str(error).lower():      # it needs the workers' GPU: they will tell
+                return
+            failures.append((config, error))
+    config, error = failures[0]
+    tried = "" if len(failures) == 1 else f" (and for each of the {len(failures) - 1} other configurations tried)"
+    raise ValueError(f"one training step of build({config}) on {len(sample[1])} training rows, run on the driver "
+                     f"before any worker starts, fails{tried} as every trial would at its first batch: "
+                     f"{type(error).__name__}: {error}{_label_hint(sample[1], error)}") from error
+
+
+def _label_hint(label: np.ndarray, error: Exception) -> str:
+    """Whole-number float labels and a loss that wanted integers: class indices stored as
+    floats, as Spark ML's StringIndexer gives them."""
+    wanted_integers = any(word in str(error) for word in ("Long", "Int", "int64", "integer"))
+    if not (wanted_integers and np.issubdtype(label.dtype, np.floating) and np.all(np.mod(label, 1) == 0)):
+        return ""
+    return (f". The labels are whole numbers stored as {label.dtype}: for class indices encode them as integers: "
+            f"y.astype(int), or for Spark ML's double labels (StringIndexer's), "
+            f"df.withColumn('label', df['label'].cast('int')) before from_spark")
+
+
+def _one_step(build: Callable[[dict], Any], config: dict[str, Any], sample: tuple[np.ndarray, np.ndarray],
+              data: Dataset) -> None:
+    features, label = sample
+    cpu, rng = torch.device("cpu"), np.random.default_rng(0)
+    trainable = build(config)
+    evaluated = [trainable.batch(features, label, rng, train=False, device=cpu)]
+    _check_classes(trainable.predict_batches(evaluated), data.label_range())
+    trainable.train_batches([trainable.batch(features, label, rng, train=True, device=cpu)], 0, 1)
+    if data.has_validation:
+        trainable.evaluate_batches(evaluated)
+
+
+def _check_classes(outputs: np.ndarray, label_range: tuple[int, int] | None) -> None:
+    """Class indices must each have an output: a model with C outputs per row takes 0..C-1."""
+    if label_range is None or outputs.ndim != 2 or outputs.shape[1] < 2:
+        return
+    low, high = label_range
+    classes = outputs.shape[1]
+    if low < 0 or high >= classes:
+        raise ValueError(f"the labels hold class indices {low}..{high} but the model outputs {classes} values per "
+                         f"row, one per class 0..{classes - 1}; give its last layer {high + 1} outputs, or encode "
+                         f"the classes as 0..{classes - 1}")
 
 
 def first_trials(policy: SearchPolicy, seed: int) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ from ._loop import run_worker
 from ._predict import inference_device, predict_rows
 from ._protocol import Sums
 from ._torch import TorchTrainable
-from ._trainable import Trainable
+from ._trainable import Trainable, in_preflight, preflight
 
-__all__ = ["KerasTrainable", "Sums", "TorchTrainable", "Trainable", "driver_keras_backend", "inference_device",
-           "predict_rows", "run_worker"]
+__all__ = ["KerasTrainable", "Sums", "TorchTrainable", "Trainable", "driver_keras_backend", "in_preflight",
+           "inference_device", "predict_rows", "preflight", "run_worker"]

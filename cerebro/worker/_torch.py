@@ -100,6 +100,7 @@ class TorchTrainable(Trainable):
     mixed_precision: bool = False
 
     builds_on_meta_device = True
+    checks_a_step_on_the_driver = True
     predicts_after_fork = True
 
     def __post_init__(self) -> None:
@@ -374,4 +375,5 @@ def _check_loss(loss: Callable, label: np.ndarray) -> None:
         isinstance(function, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
     if classification and np.issubdtype(label.dtype, np.floating) and label.ndim == 1:
         raise ValueError(f"the label is {label.dtype} but loss={name} takes class indices; encode the classes as "
-                         f"integers 0..K-1 (e.g. y.astype(int))")
+                         f"integers 0..K-1: y.astype(int), or for Spark ML's double labels (StringIndexer's), "
+                         f"df.withColumn('label', df['label'].cast('int')) before from_spark")

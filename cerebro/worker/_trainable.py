@@ -9,9 +9,11 @@ framework needs one new module that subclasses :class:`Trainable` (see ``_torch.
 from __future__ import annotations
 
 import abc
+import contextlib
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -20,6 +22,29 @@ import torch
 from ._protocol import Sums
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
+_preflight = threading.local()
+
+
+def in_preflight() -> bool:
+    """Whether this thread runs the driver's preflight step (one training step of a trial's
+    build on a few real rows, before any worker starts), not a trial's training: a model or
+    loss with side effects (writing files, a test's fault injection) may skip them there.
+
+    >>> from cerebro.worker import in_preflight
+    >>> in_preflight()
+    False
+    """
+    return getattr(_preflight, "on", False)
+
+
+@contextlib.contextmanager
+def preflight() -> Iterator[None]:
+    """While the block runs, :func:`in_preflight` is True in this thread."""
+    _preflight.on = True
+    try:
+        yield
+    finally:
+        _preflight.on = False
 
 
 class Trainable(abc.ABC):
@@ -36,6 +61,9 @@ class Trainable(abc.ABC):
     # The driver checks build(config) on torch's meta device (no memory, no init) where the
     # framework allows it.
     builds_on_meta_device: ClassVar[bool] = False
+    # The driver runs one training step on a few real rows before any worker starts, on the
+    # CPU, where the framework does that quickly (Keras would compile a graph for it).
+    checks_a_step_on_the_driver: ClassVar[bool] = False
     # cb.predict may fork single-threaded CPU workers from a process that built the model
     # (no start-up) where the framework survives a fork; TensorFlow's runtime does not.
     predicts_after_fork: ClassVar[bool] = False
