@@ -107,6 +107,11 @@ class Timing:
         return trial_id
 
 
+def no_build(config: dict) -> None:
+    """The build of a simulated searcher: its trials are never built (the constructor needs
+    a function)."""
+
+
 def epoch_sums(metric: str, value: float) -> dict:
     """Train and eval sums whose means (``mean_metrics``) are ``{metric: value}`` exactly, with,
     for a metric that is not a loss, its split's loss too (0.0): the book always has one."""

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 from _models import digits, make_model
-from _search_sim import outcome, simulate
+from _search_sim import no_build, outcome, simulate
 
 import cerebro as cb
 from cerebro.report import flat_config
@@ -37,11 +37,11 @@ def in_one_branch(config: dict) -> bool:
 
 
 SEARCHERS = {
-    "random": lambda: cb.RandomSearch(None, SPACE, num_trials=12, epochs=2, metric="val_loss"),
-    "asha": lambda: cb.ASHA(None, SPACE, num_trials=16, max_epochs=4, grace_period=1, reduction_factor=2),
-    "hyperband": lambda: cb.Hyperband(None, SPACE, max_epochs=4, eta=2),
-    "tpe": lambda: cb.TPESearch(None, SPACE, num_trials=16, epochs=2, max_concurrent=4, n_startup_trials=4),
-    "pbt": lambda: cb.PBT(None, SPACE, population=8, epochs=6, perturbation_interval=2, resample_probability=0.5),
+    "random": lambda: cb.RandomSearch(no_build, SPACE, num_trials=12, epochs=2, metric="val_loss"),
+    "asha": lambda: cb.ASHA(no_build, SPACE, num_trials=16, max_epochs=4, grace_period=1, reduction_factor=2),
+    "hyperband": lambda: cb.Hyperband(no_build, SPACE, max_epochs=4, eta=2),
+    "tpe": lambda: cb.TPESearch(no_build, SPACE, num_trials=16, epochs=2, max_concurrent=4, n_startup_trials=4),
+    "pbt": lambda: cb.PBT(no_build, SPACE, population=8, epochs=6, perturbation_interval=2, resample_probability=0.5),
 }
 
 
@@ -64,8 +64,8 @@ def test_pbt_explores_inside_the_branch_of_the_trial_it_copies():
     assert any(a["model"]["penalty"] != b["model"]["penalty"] or a["lr"] != b["lr"] for b, a in exploits)
     with pytest.raises(ValueError, match=re.escape("mutations: 'model' chooses among dicts (branches of the space); "
                                                    "a trial stays in its branch: name the keys inside it instead")):
-        cb.PBT(None, SPACE, mutations=["model"])._check()
-    cb.PBT(None, SPACE, mutations=["model.hidden", "model.layers"])._check()
+        cb.PBT(no_build, SPACE, mutations=["model"])._check()
+    cb.PBT(no_build, SPACE, mutations=["model.hidden", "model.layers"])._check()
 
 
 def test_tpe_asks_optuna_for_each_branchs_own_parameters():
@@ -92,7 +92,7 @@ def test_a_grid_expands_every_branch_with_the_product_within_it_only():
     assert len({repr(c) for c in grid}) == len(grid) and all(check_config(space, c) == c for c in grid)
     with pytest.raises(ValueError, match=re.escape("GridSearch can only enumerate cb.choice values; space['model'] "
                                                    "option 1['layers'] is randint(2, 5)")):
-        cb.GridSearch(None, {"model": cb.choice([{"a": 1}, {"layers": cb.randint(2, 5)}])})._check()
+        cb.GridSearch(no_build, {"model": cb.choice([{"a": 1}, {"layers": cb.randint(2, 5)}])})._check()
 
 
 def test_a_flat_space_draws_as_before_and_nested_dicts_are_spaces_too():

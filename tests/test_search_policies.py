@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from _search_sim import expected_asha, outcome, simulate
+from _search_sim import expected_asha, no_build, outcome, simulate
 
 import cerebro as cb
 
@@ -23,14 +23,14 @@ def improving(config: dict, epoch: int, values: list[float]) -> float:
 
 
 SEARCHERS = {
-    "asha": lambda: cb.ASHA(None, {"penalty": cb.uniform(0, 1)}, num_trials=30, max_epochs=9, grace_period=1,
+    "asha": lambda: cb.ASHA(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=30, max_epochs=9, grace_period=1,
                             reduction_factor=3, max_concurrent=6),
-    "hyperband": lambda: cb.Hyperband(None, {"penalty": cb.uniform(0, 1)}, max_epochs=27, eta=3),
-    "pbt": lambda: cb.PBT(None, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)}, population=8,
+    "hyperband": lambda: cb.Hyperband(no_build, {"penalty": cb.uniform(0, 1)}, max_epochs=27, eta=3),
+    "pbt": lambda: cb.PBT(no_build, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)}, population=8,
                           epochs=8, perturbation_interval=2),
-    "tpe": lambda: cb.TPESearch(None, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
+    "tpe": lambda: cb.TPESearch(no_build, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
                                 num_trials=16, epochs=2, max_concurrent=4, n_startup_trials=4),
-    "tpe_pruned": lambda: cb.TPESearch(None, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
+    "tpe_pruned": lambda: cb.TPESearch(no_build, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
                                        num_trials=16, epochs=9, max_concurrent=4, n_startup_trials=4,
                                        grace_period=1),
 }
@@ -44,7 +44,7 @@ def test_decisions_do_not_depend_on_the_order_results_arrive_in(name):
 
 
 def test_asha_promotes_exactly_the_top_of_each_rung():
-    searcher = cb.ASHA(None, {"penalty": cb.uniform(0, 1)}, num_trials=40, max_epochs=27, grace_period=1,
+    searcher = cb.ASHA(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=40, max_epochs=27, grace_period=1,
                        reduction_factor=3, max_concurrent=7)
     trials = simulate(searcher, constant, seed=11, timing_seed=5)
     penalties = [t.config["penalty"] for t in trials.values()]
@@ -57,7 +57,7 @@ def test_asha_promotes_exactly_the_top_of_each_rung():
 
 
 def test_asha_failed_trials_do_not_block_a_rung():
-    searcher = cb.ASHA(None, {"penalty": cb.uniform(0, 1)}, num_trials=12, max_epochs=9, max_concurrent=4)
+    searcher = cb.ASHA(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=12, max_epochs=9, max_concurrent=4)
     trials = simulate(searcher, constant, seed=2, fail=lambda config: config["penalty"] > 0.8)
     assert {t.status for t in trials.values()} <= {"completed", "stopped", "failed"}
     assert sum(t.status == "failed" for t in trials.values()) >= 1
@@ -65,7 +65,7 @@ def test_asha_failed_trials_do_not_block_a_rung():
 
 
 def test_hyperband_brackets_are_the_papers_table():
-    brackets = cb.Hyperband(None, {"x": cb.uniform(0, 1)}, max_epochs=81, eta=3).brackets()
+    brackets = cb.Hyperband(no_build, {"x": cb.uniform(0, 1)}, max_epochs=81, eta=3).brackets()
     assert [(b.s, b.keep, b.rung_epochs) for b in brackets] == [
         (4, [81, 27, 9, 3, 1], [1, 3, 9, 27, 81]),
         (3, [34, 11, 3, 1], [3, 9, 27, 81]),
@@ -76,7 +76,7 @@ def test_hyperband_brackets_are_the_papers_table():
 
 
 def test_hyperband_keeps_the_best_of_each_rung_and_continues_them():
-    searcher = cb.Hyperband(None, {"penalty": cb.uniform(0, 1)}, max_epochs=27, eta=3)
+    searcher = cb.Hyperband(no_build, {"penalty": cb.uniform(0, 1)}, max_epochs=27, eta=3)
     trials = list(simulate(searcher, constant, seed=1, timing_seed=2).values())
     first = 0
     for bracket in searcher.brackets():
@@ -94,7 +94,7 @@ def test_hyperband_keeps_the_best_of_each_rung_and_continues_them():
 def test_pbt_bottom_quantile_copies_the_top_and_explores_inside_the_bounds():
     space = {"penalty": cb.uniform(0.1, 1), "lr": cb.loguniform(1e-3, 1e-1), "width": cb.choice([8, 16, 32]),
              "layers": cb.randint(1, 4), "fixed": 7}
-    searcher = cb.PBT(None, space, population=8, epochs=9, perturbation_interval=3,
+    searcher = cb.PBT(no_build, space, population=8, epochs=9, perturbation_interval=3,
                       mutations=["penalty", "lr", "width", "layers"])
     trials = simulate(searcher, improving, seed=5)
     exploits = [(t.trial_id, *e) for t in trials.values() for e in t.exploits]
@@ -107,7 +107,7 @@ def test_pbt_bottom_quantile_copies_the_top_and_explores_inside_the_bounds():
 
 
 def test_pbt_exploits_follow_the_ranking_at_each_interval():
-    searcher = cb.PBT(None, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)}, population=8,
+    searcher = cb.PBT(no_build, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)}, population=8,
                       epochs=4, perturbation_interval=2, resample_probability=0.0)
     initial = {f"t{i:04d}": config for i, config in enumerate(_initial_configs(searcher, seed=9))}
     trials = simulate(searcher, improving, seed=9)
@@ -134,8 +134,8 @@ def test_tpe_beats_random_search_on_a_known_optimum():
     space = {"x": cb.uniform(-1, 1), "y": cb.uniform(-1, 1), "z": cb.uniform(-1, 1)}
     wins, tpe_best, random_best = 0, [], []
     for seed in range(5):
-        tpe = simulate(cb.TPESearch(None, space, num_trials=40, epochs=1, max_concurrent=4), quadratic, seed=seed)
-        rnd = simulate(cb.RandomSearch(None, space, num_trials=40, epochs=1), quadratic, seed=seed)
+        tpe = simulate(cb.TPESearch(no_build, space, num_trials=40, epochs=1, max_concurrent=4), quadratic, seed=seed)
+        rnd = simulate(cb.RandomSearch(no_build, space, num_trials=40, epochs=1), quadratic, seed=seed)
         tpe_best.append(min(t.values[-1] for t in tpe.values()))
         random_best.append(min(t.values[-1] for t in rnd.values()))
         wins += tpe_best[-1] < random_best[-1]
@@ -145,7 +145,7 @@ def test_tpe_beats_random_search_on_a_known_optimum():
 
 def test_tpe_tells_failed_trials_and_finishes():
     space = {"x": cb.uniform(-1, 1), "y": cb.uniform(-1, 1), "z": cb.uniform(-1, 1)}
-    trials = simulate(cb.TPESearch(None, space, num_trials=12, epochs=1, max_concurrent=3, n_startup_trials=2),
+    trials = simulate(cb.TPESearch(no_build, space, num_trials=12, epochs=1, max_concurrent=3, n_startup_trials=2),
                       quadratic, seed=0, fail=lambda config: config["x"] > 0.5)
     assert len(trials) == 12 and all(t.status in ("completed", "failed") for t in trials.values())
 
@@ -153,7 +153,7 @@ def test_tpe_tells_failed_trials_and_finishes():
 def test_tpe_maps_every_primitive_and_keeps_constants():
     space = {"a": cb.choice(["relu", "tanh"]), "b": cb.uniform(0, 1), "c": cb.loguniform(1e-4, 1e-1),
              "d": cb.randint(2, 5), "e": cb.quniform(0.1, 1.0, 0.1), "f": "constant"}
-    trials = simulate(cb.TPESearch(None, space, num_trials=14, epochs=1, n_startup_trials=3),
+    trials = simulate(cb.TPESearch(no_build, space, num_trials=14, epochs=1, n_startup_trials=3),
                       lambda config, epoch, values: config["b"], seed=1)
     for config in (t.config for t in trials.values()):
         assert list(config) == list(space)
@@ -163,7 +163,7 @@ def test_tpe_maps_every_primitive_and_keeps_constants():
 
 
 def test_tpe_prunes_by_ashas_rule_and_tells_optuna_what_it_pruned():
-    searcher = cb.TPESearch(None, {"penalty": cb.uniform(0, 1)}, num_trials=24, epochs=9, max_concurrent=5,
+    searcher = cb.TPESearch(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=24, epochs=9, max_concurrent=5,
                             n_startup_trials=6, grace_period=1, reduction_factor=3)
     trials = simulate(searcher, constant, seed=8, timing_seed=1)
     penalties = [t.config["penalty"] for t in trials.values()]
@@ -180,7 +180,7 @@ def test_tpe_prunes_by_ashas_rule_and_tells_optuna_what_it_pruned():
 
 
 def test_tpe_without_grace_period_never_prunes():
-    searcher = cb.TPESearch(None, {"penalty": cb.uniform(0, 1)}, num_trials=10, epochs=5, max_concurrent=3,
+    searcher = cb.TPESearch(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=10, epochs=5, max_concurrent=3,
                             n_startup_trials=3)
     trials = simulate(searcher, constant, seed=8)
     assert all(t.status == "completed" and t.epoch == 5 for t in trials.values())

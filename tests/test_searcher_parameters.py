@@ -1,5 +1,6 @@
 """Searchers declare their arguments once (``_parameters``: name -> constraint): the
-declaration drives the checks at ``fit``, the settings in run.json and the ``repr``."""
+declaration drives the checks (when the constructor returns, and at ``fit``), the settings in
+run.json and the ``repr``."""
 from __future__ import annotations
 
 import inspect
@@ -37,7 +38,8 @@ def test_a_subclass_declares_only_its_own_arguments(cls):
 
 
 @pytest.mark.parametrize("search, shown", [
-    (cb.GridSearch(build, SPACE), f"GridSearch(build=build, {SHOWN_SPACE}, epochs=10, metric='val_loss', mode='min')"),
+    (cb.GridSearch(build, {"hidden": cb.choice([8, 16])}),
+     "GridSearch(build=build, space={'hidden': choice([8, 16])}, epochs=10, metric='val_loss', mode='min')"),
     (cb.RandomSearch(build, SPACE),
      f"RandomSearch(build=build, {SHOWN_SPACE}, num_trials=10, epochs=10, metric='val_loss', mode='min')"),
     (cb.TPESearch(build, SPACE),
@@ -59,41 +61,48 @@ def test_repr_is_the_constructor_call(search, shown):
     assert repr(search) == shown
 
 
-def test_arguments_are_stored_as_given_and_checked_at_fit(tmp_path):
-    search = cb.ASHA(build, SPACE, max_epochs=-5, reduction_factor=True)     # no error yet, as in scikit-learn
-    assert (search.max_epochs, search.reduction_factor) == (-5, True)
-    assert "max_epochs=-5" in repr(search)
+def test_arguments_are_checked_when_the_constructor_returns_and_stored_as_given(tmp_path):
+    with pytest.raises(ValueError, match=r"^max_epochs=-5 must be an integer >= 1$"):
+        cb.ASHA(build, SPACE, max_epochs=-5, reduction_factor=True)
+    with pytest.raises(ValueError, match=r"^mode='maximize' must be 'min' or 'max'$"):
+        cb.RandomSearch(build, SPACE, num_trials=4, mode="maximize")
+    with pytest.raises(ValueError, match=r"^num_trials=0 must be an integer >= 1$"):
+        cb.RandomSearch(build, SPACE, num_trials=0)
+    search = cb.ASHA(build, SPACE, max_epochs=np.int64(9))
+    assert type(search.max_epochs) is np.int64 and "max_epochs=np.int64(9)" in repr(search)
+    search.max_epochs = -5          # set after construction: fit checks again, before any work
     with pytest.raises(ValueError, match=r"^max_epochs=-5 must be an integer >= 1$"):
         search.fit(digits(partitions=None), store=tmp_path / "run", verbose=0)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("search, error, message", [
-    (cb.GridSearch(build, SPACE, epochs=np.bool_(True)), ValueError, "epochs=np.True_ must be an integer >= 1"),
-    (cb.RandomSearch(build, SPACE, num_trials=4.0), ValueError, "num_trials=4.0 must be an integer >= 1"),
-    (cb.TPESearch(build, SPACE, n_startup_trials=True), ValueError, "n_startup_trials=True must be an integer >= 0"),
-    (cb.TPESearch(build, SPACE, grace_period=1.0), ValueError, "grace_period=1.0 must be an integer >= 1"),
-    (cb.Hyperband(build, SPACE, eta=math.nan), ValueError, "eta=nan must be a number >= 2"),
-    (cb.Hyperband(build, SPACE, eta="3"), ValueError, "eta='3' must be a number >= 2"),
-    (cb.ASHA(build, SPACE, max_concurrent=0), ValueError, "max_concurrent=0 must be an integer >= 1"),
-    (cb.PBT(build, SPACE, population=0), ValueError, "population=0 must be an integer >= 1"),
-    (cb.PBT(build, SPACE, resample_probability=1.5), ValueError, "resample_probability=1.5 must be in [0, 1]"),
-    (cb.PBT(build, SPACE, quantile_fraction=0), ValueError, "quantile_fraction=0 must be in (0, 0.5]"),
-    (cb.PBT(build, SPACE, mutations="lr"), TypeError, "mutations='lr' must be a list of keys of the space"),
-    (cb.ASHA(build, SPACE, metric=None), TypeError, "metric=None must be a string such as 'val_loss'"),
-    (cb.ASHA(build, SPACE, mode=True), ValueError, "mode=True must be 'min' or 'max'"),
-    (cb.ASHA(None, SPACE), TypeError,
+@pytest.mark.parametrize("searcher, arguments, error, message", [
+    (cb.GridSearch, dict(space={"lr": cb.choice([0.1])}, epochs=np.bool_(True)), ValueError,
+     "epochs=np.True_ must be an integer >= 1"),
+    (cb.RandomSearch, dict(num_trials=4.0), ValueError, "num_trials=4.0 must be an integer >= 1"),
+    (cb.TPESearch, dict(n_startup_trials=True), ValueError, "n_startup_trials=True must be an integer >= 0"),
+    (cb.TPESearch, dict(grace_period=1.0), ValueError, "grace_period=1.0 must be an integer >= 1"),
+    (cb.Hyperband, dict(eta=math.nan), ValueError, "eta=nan must be a number >= 2"),
+    (cb.Hyperband, dict(eta="3"), ValueError, "eta='3' must be a number >= 2"),
+    (cb.ASHA, dict(max_concurrent=0), ValueError, "max_concurrent=0 must be an integer >= 1"),
+    (cb.PBT, dict(population=0), ValueError, "population=0 must be an integer >= 1"),
+    (cb.PBT, dict(resample_probability=1.5), ValueError, "resample_probability=1.5 must be in [0, 1]"),
+    (cb.PBT, dict(quantile_fraction=0), ValueError, "quantile_fraction=0 must be in (0, 0.5]"),
+    (cb.PBT, dict(mutations="lr"), TypeError, "mutations='lr' must be a list of keys of the space"),
+    (cb.ASHA, dict(metric=None), TypeError, "metric=None must be a string such as 'val_loss'"),
+    (cb.ASHA, dict(mode=True), ValueError, "mode=True must be 'min' or 'max'"),
+    (cb.ASHA, dict(build=None), TypeError,
      "build=None must be a function build(config) -> cb.TorchTrainable or cb.KerasTrainable"),
-    (cb.ASHA(build, {}), ValueError, "space={} must name at least one parameter"),
+    (cb.ASHA, dict(space={}), ValueError, "space={} must name at least one parameter"),
 ])
-def test_declared_constraints_name_the_argument_and_the_rule(search, error, message):
+def test_declared_constraints_name_the_argument_and_the_rule(searcher, arguments, error, message):
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
-        search._validate()
+        searcher(**{"build": build, "space": SPACE, **arguments})
 
 
 def test_the_first_bad_argument_in_signature_order_is_reported():
     with pytest.raises(ValueError, match=r"^max_epochs=0 must be an integer >= 1$"):
-        cb.ASHA(build, SPACE, max_epochs=0, reduction_factor=1, mode="x")._validate()
+        cb.ASHA(build, SPACE, max_epochs=0, reduction_factor=1, mode="x")
 
 
 @pytest.mark.parametrize("search", [

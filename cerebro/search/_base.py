@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from abc import ABC, abstractmethod
+from abc import ABCMeta, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,7 +39,18 @@ def run_dir_of(source: Any) -> str | None:
     return None if source is None else os.fspath(getattr(source, "run_dir", source))
 
 
-class Searcher(ABC):
+class _CheckedOnConstruction(ABCMeta):
+    """Runs a searcher's checks when its constructor returns, whichever subclass's
+    ``__init__`` stored the arguments: a typo fails where it was written, not at ``fit``.
+    Unpickling (resume) builds no new searcher and checks nothing."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        searcher = super().__call__(*args, **kwargs)
+        searcher._validate()
+        return searcher
+
+
+class Searcher(metaclass=_CheckedOnConstruction):
     """A model selection algorithm on top of MOP, model hopper parallelism (Nakandala et al.,
     "Cerebro: A Data System for Optimized Deep Learning Model Selection", VLDB 2020).
 
@@ -72,9 +83,9 @@ class Searcher(ABC):
 
     Each class declares its own constructor arguments once, in ``_parameters``: name ->
     :class:`cerebro._checks.Constraint`. The declarations, merged along the class hierarchy
-    (:meth:`_declared`), drive the checks at ``fit``, the settings in run.json and the
-    ``repr``. An argument is stored under its own name, as given. :meth:`_check` is left
-    for rules between arguments.
+    (:meth:`_declared`), drive the checks (when the constructor returns, and again at ``fit``),
+    the settings in run.json and the ``repr``. An argument is stored under its own name, as
+    given. :meth:`_check` is left for rules between arguments.
     """
 
     _parameters: ClassVar[dict[str, Constraint]] = {
@@ -101,7 +112,7 @@ class Searcher(ABC):
     def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min", patience: int | None = None,
                  min_delta: float = 0.0, warm_start: Any = None, warm_start_epoch: str = "best") -> None:
-        """Store the arguments as given; ``fit`` checks them."""
+        """Store the arguments as given; they are checked once every constructor has run."""
         self.build = build
         self.space = space
         self.metric = metric
