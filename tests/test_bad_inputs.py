@@ -245,8 +245,9 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
         FileExistsError, r"store '.*afile' is a file, not a directory; choose a new or empty directory"),
     "a store that holds a run": (
         lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(data(), workers=1, store=finished_run(t), verbose=0),
-        FileExistsError, r"store '.*done' already holds a run; choose another store, load it with cb\.load, or "
-                         r"delete it"),
+        FileExistsError, r"store '(.*done)' already holds a run; to finish or extend it: cb\.resume\('\1'\) or "
+                         r"`cerebro resume \1`; to read it: cb\.load\('\1'\); for a new run, choose another store "
+                         r"or delete this one"),
     "cb.load of a directory that is not a run": (lambda t: cb.load(t), FileNotFoundError,
                                                  r"'.*' is not a Cerebro run directory \(no run\.json\)"),
     "cb.resume of a directory that is not a run": (lambda t: cb.resume(t), FileNotFoundError,
@@ -259,6 +260,24 @@ def finished_run(tmp_path) -> str:
     store.mkdir()
     (store / "run.json").write_text("{}")
     return str(store)
+
+
+def test_a_fit_that_fails_before_its_run_begins_leaves_the_store_as_it_found_it(tmp_path, monkeypatch):
+    """Nothing to resume yet (no run.json), so nothing may block the corrected fit: a store it
+    made is removed, one that was empty is emptied (partitions and .lock alike)."""
+    dataset = data()
+
+    def write_then_fail(data_dir: str, partitions: int) -> None:
+        os.makedirs(data_dir)
+        open(os.path.join(data_dir, "train-0.parquet"), "w").close()
+        raise OSError("No space left on device")
+    monkeypatch.setattr(dataset, "write", write_then_fail)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for store in (tmp_path / "new", empty):
+        with pytest.raises(OSError, match="^No space left on device$"):
+            cb.GridSearch(build, SPACE, epochs=1).fit(dataset, workers=1, store=store, verbose=0)
+    assert not (tmp_path / "new").exists() and list(empty.iterdir()) == []
 
 
 def test_a_store_under_home_is_under_home():

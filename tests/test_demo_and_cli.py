@@ -107,6 +107,9 @@ def test_the_demos_help_and_the_readme_agree_on_its_time_and_folder():
     (["run", "{missing}"], 2, "does not exist"),
     (["run", "{empty}"], 2, "must define `data` (a cb.Dataset) and `search` (a searcher such as cb.GridSearch)"),
     (["status", "{tmp}"], 2, "is not a Cerebro run directory (no run.json)"),
+    (["status", "{half_made}"], 2, "holds no run.json, only .lock, data: a fit stopped there before its run began, "
+                                   "so there is nothing to resume; delete the directory, or give the next fit this "
+                                   "store"),
     (["resume", "{failing}"], 1, "the run failed: "),
     (["resume", "{old}"], 2, "holds pickled states written by an older version of Cerebro, and reading a "
                              "pickle can run code; nothing was read. If you trust this run directory, open it "
@@ -122,8 +125,11 @@ def test_exit_codes(tmp_path, args, code, message):
     old = tmp_path / "old"                          # written before states were data only
     old.mkdir()
     (old / "run.json").write_text('{"seed": 0, "searcher": {"metric": "val_loss", "mode": "min"}, "workers": 1}')
+    half_made = tmp_path / "half"                   # a fit killed while it wrote the partitions
+    (half_made / "data").mkdir(parents=True)
+    (half_made / ".lock").write_text("")
     paths = {"missing": str(tmp_path / "missing.py"), "empty": str(tmp_path / "empty.py"), "tmp": str(tmp_path),
-             "failing": str(failing), "old": str(old)}
+             "failing": str(failing), "old": str(old), "half_made": str(half_made)}
     completed = subprocess.run([sys.executable, "-m", "cerebro", *(a.format(**paths) for a in args)],
                                capture_output=True, text=True, timeout=120)
     assert completed.returncode == code, completed.stderr[-2000:]

@@ -85,8 +85,20 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         with sigterm_interrupts():
             return _run(policy, run_store, (build, build_blob, searcher_blob), settings, data, backend,
                         run_settings, verbose)
+    except BaseException:
+        _undo_create(run_store)
+        raise
     finally:
         lock.close()
+
+
+def _undo_create(run_store: RunStore) -> None:
+    """A fit that failed before its run began leaves nothing that blocks the corrected one."""
+    try:
+        run_store.undo_create()
+    except OSError as error:      # the fit's own error is the one to show
+        logging.getLogger("cerebro").warning("could not remove what the failed fit wrote in %s: %s",
+                                             run_store.path, error)
 
 
 @contextlib.contextmanager

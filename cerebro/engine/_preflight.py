@@ -77,9 +77,10 @@ def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]
                 return
             failures.append((config, error))
     config, error = failures[0]
-    tried = "" if len(failures) == 1 else f" (and for each of the {len(failures) - 1} other configurations tried)"
-    raise ValueError(f"one training step of build({config}) on {len(sample[1])} training rows, run on the driver "
-                     f"before any worker starts, fails{tried} as every trial would at its first batch: "
+    which, tried = ((f" of build({config})", "") if len(failures) == 1 else
+                    ("", f" for each of the {len(failures)} configurations tried, e.g. build({config}),"))
+    raise ValueError(f"one training step{which} on {len(sample[1])} training rows, run on the driver before any "
+                     f"worker starts, fails{tried} as every trial would at its first batch: "
                      f"{type(error).__name__}: {error}{_label_hint(sample[1], error)}") from error
 
 

@@ -120,3 +120,10 @@ def remove(location: str) -> None:
     fs, path = _fs(location)
     if fs.exists(path):
         fs.rm(path)
+
+
+def remove_tree(location: str) -> None:
+    """Remove the file or directory ``location`` with everything in it, if it exists."""
+    fs, path = _fs(location)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)

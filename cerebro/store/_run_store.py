@@ -58,6 +58,7 @@ class RunStore:
     def __init__(self, path: str | os.PathLike, trust: bool = False) -> None:
         self.path = files.normalize(os.fspath(path))
         self.trust = trust    # load its code unsigned and the pickled states of older versions
+        self._made = False    # create() made the directory
 
     @classmethod
     def create(cls, path: str | os.PathLike) -> RunStore:
@@ -65,6 +66,7 @@ class RunStore:
         store = cls(path)
         try:
             holds_run, empty = files.exists(store.file("run.json")), files.is_empty_dir(store.path)
+            store._made = empty is None
             if empty is None and files.exists(store.path):
                 raise FileExistsError(f"store {store.path!r} is a file, not a directory; choose a new or "
                                       f"empty directory")
@@ -76,17 +78,44 @@ class RunStore:
             raise OSError(f"store {store.path!r} cannot be reached: {type(error).__name__}: "
                           f"{str(error).splitlines()[0]}") from error
         if holds_run:
-            raise FileExistsError(f"store {store.path!r} already holds a run; choose another "
-                                  f"store, load it with cb.load, or delete it")
+            raise FileExistsError(f"store {store.path!r} already holds a run{store._described()}; to finish or "
+                                  f"extend it: cb.resume({store.path!r}) or `cerebro resume {store.path}`; to read "
+                                  f"it: cb.load({store.path!r}); for a new run, choose another store or delete "
+                                  f"this one")
         if empty is False:
             raise FileExistsError(f"store {store.path!r} is a directory that is not empty; "
                                   f"choose a new or empty directory")
         return store
 
+    def _described(self) -> str:
+        """`` (ASHA, created ...)`` from run.json, or nothing where it cannot be read."""
+        try:
+            info = self.read_run_info()
+            return f" ({info['searcher']['class']}, created {info['created']})"
+        except Exception:
+            return ""
+
+    def undo_create(self) -> None:
+        """Remove what a fit that stopped before its run began (no run.json yet: nothing to
+        resume) wrote, so that the corrected fit can use the same store: the directory if
+        :meth:`create` made it, else its contents."""
+        if files.exists(self.file("run.json")):
+            return
+        if self._made:
+            files.remove_tree(self.path)
+            return
+        for name in files.listdir(self.path):
+            files.remove_tree(self.file(name))
+
     @classmethod
     def open(cls, path: str | os.PathLike, trust: bool = False) -> RunStore:
         store = cls(path, trust)
         if not files.exists(store.file("run.json")):
+            left = files.listdir(store.path)
+            if left and set(left) <= {".lock", "data", "build.pkl", "build.pkl.sig"}:
+                raise FileNotFoundError(f"{store.path!r} holds no run.json, only {', '.join(left)}: a fit stopped "
+                                        f"there before its run began, so there is nothing to resume; delete the "
+                                        f"directory, or give the next fit this store")
             raise FileNotFoundError(f"{store.path!r} is not a Cerebro run directory (no run.json)")
         return store
 
