@@ -72,3 +72,25 @@ def test_a_terminal_shows_every_worker_and_the_top_trials(tmp_path):
     assert "\x1b[" in text                          # a live, redrawn view
     for row in ("worker 0", "worker 1", "top 5 by val_accuracy (max)", "utilization"):
         assert row in text
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_eta_waits_for_as_many_epochs_as_workers_after_the_first(workers):
+    """Before that, it would mostly measure the start-up (data, first hops)."""
+    import io
+
+    from rich.console import Console
+
+    from cerebro.report._progress import ConsoleProgress
+    out = io.StringIO()
+    progress = ConsoleProgress("val_loss", "min", console=Console(file=out, width=200))
+    progress.start("run", workers)
+    for trial in range(3):
+        progress.trial_created(f"t000{trial}", {"lr": 0.0031622776601683794}, 4)
+    for epoch in range(6):
+        progress.epoch_end(f"t000{epoch % 3}", epoch // 3 + 1, {"val_loss": 1.0 / (epoch + 1)})
+    lines = [line for line in out.getvalue().splitlines() if " epoch " in line]
+    assert ["ETA" in line for line in lines] == [False] * workers + [True] * (6 - workers)
+    rendered = Console(file=io.StringIO(), width=200)
+    rendered.print(progress._render())
+    assert "lr=0.003162" in rendered.file.getvalue() and "0.0031622776" not in rendered.file.getvalue()

@@ -2,7 +2,6 @@
 the overall progress with an ETA and the top trials; elsewhere (CI, files), plain lines."""
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
@@ -22,6 +21,7 @@ from ..store import (
     TrialTakenUp,
     improved,
 )
+from ._trial_result import flat_config
 
 
 class Progress:
@@ -66,8 +66,13 @@ class ConsoleProgress(Progress):
     """On a terminal, a live view refreshed a few times a second: per worker what it trains
     (trial, epoch, partition) and its utilization; epochs done of planned with an ETA; the
     top 5 trials by their best epoch's ``metric`` (as ``result.best`` ranks them), with the
-    last epoch's beside it. On anything else, one plain line per epoch end and per ended
-    trial, which says its best epoch too."""
+    last epoch's beside it and their configs rounded to 4 significant digits. On anything
+    else, one plain line per epoch end and per ended trial, which says its best epoch too.
+
+    The ETA is the epochs left at the rate measured since the first epoch ended (start-up,
+    loading the data and the first hops, is not a rate), and appears once as many epochs
+    as there are workers have ended since: before that it would mostly measure start-up.
+    """
 
     def __init__(self, metric: str, mode: str, console: Console | None = None, top: int = 5) -> None:
         self.metric, self.mode, self.top = metric, mode, top
@@ -82,6 +87,7 @@ class ConsoleProgress(Progress):
         self._busy: dict[int, float] = {}
         self._started = time.monotonic()
         self._done = 0
+        self._first_epoch: float | None = None      # when the first epoch ended
         self._lock = threading.Lock()      # the live view renders on a thread of its own
 
     def start(self, run_dir: str, workers: int) -> None:
@@ -112,6 +118,8 @@ class ConsoleProgress(Progress):
             self._best[trial_id] = improved(self._best.get(trial_id), epoch, metrics, self.metric, self.mode) \
                 or self._best.get(trial_id)
             self._done += 1
+            if self._first_epoch is None:
+                self._first_epoch = time.monotonic()
         if self._live is None:
             shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
             self.console.print(f"{trial_id} epoch {epoch}: {shown} ({self._done}/{self._total()} epochs{self._eta()})",
@@ -137,10 +145,10 @@ class ConsoleProgress(Progress):
         return sum(self._planned.values())
 
     def _eta(self) -> str:
-        left = self._total() - self._done
-        if not self._done or left <= 0:
+        left, since_first = self._total() - self._done, self._done - 1
+        if self._first_epoch is None or left <= 0 or since_first < max(len(self._busy), 1):
             return ""
-        return f", ETA {_duration((time.monotonic() - self._started) / self._done * left)}"
+        return f", ETA {_duration((time.monotonic() - self._first_epoch) / since_first * left)}"
 
     def ranked(self) -> list[tuple[str, float]]:
         """Trials by their best epoch's ``metric``, best first, as ``result.best`` ranks them."""
@@ -165,10 +173,20 @@ class ConsoleProgress(Progress):
             epoch, metrics = self._last[trial_id]
             last = metrics.get(self.metric)
             top.add_row(trial_id, str(epoch), f"{value:.4f}", str(self._best[trial_id][0]),
-                        "" if last is None else f"{last:.4f}", json.dumps(self._configs.get(trial_id, {}))[:80])
+                        "" if last is None else f"{last:.4f}", rounded(self._configs.get(trial_id, {}))[:80])
         header = (f"{self._done}/{self._total()} epochs · {sum(s == 'running' for s in self._status.values())} "
                   f"trials live · {_duration(elapsed)} elapsed{self._eta()}")
         return Group(header, workers, top)
+
+
+def rounded(config: dict[str, Any]) -> str:
+    """``lr=0.003162 hidden=64``: a config's (dotted) keys with floats to 4 significant digits.
+
+    >>> rounded({"lr": 0.0031622776601683794, "model": {"kind": "mlp", "hidden": 64}})
+    'lr=0.003162 model.kind=mlp model.hidden=64'
+    """
+    return " ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+                    for key, value in flat_config(config).items())
 
 
 def _duration(seconds: float) -> str:
