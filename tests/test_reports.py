@@ -47,15 +47,17 @@ def test_tensorboard_has_every_epoch_of_every_trial_and_its_hparams(run):
         assert [value for _, value in logged] == pytest.approx(rows.val_accuracy.tolist(), rel=1e-6)
         rates = [s.value for s in scalars.Scalars("train_lr")]          # each epoch's learning rate too
         assert rates == pytest.approx(rows.train_lr.tolist(), rel=1e-6)
-        hparams = EventAccumulator(os.path.join(run.run_dir, "tensorboard", trial.trial_id, "hparams"))
-        hparams.Reload()
-        start = plugin_data_pb2.HParamsPluginData.FromString(
-            hparams.PluginTagToContent("hparams")["_hparams_/session_start_info"]).session_start_info
-        assert start.hparams["lr"].number_value == pytest.approx(trial.config["lr"])
-        assert start.hparams["hidden"].number_value == trial.config["hidden"]
-        assert start.hparams["status"].string_value == trial.status
-        final = hparams.Scalars("hparam/val_accuracy")[-1].value
-        assert final == pytest.approx(trial.metrics["val_accuracy"], rel=1e-6)
+        # the HParams session is the trial's own run (named by its id), its metrics those scalars
+        content = scalars.PluginTagToContent("hparams")
+        start = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+        hparams = start.session_start_info.hparams
+        assert hparams["lr"].number_value == pytest.approx(trial.config["lr"])
+        assert hparams["hidden"].string_value == str(trial.config["hidden"])      # shown as 32, not 32.000
+        assert hparams["status"].string_value == trial.status
+        experiment = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/experiment"]).experiment
+        assert "val_accuracy" in [info.name.tag for info in experiment.metric_infos]
+        assert sorted(os.listdir(os.path.join(run.run_dir, "tensorboard", trial.trial_id)))[0].startswith("events")
+        assert not os.path.exists(os.path.join(run.run_dir, "tensorboard", trial.trial_id, "hparams"))
 
 
 def test_tensorboard_false_writes_none(tmp_path):

@@ -1,6 +1,10 @@
 """TensorBoard logs of a run: per trial, every epoch's losses and metrics as scalars, and its
 configuration with its final metrics through the HParams plugin, under ``RUN_DIR/tensorboard``
-so that ``tensorboard --logdir RUN_DIR/tensorboard`` compares the trials."""
+so that ``tensorboard --logdir RUN_DIR/tensorboard`` compares the trials.
+
+Each trial is one TensorBoard run named by its id (``t0003``), holding both its scalars and
+its HParams session, whose metrics are those scalars' last values. Integer hyperparameters
+are given to HParams as text, so that its table shows ``64``, not ``64.000``."""
 from __future__ import annotations
 
 import json
@@ -41,12 +45,13 @@ class TensorBoardLog(Progress):
         self._last[trial_id] = metrics
 
     def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
-        hparams = {key: value if isinstance(value, (bool, int, float, str)) else json.dumps(value)
-                   for key, value in flat_config(self._configs.get(trial_id, {})).items()}
-        final = {f"hparam/{name}": value for name, value in self._last.get(trial_id, {}).items()
-                 if math.isfinite(value)}
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        shown = {key: _shown(value) for key, value in flat_config(self._configs.get(trial_id, {})).items()}
+        final = {name: value for name, value in self._last.get(trial_id, {}).items() if math.isfinite(value)}
         writer = self._writer(trial_id)
-        writer.add_hparams({**hparams, "status": status}, final, run_name="hparams")
+        for summary in hparams_summaries({**shown, "status": status}, final):
+            writer.file_writer.add_summary(summary)
         writer.close()
         del self._writers[trial_id]
 
@@ -54,6 +59,13 @@ class TensorBoardLog(Progress):
         for writer in self._writers.values():
             writer.close()
         self._writers = {}
+
+
+def _shown(value: Any) -> bool | float | str:
+    """A hyperparameter as HParams takes it: integers and structures as text."""
+    if isinstance(value, (bool, float, str)):
+        return value
+    return str(value) if isinstance(value, int) else json.dumps(value)
 
 
 def _without_tensorflow() -> None:

@@ -8,14 +8,16 @@ which sets it before unpickling the build.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import math
 import os
 import random
 import sys
+import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +54,33 @@ def prepare_keras(backend: str, threads: int) -> None:
     if threads == 1:     # XLA's CPU client otherwise runs every op on all cores
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
-    importlib.import_module("keras")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")     # TensorFlow's C++ INFO lines, once imported
+    with _start_up_banners_hidden():
+        importlib.import_module("keras")
+
+
+# What TensorFlow's C++ prints to fd 2 on import, in every process, before any log level applies.
+_BANNERS = ("WARNING: All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
+            "cpu_feature_guard", "To enable the following instructions")
+
+
+@contextlib.contextmanager
+def _start_up_banners_hidden() -> Iterator[None]:
+    """Keep TensorFlow's start-up banners out of a worker's output (the driver printed them
+    once already); any other line written to fd 2 meanwhile is passed on."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not any(b in line for b in _BANNERS)))
 
 
 @dataclass
