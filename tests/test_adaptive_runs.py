@@ -93,6 +93,11 @@ def test_pbt_exploit_copies_the_source_state_bitwise(tmp_path):
     lineage = run.lineage()
     assert len(lineage) == 1 and lineage.epoch.tolist() == [2]       # ceil(4 * 0.25) trial, once
     exploited, source = lineage.trial_id[0], lineage.source[0]
+    from cerebro.report._figures import lineage as lineage_chart
+    from cerebro.report._progress import rounded
+    changed = {k: v for k, v in lineage.config[0].items() if lineage.previous_config[0].get(k) != v}
+    labels = [a.text for a in lineage_chart(run).layout.annotations if a.text]
+    assert labels == [f"from {source}: {rounded(changed)}"]        # the report labels the arrow
     assert next(t for t in run.trials if t.trial_id == exploited).status == "failed"
     # The same population stopped at epoch 2: the source's state there, never touched by PBT.
     until_copy = fit(cb.PBT(strict, PBT_SPACE, population=4, epochs=2, perturbation_interval=2,

@@ -90,7 +90,7 @@ def test_a_plateau_schedule_steps_on_the_epoch_befores_val_loss_the_same_on_any_
             replayed.step(loss)
             expected.append(optimizer.param_groups[0]["lr"])
         assert rows["train_lr"].tolist() == expected and expected[-1] < expected[0]
-    from cerebro.report._html import learning_curves  # the report plots the rates
+    from cerebro.report._figures import learning_curves  # the report plots the rates
     assert "train_lr" in [panel.text for panel in learning_curves(one).layout.annotations]
     pbt = cb.PBT(scheduled, {"lr": cb.loguniform(0.02, 0.2), "step": "plateau"}, population=3, epochs=4,
                  perturbation_interval=2).fit(digits(partitions=4), workers=2, store=tmp_path / "pbt", seed=1,

@@ -21,7 +21,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 import cerebro as cb
 from cerebro.cli import main
-from cerebro.report import _html
+from cerebro.report import _figures
 
 pytestmark = pytest.mark.slow
 SPACE = {"lr": cb.loguniform(1e-3, 1e-1), "hidden": cb.choice([16, 32])}
@@ -73,16 +73,46 @@ def test_report_of_a_finished_run(run, tmp_path):
     for section in ("trials", "curves", "gantt", "parallel", "rungs"):
         assert f'id="{section}"' in page
     assert page.count("<tr class='status-") == len(run.trials)
-    gantt = _html.gantt(run)
+    gantt = _figures.gantt(run)
     assert sum(len(trace.base) for trace in gantt.data) == len(run.schedule())     # one bar per sub-epoch
     assert {trace.name for trace in gantt.data} == {t.trial_id for t in run.trials}
-    assert f"utilization {_html.utilization(run.schedule(), 2):.3f}" in gantt.layout.title.text
-    curves = _html.learning_curves(run)
+    assert f"utilization {_figures.utilization(run.schedule(), 2):.3f}" in gantt.layout.title.text
+    curves = _figures.learning_curves(run)
     # train loss, val loss, the objective, and the learning rate where a schedule changed it
     panels = 3 + (run.history()["train_lr"].nunique() > 1)
     assert len(curves.data) == panels * len(run.trials)
     assert [a.text for a in curves.layout.annotations][3:] == (["train_lr"] if panels == 4 else [])
     assert max(trace.line.width for trace in curves.data) == 4  # the best trial stands out
+
+
+def test_the_report_leads_with_the_best_trial_and_its_export_command_and_reads_each_panel(run, tmp_path):
+    page = open(cb.report.write_report(run.run_dir, tmp_path / "report.html"), encoding="utf-8").read()
+    best = run.best
+    assert (f"Best: <b>{best.trial_id}</b> at epoch {best.best_epoch}: val_accuracy = "
+            f"<b>{best.best_metrics['val_accuracy']:.4f}</b>") in page
+    command = f"cerebro export {run.run_dir} --trial {best.trial_id} -o model.safetensors"
+    assert f"<code id='export'>{command}</code>" in page
+    done = CliRunner().invoke(main, command.split()[1:-1] + [str(tmp_path / "model.safetensors")])
+    assert done.exit_code == 0, done.output                   # the card's command works as shown
+    counts = {s: sum(t.status == s for t in run.trials) for s in {t.status for t in run.trials}}
+    assert all(f"{n} {status}" in page.split("id='counts'>", 1)[1].split("</p>", 1)[0]
+               for status, n in counts.items())
+    # hyperparameters as columns, those every trial shares said once above the table
+    varying = [k for k in ("lr", "hidden") if len({t.config[k] for t in run.trials}) > 1]
+    head = page.split("<thead>", 1)[1].split("</thead>", 1)[0]
+    assert all(f"<th>{k}</th>" in head for k in varying) and "<th>config</th>" not in head
+    parallel = _figures.parallel_coordinates(run, _figures.log_keys(run))
+    assert _figures.log_keys(run) == {"lr"}
+    assert [d.label for d in parallel.data[0].dimensions][:len(varying)] == [
+        "lr (log)" if k == "lr" else k for k in varying]
+    curves = _figures.learning_curves(run)
+    assert curves.layout.yaxis.type == "log" and curves.layout.yaxis2.type == "log"   # the losses
+    so_far = _figures.best_so_far(run).data[0].y
+    assert list(so_far) == sorted(so_far) and so_far[-1] == max(t.best_metrics["val_accuracy"] for t in run.trials)
+    shares = _figures.importances(run, {"lr"})
+    assert (shares is None) == (len(varying) < 2)
+    if shares is not None:
+        assert set(shares) == set(varying) and sum(shares.values()) == pytest.approx(1.0)
 
 
 def test_report_of_a_live_run_shows_what_is_done(run, tmp_path):
@@ -96,7 +126,7 @@ def test_report_of_a_live_run_shows_what_is_done(run, tmp_path):
     assert not result.finished
     page = open(cb.report.write_report(live), encoding="utf-8").read()
     assert "not finished (this page shows what is done so far)" in page
-    assert sum(len(trace.base) for trace in _html.gantt(result).data) == len(result.schedule())
+    assert sum(len(trace.base) for trace in _figures.gantt(result).data) == len(result.schedule())
 
 
 def test_cli_report_export_and_resume(run, tmp_path):
@@ -184,9 +214,11 @@ def test_the_report_opens_in_headless_chromium_without_errors(run, chromium, tmp
     dom = loaded.stdout
     gantt = dom[dom.index('id="figure-gantt"'):dom.index('id="figure-parallel"')]
     assert gantt.count('class="point"') == len(run.schedule())          # one bar per sub-epoch, drawn
-    curves = dom[dom.index('id="figure-curves"'):dom.index('id="figure-gantt"')]
+    curves = dom[dom.index('id="figure-curves"'):dom.index('id="figure-best-so-far"')]
     panels = 3 + (run.history()["train_lr"].nunique() > 1)          # a curve per trial in each panel
     assert curves.count('class="trace scatter ') == panels * len(run.trials)
+    best_so_far = dom[dom.index('id="figure-best-so-far"'):dom.index('id="figure-gantt"')]
+    assert best_so_far.count('class="trace scatter ') == 3       # against time, each epoch, against trials
     shot = tmp_path / "report.png"
     subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile2'}",
                     f"--screenshot={shot}", f"file://{page}"], capture_output=True, timeout=120)

@@ -1,0 +1,237 @@
+"""The report's charts (plotly figures) of a run, finished or still going: learning curves,
+the objective's best so far against time and against trials, hyperparameter importance, the
+Gantt chart of sub-epochs on workers, configurations against the objective, the rungs, and
+PBT's lineage. Each returns None where the run has nothing to draw yet."""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection
+from typing import Any
+
+import pandas as pd
+
+from ._importance import importances
+from ._result import Result
+from ._trial_result import flat_config
+
+STATUS_COLORS = {"completed": "#2a9d8f", "stopped": "#e9c46a", "failed": "#e76f51", "diverged": "#9b2226",
+                 "timeout": "#6d597a", "running": "#457b9d"}
+
+
+def log_keys(result: Result) -> set[str]:
+    """The space's keys drawn log-uniformly (run.json records each primitive as text)."""
+    space = result.store.read_run_info()["searcher"].get("space", {})
+    return {key for key, shown in space.items() if str(shown).startswith("loguniform(")}
+
+
+def _best_trial(result: Result) -> str | None:
+    try:
+        return result.best.trial_id
+    except RuntimeError:
+        return None
+
+
+def learning_curves(result: Result) -> Any:
+    """Train and validation loss (log scale), the objective and, where a schedule changed it,
+    the learning rate per epoch; the best trial highlighted; buttons show the trials of one
+    status only."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    history = result.history()
+    if history.empty:
+        return None
+    panels = [c for c in ("train_loss", "val_loss") if c in history]
+    if result.metric not in panels:
+        panels.append(result.metric)
+    if "train_lr" in history and history["train_lr"].nunique() > 1:
+        panels.append("train_lr")
+    figure = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
+    best, statuses = _best_trial(result), []
+    for trial in result.trials:
+        rows = history[history.trial_id == trial.trial_id]
+        for column, panel in enumerate(panels, start=1):
+            highlight = trial.trial_id == best
+            figure.add_trace(go.Scatter(
+                x=rows.epoch, y=rows[panel], mode="lines+markers", name=f"{trial.trial_id} ({trial.status})",
+                legendgroup=trial.trial_id, showlegend=column == 1,
+                line={"width": 4 if highlight else 1.2,
+                      "color": "#d62828" if highlight else STATUS_COLORS.get(trial.status, "#888")},
+                opacity=1.0 if highlight else 0.6, hovertext=json.dumps(trial.config)), row=1, col=column)
+            statuses.append(trial.status)
+    for column, panel in enumerate(panels, start=1):
+        values = history[panel].dropna()
+        if ("loss" in panel or panel == "train_lr") and len(values) and (values > 0).all():
+            figure.update_yaxes(type="log", row=1, col=column)
+    buttons = [{"label": "all", "method": "restyle", "args": [{"visible": [True] * len(statuses)}]}]
+    for status in sorted(set(statuses)):
+        buttons.append({"label": status, "method": "restyle",
+                        "args": [{"visible": [s == status for s in statuses]}]})
+    figure.update_layout(height=460, margin={"t": 110}, legend={"font": {"size": 9}},
+                         updatemenus=[{"buttons": buttons, "direction": "right", "x": 0, "y": 1.32,
+                                       "xanchor": "left", "type": "buttons"}])
+    figure.update_xaxes(title_text="epoch")
+    return figure
+
+
+def best_so_far(result: Result) -> Any:
+    """The objective's best value so far, over the run's time (each epoch counts when its last
+    sub-epoch ended) and over the trials in the order they ended."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+    history, schedule = result.history(), result.schedule()
+    if history.empty or schedule.empty or result.metric not in history:
+        return None
+    ended = schedule.groupby(["trial_id", "epoch"]).end.max().rename("time").reset_index()
+    epochs = history.merge(ended, on=["trial_id", "epoch"]).dropna(subset=[result.metric]).sort_values("time")
+    if epochs.empty:
+        return None
+    running = epochs[result.metric].cummin() if result.mode == "min" else epochs[result.metric].cummax()
+    by_trial = epochs.groupby("trial_id").agg(time=("time", "max"), value=(result.metric,
+                                                                          "min" if result.mode == "min" else "max"))
+    by_trial = by_trial.sort_values("time")
+    trial_best = by_trial.value.cummin() if result.mode == "min" else by_trial.value.cummax()
+    figure = make_subplots(rows=1, cols=2, subplot_titles=["against time", "against trials, in the order they ended"])
+    figure.add_trace(go.Scatter(x=epochs.time, y=running, mode="lines", line_shape="hv", name="best so far",
+                                text=epochs.trial_id), row=1, col=1)
+    figure.add_trace(go.Scatter(x=epochs.time, y=epochs[result.metric], mode="markers", name="each epoch",
+                                marker={"size": 4, "color": "#aaa"}, text=epochs.trial_id), row=1, col=1)
+    figure.add_trace(go.Scatter(x=list(range(1, len(by_trial) + 1)), y=trial_best, mode="lines+markers",
+                                line_shape="hv", name="best trial so far", text=list(by_trial.index)), row=1, col=2)
+    figure.update_xaxes(title_text="seconds since the run started", row=1, col=1)
+    figure.update_xaxes(title_text="trials ended", row=1, col=2)
+    figure.update_yaxes(title_text=f"{result.metric} ({result.mode})", row=1, col=1)
+    if "loss" in result.metric and (epochs[result.metric] > 0).all():
+        figure.update_yaxes(type="log")
+    figure.update_layout(height=380)
+    return figure
+
+
+def importance(result: Result, log: Collection[str]) -> Any:
+    """fANOVA importance of each varying hyperparameter for the objective at the best epoch."""
+    import plotly.graph_objects as go
+    shares = importances(result, log)
+    if not shares:
+        return None
+    keys = list(shares)[::-1]      # the largest on top
+    figure = go.Figure(go.Bar(x=[shares[k] for k in keys], y=keys, orientation="h",
+                              text=[f"{shares[k]:.0%}" for k in keys], textposition="auto"))
+    figure.update_layout(height=120 + 40 * len(keys), xaxis_title=f"share of the variance of {result.metric} "
+                                                                  f"(Optuna's fANOVA over the trials' best epochs)")
+    return figure
+
+
+def utilization(schedule: pd.DataFrame, workers: int) -> float:
+    """Busy time / (workers × the span from the first sub-epoch to the last)."""
+    if schedule.empty:
+        return math.nan
+    span = schedule.end.max() - schedule.start.min()
+    return float((schedule.end - schedule.start).sum() / (workers * span)) if span > 0 else math.nan
+
+
+def gantt(result: Result) -> Any:
+    """One bar per sub-epoch on its worker's row, coloured by trial; eval sub-epochs paler."""
+    import plotly.graph_objects as go
+    schedule = result.schedule()
+    if schedule.empty:
+        return None
+    workers = result.store.read_run_info()["workers"]
+    figure = go.Figure()
+    palette = ["#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#457b9d", "#8338ec", "#ff006e",
+               "#3a86ff", "#fb5607", "#06d6a0", "#118ab2"]
+    for index, (trial_id, rows) in enumerate(schedule.groupby("trial_id", sort=True)):
+        figure.add_trace(go.Bar(
+            base=rows.start, x=rows.end - rows.start, y=[f"worker {w}" for w in rows.worker], orientation="h",
+            name=trial_id, marker={"color": palette[index % len(palette)],
+                                   "opacity": [1.0 if k == "train" else 0.45 for k in rows.kind]},
+            customdata=list(zip(rows.kind, rows.epoch, rows.partition)),
+            hovertemplate="%{fullData.name} %{customdata[0]} epoch %{customdata[1]} partition %{customdata[2]}"
+                          "<br>%{base:.2f} s + %{x:.3f} s<extra></extra>"))
+    figure.update_layout(barmode="overlay", height=160 + 40 * workers, xaxis_title="seconds since the run started",
+                         title=f"utilization {utilization(schedule, workers):.3f} (busy / (workers × span)); "
+                               f"{len(schedule)} sub-epochs, eval paler", showlegend=len(result.trials) <= 40)
+    return figure
+
+
+def parallel_coordinates(result: Result, log: Collection[str]) -> Any:
+    """Every trial's configuration (keys the trials share a value of left out; log-uniform keys
+    on a log scale) and last value of the objective."""
+    import plotly.graph_objects as go
+    scored = [t for t in result.trials if isinstance(t.metrics.get(result.metric), (int, float))
+              and math.isfinite(t.metrics[result.metric])]
+    if not scored:
+        return None
+    configs = [flat_config(t.config) for t in scored]
+    dimensions = []
+    for key in dict.fromkeys(k for config in configs for k in config):     # every branch's keys
+        values = [config.get(key) for config in configs]
+        if len({json.dumps(v) for v in values}) == 1:
+            continue
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            dimensions.append(_numeric_axis(key, values, key in log and min(values) > 0))
+        else:
+            labels = sorted({json.dumps(v) for v in values})
+            dimensions.append({"label": key, "values": [labels.index(json.dumps(v)) for v in values],
+                               "tickvals": list(range(len(labels))), "ticktext": labels})
+    objective = [t.metrics[result.metric] for t in scored]
+    dimensions.append({"label": result.metric, "values": objective})
+    figure = go.Figure(go.Parcoords(line={"color": objective, "colorscale": "Viridis", "showscale": True},
+                                    dimensions=dimensions))
+    figure.update_layout(height=420)
+    return figure
+
+
+def _numeric_axis(key: str, values: list[float], log: bool) -> dict[str, Any]:
+    """A parallel-coordinates axis; a log one holds log10 of the values, ticked at decades in
+    the values themselves (plotly's parcoords has no log axis)."""
+    if not log:
+        return {"label": key, "values": values}
+    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    ticks = list(range(low, high + 1))
+    return {"label": f"{key} (log)", "values": [math.log10(v) for v in values], "range": [low, high],
+            "tickvals": ticks, "ticktext": [f"{10.0 ** t:g}" for t in ticks]}
+
+
+def rungs(result: Result) -> Any:
+    """Epochs each trial reached against its last objective: the rungs of Hyperband and ASHA
+    (None where every trial trained as long)."""
+    import plotly.graph_objects as go
+    if len({t.epochs for t in result.trials}) < 2:
+        return None
+    figure = go.Figure()
+    for status in STATUS_COLORS:
+        trials = [t for t in result.trials if t.status == status and result.metric in t.metrics]
+        if trials:
+            figure.add_trace(go.Scatter(x=[t.epochs for t in trials], y=[t.metrics[result.metric] for t in trials],
+                                        mode="markers", name=status, text=[t.trial_id for t in trials],
+                                        marker={"color": STATUS_COLORS[status], "size": 9}))
+    if not figure.data:
+        return None
+    figure.update_layout(height=380, xaxis_title="epochs trained", yaxis_title=result.metric)
+    return figure
+
+
+def lineage(result: Result) -> Any:
+    """PBT: every trial over epochs, and an arrow from the trial whose state it copied, labelled
+    with the source and the hyperparameters the copy went on with."""
+    import plotly.graph_objects as go
+
+    from ._progress import rounded
+    history = result.history()
+    figure = go.Figure()
+    for trial in result.trials:
+        rows = history[history.trial_id == trial.trial_id]
+        figure.add_trace(go.Scatter(x=rows.epoch, y=[trial.trial_id] * len(rows), mode="lines+markers",
+                                    name=trial.trial_id, marker={"size": 6}))
+    for exploit in result.lineage().itertuples():
+        changed = {k: v for k, v in flat_config(exploit.config).items()
+                   if flat_config(exploit.previous_config).get(k) != v}
+        figure.add_annotation(x=exploit.epoch + 0.5, y=exploit.trial_id, ax=exploit.epoch, ay=exploit.source,
+                              xref="x", yref="y", axref="x", ayref="y", showarrow=True, arrowhead=2, text="")
+        # the label at the head: one exploit per trial and epoch, so labels never overlap
+        figure.add_annotation(x=exploit.epoch + 0.5, y=exploit.trial_id, showarrow=False, xanchor="left",
+                              yanchor="bottom", text=f"from {exploit.source}: {rounded(changed)}",
+                              font={"size": 10}, hovertext=json.dumps(exploit.config))
+    figure.update_layout(height=160 + 40 * len(result.trials), xaxis_title="epoch", yaxis_title="trial",
+                         showlegend=False)
+    return figure
