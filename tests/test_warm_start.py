@@ -69,14 +69,24 @@ def test_data_of_another_feature_layout_is_refused_before_any_worker_starts(tmp_
 
 
 def test_a_warm_started_run_killed_in_its_first_epoch_resumes_to_the_uninterrupted_results(tmp_path, wide):
+    """A slow store (each warm start's epoch-0 checkpoint takes a second to write) widens the
+    window in which the driver dies with that checkpoint unwritten: the journal must not say
+    the trial was warm-started before its state is in the store."""
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
-        import sys
+        import sys, time
         sys.path.insert(0, {HERE!r})
         import cerebro as cb
+        from cerebro.store import RunStore
         from _crash import killing_build
         from _models import digits
         from test_warm_start import narrow
+        write = RunStore.write_checkpoint
+        def slow_write(self, trial_id, state, epoch, *args):
+            if epoch == 0:
+                time.sleep(1.0)
+            return write(self, trial_id, state, epoch, *args)
+        RunStore.write_checkpoint = slow_write
         store = sys.argv[1]
         search = narrow(cb.load({str(wide.run_dir)!r}))
         search.build = killing_build(store, 0, store + ".killed")

@@ -100,11 +100,13 @@ class TrialBook(Decisions):
         self.live[trial.trial_id] = trial
         self.recorder.write_config(trial.trial_id, trial.config)
         warm = self._warm.take(trial.config) if self._warm is not None else None
-        self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now(),
-                                        warm[1] if warm else None))
-        if warm is not None:     # its epoch-0 checkpoint: a resume starts it from there too
+        if warm is not None:
+            # Its epoch-0 checkpoint, queued before the event: a journal that says the trial was
+            # warm-started always has the state for resume to start it from (writes keep order).
             trial.hold(self.shelf.put(warm[0]), 1)
             self.recorder.write_checkpoint(trial.trial_id, trial.state, 0)
+        self.recorder.emit(TrialCreated(trial.trial_id, trial.config, trial.max_epochs, self.recorder.now(),
+                                        warm[1] if warm else None))
         self.start_epoch(trial)
         return trial
 
