@@ -113,3 +113,30 @@ def test_every_public_name_resolves():
     for name in cerebro.__all__:
         assert getattr(cerebro, name) is not None, name
     assert dir(cerebro) == sorted([*cerebro.__all__, "__version__"])     # the public API, nothing else
+
+
+DEPRECATION_CHECK = """
+import importlib, pkgutil, sys, warnings
+warnings.filterwarnings("error", category=DeprecationWarning, module=r"cerebro(\\.|$)")
+warnings.filterwarnings("error", category=PendingDeprecationWarning, module=r"cerebro(\\.|$)")
+sys.path.insert(0, {tests!r})
+import cerebro as cb
+for module in pkgutil.walk_packages(cb.__path__, "cerebro."):
+    if not module.name.endswith("__main__"):
+        importlib.import_module(module.name)
+from _models import build, digits
+result = cb.GridSearch(build, {{"lr": cb.choice([1e-2, 3e-3])}}, epochs=2, metric="val_accuracy", mode="max").fit(
+    digits(partitions=2), workers=2, store={store!r}, seed=0, verbose=1)
+cb.report.write_report(result.run_dir)
+print(result.best.predict(digits().train_arrays()[0][:5]).shape)
+"""
+
+
+@pytest.mark.slow
+def test_our_code_raises_no_deprecation_warning(tmp_path):
+    """`python -W error::DeprecationWarning` for what our modules do (imports, a fit, the report,
+    predict): a warning that a library raises inside itself is that library's."""
+    script = DEPRECATION_CHECK.format(tests=os.path.dirname(os.path.abspath(__file__)), store=str(tmp_path / "run"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("(5, 10)")
