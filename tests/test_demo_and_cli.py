@@ -175,7 +175,9 @@ def test_ctrl_c_on_cerebro_run_prints_one_line_with_the_resume_command_and_no_tr
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
-    assert run.returncode == 1, (run.returncode, err[-3000:])
+    # (stdout too: a run that ended 0 without a word on stderr never saw the SIGINT; once in
+    # ~40 runs under heavy load it did so, cause not yet found)
+    assert run.returncode == 1, (run.returncode, err[-3000:], out[-2000:])
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert err.strip().splitlines()[-1] == f"the run in {store} was interrupted; `cerebro resume {store}` finishes it"
     assert not cb.load(store).finished
