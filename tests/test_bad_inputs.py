@@ -322,3 +322,14 @@ def test_a_loss_of_its_own_that_is_not_a_scalar_is_refused_before_any_worker_sta
         "one training step of build({'lr': 0.1}) on 4 training rows, run on the driver before any worker starts, "
         "fails as every trial would at its first batch: ValueError: loss(outputs, targets) must return a scalar "
         "(the batch's mean loss); it returned a tensor of shape (4,) (a loss with reduction='none'?)")
+
+
+def test_a_model_too_large_to_build_on_the_driver_skips_the_preflight_step(tmp_path, monkeypatch):
+    """Over PREFLIGHT_MAX_BYTES (as the meta build sizes it) the driver builds nothing for real:
+    a loss that would be refused there is left to the workers."""
+    import cerebro.engine._preflight as preflight
+    from cerebro.engine._preflight import check_build
+    with pytest.raises(ValueError, match="^one training step of build"):
+        check_build(build_with_own_per_row_loss, [{"lr": 0.1}], "val_loss", data())
+    monkeypatch.setattr(preflight, "PREFLIGHT_MAX_BYTES", build({}).nbytes() - 1)
+    assert isinstance(check_build(build_with_own_per_row_loss, [{"lr": 0.1}], "val_loss", data()), cb.TorchTrainable)

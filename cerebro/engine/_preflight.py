@@ -9,7 +9,8 @@ trial alike: float labels for torch's classification losses, a loss with
 ``reduction='none'``. Then, for torch, one training step of that configuration, built on
 the CPU, on a few real training rows (:func:`check_a_step`): a loss that needs other labels,
 a metric that raises, a model whose input is not the data's, class indices beyond the
-model's outputs, all refused with the cause before any worker starts. That step runs the
+model's outputs, all refused with the cause before any worker starts (not for a model over
+2 GiB, which the driver does not build for real). That step runs the
 user's model and loss on the driver, as Lightning's sanity check does; code with side effects
 can ask :func:`cerebro.worker.in_preflight`. What depends on the configuration (one trial's
 build that fails) fails that trial alone, at its first sub-epoch.
@@ -31,6 +32,9 @@ from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from", "warm_started_from")
 PREFLIGHT_ROWS = 4      # real rows for the preflight's one training step
+# A model larger than this (weights and optimizer, as the meta build sizes it) is not built
+# for real on the driver, whose memory is for the run's bookkeeping (DESIGN, invariant 7).
+PREFLIGHT_MAX_BYTES = 2 << 30
 
 
 def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]], metric: str,
@@ -55,7 +59,7 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     sample = data.sample(PREFLIGHT_ROWS)
     if sample is not None:
         trainable.check_label(sample[1])
-        if trainable.checks_a_step_on_the_driver:
+        if trainable.checks_a_step_on_the_driver and trainable.nbytes() <= PREFLIGHT_MAX_BYTES:
             check_a_step(build, [config, *configs], sample, data)
     return trainable
 
