@@ -280,6 +280,30 @@ def test_a_fit_that_fails_before_its_run_begins_leaves_the_store_as_it_found_it(
     assert not (tmp_path / "new").exists() and list(empty.iterdir()) == []
 
 
+def test_what_a_killed_fit_left_is_cleared_by_the_next_fit_unless_a_live_fit_holds_it(tmp_path):
+    from cerebro.store import RunStore, StoreInUseError
+    from cerebro.store._lock import lock_local
+    half = tmp_path / "half"
+    (half / "data").mkdir(parents=True)
+    (half / "data" / "train-0.parquet").write_bytes(b"partial")
+    (half / ".lock").write_text("")
+    held = lock_local(str(half), str(half / ".lock"))        # a fit still writing its partitions
+    try:
+        with pytest.raises(StoreInUseError, match="a fit is writing its partitions there"):
+            RunStore.create(half)
+        with pytest.raises(FileNotFoundError, match="holds no run.json yet: a fit is writing its partitions there"):
+            cb.load(half)
+    finally:
+        held.close()
+    with pytest.raises(FileNotFoundError, match=r"holds no run\.json, only \.lock, data: a fit stopped there"):
+        cb.load(half)
+    RunStore.create(half)                                     # the killed fit's leftovers go
+    assert list(half.iterdir()) == []
+    (half / "notes.txt").write_text("mine")                   # anything else is the user's: refused
+    with pytest.raises(FileExistsError, match="is a directory that is not empty"):
+        RunStore.create(half)
+
+
 def test_a_store_under_home_is_under_home():
     from cerebro.store import RunStore
     assert RunStore("~/cerebro-runs/x").path == os.path.join(os.path.expanduser("~"), "cerebro-runs", "x")

@@ -109,7 +109,7 @@ def test_the_demos_help_and_the_readme_agree_on_its_time_and_folder():
     (["status", "{tmp}"], 2, "is not a Cerebro run directory (no run.json)"),
     (["status", "{half_made}"], 2, "holds no run.json, only .lock, data: a fit stopped there before its run began, "
                                    "so there is nothing to resume; delete the directory, or give the next fit this "
-                                   "store"),
+                                   "store (it clears them)"),
     (["resume", "{failing}"], 1, "the run failed: "),
     (["resume", "{old}"], 2, "holds pickled states written by an older version of Cerebro, and reading a "
                              "pickle can run code; nothing was read. If you trust this run directory, open it "

@@ -155,3 +155,25 @@ def test_the_guides_nested_space_runs_as_written_and_draws_one_branch():
         assert check_config(space, config) == config
         assert set(config["model"]) == {"mlp": {"kind", "hidden"}, "cnn": {"kind", "filters", "layers"}}[
             config["model"]["kind"]] and config["optimizer"]["nesterov"] is False
+
+
+def _stub_result(space_text: dict, configs: list[dict], values: list[float]):
+    """What the report reads of a run: run.json's space, the trials' configs and best metrics."""
+    from types import SimpleNamespace
+    store = SimpleNamespace(read_run_info=lambda: {"searcher": {"space": space_text}})
+    trials = [SimpleNamespace(trial_id=f"t{i:04d}", config=c, best_metrics={"val_loss": v})
+              for i, (c, v) in enumerate(zip(configs, values))]
+    return SimpleNamespace(store=store, trials=trials, metric="val_loss", mode="min")
+
+
+def test_the_report_finds_log_uniform_keys_inside_nested_spaces_and_skips_importance_without_variance():
+    from cerebro.report._figures import log_keys
+    from cerebro.report._importance import importances
+    space = {"lr": repr(cb.loguniform(1e-4, 1e-1)), "model": repr(SPACE["model"]), "optimizer": "{'momentum': 0.9}"}
+    configs = [{"lr": 1e-3 * (i + 1), "model": {"kind": "mlp", "hidden": 64 * (i % 2 + 1)}, "optimizer": {}}
+               for i in range(5)]
+    assert log_keys(_stub_result(space, configs, [1.0] * 5)) == {"lr"}
+    nested = {"model": "choice([{'kind': 'mlp', 'lr': loguniform(0.0001, 0.1)}, {'kind': 'cnn'}])"}
+    branch = [{"model": {"kind": "mlp", "lr": 0.01}}, {"model": {"kind": "cnn"}}]
+    assert log_keys(_stub_result(nested, branch, [1.0, 2.0])) == {"model.lr"}
+    assert importances(_stub_result(space, configs, [0.5] * 5)) is None           # all equal: nothing to explain

@@ -1,6 +1,7 @@
 """The worker's side of a sub-epoch, in-process: building, the trainable cache and state versions."""
 from __future__ import annotations
 
+import os
 import re
 import threading
 
@@ -229,3 +230,15 @@ def test_a_result_the_wire_cannot_carry_fails_its_task_not_the_worker():
     [failed] = wire.sent
     assert isinstance(failed, SubEpochFailed) and failed.task_id == 7
     assert "TypeError: object cannot be written as data" in failed.error
+
+
+def test_tensorflows_start_up_banners_are_hidden_and_every_other_line_passed_on(capfd):
+    from cerebro.worker._keras import _start_up_banners_hidden
+    with _start_up_banners_hidden():
+        os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
+        os.write(2, b"I0000 00:00:1795726585.270411   26637 port.cc:153] oneDNN custom operations are on.\n")
+        os.write(2, b"To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow\n")
+        os.write(2, b"F0000 00:00:1.0 1 cpu_feature_guard.cc:1] this CPU lacks AVX\n")
+        os.write(2, b"a line of the user's\n")
+    assert capfd.readouterr().err == ("F0000 00:00:1.0 1 cpu_feature_guard.cc:1] this CPU lacks AVX\n"
+                                      "a line of the user's\n")

@@ -70,6 +70,7 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         # hashes spread duplicates too and nothing depends on the input's partitioning.
         from pyspark.sql import Window
         base = df.select(feature_column.alias("features"), label_column.alias("label"), marked.alias("marked"))
+        self._rows = base.select("features", "label")     # as they are, before the split's window
         identical = Window.partitionBy(F.xxhash64("features", "label", "marked")).orderBy(F.lit(0))
         base = base.withColumn("copy", F.row_number().over(identical))
         if fraction is not None:
@@ -128,11 +129,10 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         return self._label_range
 
     def sample(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """``rows`` training rows, as the workers load them, for the driver's checks: one small
-        job that reads only what it returns."""
-        from pyspark.sql import functions as F
-
-        group = self._prepared.where(~F.col("is_validation")).select("features", "label").limit(rows).toPandas()
+        """``rows`` rows of the data (training or validation: the checks need only their form),
+        as the workers load them: one small job, without the shuffle that the split's window
+        over all rows would take."""
+        group = self._rows.limit(rows).toPandas()
         label = group["label"].to_numpy().astype(self._label_dtype)
         if self._binary:
             return np.array([bytes(v) for v in group["features"]], dtype=object), label

@@ -59,7 +59,7 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     sample = data.sample(PREFLIGHT_ROWS)
     if sample is not None:
         trainable.check_label(sample[1])
-        if trainable.checks_a_step_on_the_driver and trainable.nbytes() <= PREFLIGHT_MAX_BYTES:
+        if trainable.checks_a_step_on_the_driver:
             check_a_step(build, [config, *configs], sample, data)
     return trainable
 
@@ -72,6 +72,8 @@ def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]
     model or loss may ask :func:`cerebro.worker.in_preflight`."""
     failures = []
     for config in {repr(c): c for c in configs}.values():   # each distinct one once
+        if _too_large(build, config):
+            continue
         try:
             with preflight():
                 _one_step(build, config, sample, data)
@@ -80,6 +82,8 @@ def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]
             if "cuda" in str(error).lower():      # it needs the workers' GPU: they will tell
                 return
             failures.append((config, error))
+    if not failures:
+        return
     config, error = failures[0]
     which, tried = ((f" of build({config})", "") if len(failures) == 1 else
                     ("", f" for each of the {len(failures)} configurations tried, e.g. build({config}),"))
@@ -99,25 +103,37 @@ def _label_hint(label: np.ndarray, error: Exception) -> str:
             f"df.withColumn('label', df['label'].cast('int')) before from_spark")
 
 
+def _too_large(build: Callable[[dict], Any], config: dict[str, Any]) -> bool:
+    """Whether ``config``'s model, sized by its meta build, is over PREFLIGHT_MAX_BYTES: then
+    the step does not build it for real on the driver."""
+    try:
+        with torch.device("meta"):
+            return build(config).nbytes() > PREFLIGHT_MAX_BYTES
+    except Exception:
+        return False      # it cannot be built on meta: build_cheaply built such ones for real already
+
+
 def _one_step(build: Callable[[dict], Any], config: dict[str, Any], sample: tuple[np.ndarray, np.ndarray],
               data: Dataset) -> None:
     features, label = sample
     cpu, rng = torch.device("cpu"), np.random.default_rng(0)
     trainable = build(config)
     evaluated = [trainable.batch(features, label, rng, train=False, device=cpu)]
-    _check_classes(trainable.predict_batches(evaluated), data.label_range())
+    if label.ndim == 1:
+        _check_classes(trainable.predict_batches(evaluated), data.label_range())
     trainable.train_batches([trainable.batch(features, label, rng, train=True, device=cpu)], 0, 1)
     if data.has_validation:
         trainable.evaluate_batches(evaluated)
 
 
 def _check_classes(outputs: np.ndarray, label_range: tuple[int, int] | None) -> None:
-    """Class indices must each have an output: a model with C outputs per row takes 0..C-1."""
+    """Class indices must each have an output: a model with C outputs per row takes 0..C-1.
+    Negative labels are left to the loss: ``cross_entropy`` ignores -100 by default."""
     if label_range is None or outputs.ndim != 2 or outputs.shape[1] < 2:
         return
     low, high = label_range
     classes = outputs.shape[1]
-    if low < 0 or high >= classes:
+    if high >= classes:
         raise ValueError(f"the labels hold class indices {low}..{high} but the model outputs {classes} values per "
                          f"row, one per class 0..{classes - 1}; give its last layer {high + 1} outputs, or encode "
                          f"the classes as 0..{classes - 1}")

@@ -20,9 +20,17 @@ STATUS_COLORS = {"completed": "#2a9d8f", "stopped": "#e9c46a", "failed": "#e76f5
 
 
 def log_keys(result: Result) -> set[str]:
-    """The space's keys drawn log-uniformly (run.json records each primitive as text)."""
+    """The (dotted) keys of the trials' configs that the space draws log-uniformly. run.json
+    records each top-level primitive as text; inside a nested one (a dict or a choice among
+    dicts) a key is matched by its last name, as ``'lr': loguniform(`` in that text."""
     space = result.store.read_run_info()["searcher"].get("space", {})
-    return {key for key, shown in space.items() if str(shown).startswith("loguniform(")}
+    found = {key for key, shown in space.items() if str(shown).startswith("loguniform(")}
+    for trial in result.trials:
+        for key in flat_config(trial.config):
+            top, _, rest = key.partition(".")
+            if rest and f"'{rest.rsplit('.', 1)[-1]}': loguniform(" in str(space.get(top, "")):
+                found.add(key)
+    return found
 
 
 def _best_trial(result: Result) -> str | None:

@@ -76,7 +76,7 @@ def headline(result: Result) -> str:
     except RuntimeError:
         return f"<div class='card'>{''.join(lines)}<p>No trial has a {html.escape(result.metric)} yet.</p></div>"
     export = f"cerebro export {shlex.quote(result.run_dir)} --trial {best.trial_id} -o model.safetensors"
-    lines.insert(1, f"<p class='best' id='best'>Best: <b>{best.trial_id}</b> at epoch {best.best_epoch}: "
+    lines.insert(1, f"<p class='best' id='best'>Best: <b>{html.escape(best.trial_id)}</b> at epoch {best.best_epoch}: "
                     f"{html.escape(result.metric)} = <b>{_number(best.best_metrics.get(result.metric))}</b>"
                     f"<br><code>{html.escape(rounded(best.config))}</code></p>"
                     f"<p>Export it: <code id='export'>{html.escape(export)}</code></p>")
@@ -84,16 +84,16 @@ def headline(result: Result) -> str:
 
 
 def _when(info: dict[str, Any], result: Result) -> str:
-    """``started 2026-11-26 20:59, ran 0:01:12 (sub-epochs from first to last)``."""
+    """``started 2026-11-26 20:59; its sub-epochs span 0:01:12`` (the time a resume waited
+    for is not in the schedule's clock, so no end date is made up from it)."""
     schedule = result.schedule()
-    ran = 0.0 if schedule.empty else float(schedule.end.max() - schedule.start.min())
+    span = f"its sub-epochs span {timedelta(seconds=round(float(schedule.end.max() - schedule.start.min())))}" \
+        if not schedule.empty else "no sub-epoch has run yet"
     try:
         started = datetime.strptime(info["created"], "%Y-%m-%dT%H:%M:%S%z")
     except (KeyError, ValueError):
-        return f"ran {timedelta(seconds=round(ran))}"
-    last = started + timedelta(seconds=0.0 if schedule.empty else float(schedule.end.max()))
-    return (f"started {started:%Y-%m-%d %H:%M}, last sub-epoch ended {last:%Y-%m-%d %H:%M}; "
-            f"ran {timedelta(seconds=round(ran))} of sub-epochs")
+        return span
+    return f"started {started:%Y-%m-%d %H:%M}; {span}"
 
 
 def trial_table(result: Result) -> str:
@@ -101,21 +101,24 @@ def trial_table(result: Result) -> str:
     rounded column per hyperparameter that varies (those every trial shares listed above)."""
     configs = {t.trial_id: flat_config(t.config) for t in result.trials}
     keys = list(dict.fromkeys(k for config in configs.values() for k in config))
-    varying = [k for k in keys if len({repr(c.get(k)) for c in configs.values()}) > 1]
-    shared = {k: configs[result.trials[0].trial_id][k] for k in keys if k not in varying} if configs else {}
+    shared = {k: next(iter(configs.values()))[k] for k in keys
+              if all(k in c for c in configs.values()) and len({repr(c[k]) for c in configs.values()}) == 1}
+    varying = [k for k in keys if k not in shared]
     rows = []
     for trial in result.ranked():
         best = trial.best_metrics.get(result.metric, math.nan)
         cells = "".join(f"<td>{html.escape(_value(configs[trial.trial_id].get(k)))}</td>" for k in varying)
         why = (trial.reason or "").strip().splitlines()[-1] if trial.reason else ""
-        rows.append(f"<tr class='status-{trial.status}'><td>{trial.trial_id}</td><td>{trial.status}</td>"
+        rows.append(f"<tr class='status-{html.escape(str(trial.status))}'><td>{html.escape(trial.trial_id)}</td>"
+                    f"<td>{html.escape(str(trial.status))}</td>"
                     f"<td>{trial.epochs}</td><td>{'' if trial.best_epoch is None else trial.best_epoch}</td>"
                     f"<td>{_number(best)}</td><td>{_number(trial.metrics.get(result.metric, math.nan))}</td>"
                     f"{cells}<td>{html.escape(why)}</td></tr>")
     head = "".join(f"<th>{html.escape(k)}</th>" for k in varying)
     same = f"<p id='shared'>Every trial: <code>{html.escape(rounded(shared))}</code></p>" if shared else ""
+    metric = html.escape(result.metric)
     return (f"{same}<table><thead><tr><th>trial</th><th>status</th><th>epochs</th><th>best epoch</th>"
-            f"<th>best {result.metric}</th><th>final {result.metric}</th>{head}<th>why it ended</th></tr></thead>"
+            f"<th>best {metric}</th><th>final {metric}</th>{head}<th>why it ended</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 

@@ -18,8 +18,8 @@ from ._trial_result import flat_config
 
 def importances(result: Result, log_keys: Collection[str] = ()) -> dict[str, float] | None:
     """Each varying hyperparameter's share of the objective's variance, largest first; None
-    where fewer than 4 trials have an objective or fewer than 2 keys vary (one key explains
-    all there is to explain).
+    where fewer than 4 trials have an objective, fewer than 2 keys vary (one key explains all
+    there is to explain) or the objective does not vary.
 
     >>> importances(cb.load("runs/exp1"))          # doctest: +SKIP
     {'lr': 0.81, 'hidden': 0.12, 'batch_size': 0.07}
@@ -31,8 +31,8 @@ def importances(result: Result, log_keys: Collection[str] = ()) -> dict[str, flo
               if _finite(t.best_metrics.get(result.metric))]
     keys = [k for k in dict.fromkeys(k for config, _ in scored for k in config)
             if all(k in config for config, _ in scored) and len({repr(c[k]) for c, _ in scored}) > 1]
-    if len(scored) < 4 or len(keys) < 2:
-        return None
+    if len(scored) < 4 or len(keys) < 2 or len({value for _, value in scored}) < 2:
+        return None           # nothing to explain: fANOVA's trees would have no variance
     distributions: dict[str, Any] = {}
     for key in keys:
         values = [config[key] for config, _ in scored]
@@ -51,6 +51,8 @@ def importances(result: Result, log_keys: Collection[str] = ()) -> dict[str, flo
             study.add_trial(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
         evaluator = optuna.importance.FanovaImportanceEvaluator(seed=0)
         found = optuna.importance.get_param_importances(study, evaluator=evaluator, normalize=True)
+    except RuntimeError:      # "zero total variance in all trees": the keys explain nothing
+        return None
     finally:
         optuna.logging.set_verbosity(verbosity)
     return {key: float(share) for key, share in found.items()}

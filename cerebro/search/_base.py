@@ -55,7 +55,8 @@ class Searcher(metaclass=_CheckedOnConstruction):
     "Cerebro: A Data System for Optimized Deep Learning Model Selection", VLDB 2020).
 
     The constructor says WHAT to search; :meth:`fit` says HOW to run it. Arguments are
-    stored as given and checked at ``fit``, before any worker starts.
+    stored as given and checked when the constructor returns (a typo fails where it is
+    written), and again at ``fit``, before any worker starts.
 
     Subclasses implement narrow waist 1 (:class:`cerebro.engine.SearchPolicy`):
     :meth:`suggest` (which trials to start now), :meth:`start` (reset for a run with its

@@ -59,7 +59,7 @@ class Hyperband(Searcher):
                  metric: str = "val_loss", mode: str = "min",
                  patience: int | None = None, min_delta: float = 0.0,
                  warm_start: Any = None, warm_start_epoch: str = "best") -> None:
-        """Store the arguments as given; ``fit`` checks them."""
+        """Store the arguments as given; they are checked once every constructor has run."""
         super().__init__(build, space, metric=metric, mode=mode, patience=patience, min_delta=min_delta,
                          warm_start=warm_start, warm_start_epoch=warm_start_epoch)
         self.max_epochs = max_epochs

@@ -34,6 +34,22 @@ def holder() -> str:
     return f"pid {os.getpid()} on {socket.gethostname()}"
 
 
+def held_locally(path: str) -> bool:
+    """Whether a live driver holds the local lock file ``path`` (a shared lock is refused
+    while it holds its exclusive one); nothing is written."""
+    import fcntl
+    try:
+        with open(path) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+    except OSError:
+        return False
+
+
 def lock_local(store: str, path: str) -> IO:
     """Hold ``store`` until the returned file is closed or this process ends."""
     import fcntl

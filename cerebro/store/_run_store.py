@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from . import _files as files
+from . import _unstarted as unstarted
 from ._events import Event
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
@@ -82,7 +83,7 @@ class RunStore:
                                   f"extend it: cb.resume({store.path!r}) or `cerebro resume {store.path}`; to read "
                                   f"it: cb.load({store.path!r}); for a new run, choose another store or delete "
                                   f"this one")
-        if empty is False:
+        if empty is False and not unstarted.clear(store.path):
             raise FileExistsError(f"store {store.path!r} is a directory that is not empty; "
                                   f"choose a new or empty directory")
         return store
@@ -96,26 +97,21 @@ class RunStore:
             return ""
 
     def undo_create(self) -> None:
-        """Remove what a fit that stopped before its run began (no run.json yet: nothing to
-        resume) wrote, so that the corrected fit can use the same store: the directory if
-        :meth:`create` made it, else its contents."""
-        if files.exists(self.file("run.json")):
-            return
-        if self._made:
-            files.remove_tree(self.path)
-            return
-        for name in files.listdir(self.path):
-            files.remove_tree(self.file(name))
+        """Remove what a fit that stopped before its run began wrote (see :mod:`._unstarted`)."""
+        unstarted.undo(self.path, self._made)
 
     @classmethod
     def open(cls, path: str | os.PathLike, trust: bool = False) -> RunStore:
         store = cls(path, trust)
         if not files.exists(store.file("run.json")):
-            left = files.listdir(store.path)
-            if left and set(left) <= {".lock", "data", "build.pkl", "build.pkl.sig"}:
+            left = unstarted.half_made(store.path)
+            if left is not None and unstarted.writing_now(store.path):
+                raise FileNotFoundError(f"{store.path!r} holds no run.json yet: a fit is writing its partitions "
+                                        f"there; its run begins when they are written")
+            if left is not None:
                 raise FileNotFoundError(f"{store.path!r} holds no run.json, only {', '.join(left)}: a fit stopped "
                                         f"there before its run began, so there is nothing to resume; delete the "
-                                        f"directory, or give the next fit this store")
+                                        f"directory, or give the next fit this store (it clears them)")
             raise FileNotFoundError(f"{store.path!r} is not a Cerebro run directory (no run.json)")
         return store
 

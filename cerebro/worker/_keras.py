@@ -14,8 +14,9 @@ import importlib
 import math
 import os
 import random
+import re
 import sys
-import tempfile
+import threading
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -59,28 +60,39 @@ def prepare_keras(backend: str, threads: int) -> None:
         importlib.import_module("keras")
 
 
-# What TensorFlow's C++ prints to fd 2 on import, in every process, before any log level applies.
-_BANNERS = ("WARNING: All log messages before absl::InitializeLog()", "oneDNN custom operations are on",
-            "cpu_feature_guard", "To enable the following instructions")
+# What TensorFlow's C++ prints to fd 2 on import, in every process, before any log level
+# applies: absl's INFO and WARNING lines (``I0000 ...``, ``W0000 ...``), the line before them,
+# and the CPU-feature line's continuation. Errors (``E``) and fatal lines (``F``) are kept.
+_BANNER = re.compile(r"(?:[IW]\d{4} |WARNING: All log messages before absl::InitializeLog\(\)|"
+                     r"To enable the following instructions)")
 
 
 @contextlib.contextmanager
 def _start_up_banners_hidden() -> Iterator[None]:
     """Keep TensorFlow's start-up banners out of a worker's output (the driver printed them
-    once already); any other line written to fd 2 meanwhile is passed on."""
+    once already). fd 2 goes through a pipe meanwhile, whose other lines are passed on as they
+    come, so an import that crashes the process still shows what it printed."""
     sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as caught:
-        os.dup2(caught.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def forward() -> None:
+        with os.fdopen(read, "rb") as lines:
+            for line in lines:
+                if not _BANNER.match(line.decode(errors="replace")):
+                    os.write(saved, line)
+    thread = threading.Thread(target=forward, name="cerebro-keras-import-stderr", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)          # the pipe's last write end closes: the thread reads to its end
+        thread.join(timeout=5)
+        if not thread.is_alive():
             os.close(saved)
-            caught.seek(0)
-            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
-            sys.stderr.write("".join(line for line in lines if not any(b in line for b in _BANNERS)))
 
 
 @dataclass
