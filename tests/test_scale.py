@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cerebro.engine import VisitScheme, trial_name, visit_order
@@ -113,15 +113,22 @@ def test_the_command_writes_the_schedule_and_its_numbers(tmp_path):
 
 @settings(max_examples=40, deadline=None)
 @given(case=cases(), direct=st.booleans(), seconds=st.sampled_from([0.0, 0.05, 0.5]))
+# Hypothesis found it (a full suite run): hub hops of 0.05 s gave a makespan of 129.0 s where
+# free links gave 133.9 s, a delay that shortens a greedy schedule (Graham's anomalies).
+@example(case=Case(workers=8, trials=9, partitions=12, spread=10.0, epochs=1, evaluate=False, draw=404,
+                   eval_cost=0.1), direct=False, seconds=0.05)
 def test_modelled_hops_keep_invariant_1_and_free_links_cost_nothing(case, direct, seconds):
-    """With links modelled, every schedule still satisfies invariant 1; links that move a
-    state in no time give the schedule without them; direct hops never touch the driver."""
+    """With links modelled, every schedule still satisfies invariant 1 and does the same work;
+    links that move a state in no time give the schedule without them; direct hops never
+    touch the driver. Costly links need not lengthen the schedule: a greedy scheduler's
+    decisions change with the delays, and a delay can make them better, so only the lower
+    bound holds."""
     from _hops import Hops
     hops = Hops(direct, seconds, 2 * seconds, case.partitions)
     out = simulate(case, "latin", keep_rows=True, hops=hops)
     check_invariant_1(case, "latin", out.rows)
     plain = simulate(case, "latin")
-    assert out.makespan >= plain.makespan - 1e-9 and out.busy == pytest.approx(plain.busy)
+    assert out.makespan >= case.lower_bound() - 1e-9 and out.busy == pytest.approx(plain.busy)
     if seconds == 0.0:
         assert out.makespan == pytest.approx(plain.makespan)
     if direct:
