@@ -299,6 +299,14 @@ def test_what_a_killed_fit_left_is_cleared_by_the_next_fit_unless_a_live_fit_hol
         cb.load(half)
     RunStore.create(half)                                     # the killed fit's leftovers go
     assert list(half.iterdir()) == []
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep")
+    (half / "data").symlink_to(elsewhere)                     # an attacker's link: never followed
+    with pytest.raises(FileExistsError, match="is a directory that is not empty"):
+        RunStore.create(half)
+    assert (elsewhere / "keep.txt").read_text() == "keep"
+    (half / "data").unlink()
     (half / "notes.txt").write_text("mine")                   # anything else is the user's: refused
     with pytest.raises(FileExistsError, match="is a directory that is not empty"):
         RunStore.create(half)

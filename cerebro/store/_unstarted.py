@@ -7,6 +7,8 @@ directory clears it (:func:`clear`), unless a live fit still holds its lock.
 """
 from __future__ import annotations
 
+import os
+
 from . import _files as files
 from ._lock import StoreInUseError, held_locally
 
@@ -16,6 +18,8 @@ HALF_MADE = {".lock", "data", "build.pkl", "build.pkl.sig"}
 def half_made(path: str) -> list[str] | None:
     """What a fit left in ``path`` that stopped before its run began, or None."""
     left = files.listdir(path)
+    if "://" not in path and any(os.path.islink(os.path.join(path, name)) for name in left):
+        return None           # not what a fit writes: never followed, never removed
     return left if left and set(left) <= HALF_MADE else None
 
 
