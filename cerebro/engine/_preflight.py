@@ -28,6 +28,7 @@ import torch
 from ..data import Dataset
 from ..report import flat_config
 from ..worker import Trainable, preflight
+from ..worker._torch import CLASS_INDEX_FIX
 from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from", "warm_started_from")
@@ -98,9 +99,8 @@ def _label_hint(label: np.ndarray, error: Exception) -> str:
     wanted_integers = any(word in str(error) for word in ("Long", "Int", "int64", "integer"))
     if not (wanted_integers and np.issubdtype(label.dtype, np.floating) and np.all(np.mod(label, 1) == 0)):
         return ""
-    return (f". The labels are whole numbers stored as {label.dtype}: for class indices encode them as integers: "
-            f"y.astype(int), or for Spark ML's double labels (StringIndexer's), "
-            f"df.withColumn('label', df['label'].cast('int')) before from_spark")
+    return f". The labels are whole numbers stored as {label.dtype}: for class indices encode them as integers: " \
+           f"{CLASS_INDEX_FIX}"
 
 
 def _too_large(build: Callable[[dict], Any], config: dict[str, Any]) -> bool:

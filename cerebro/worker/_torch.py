@@ -361,6 +361,11 @@ def _batch_sums(loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor
                                               for name, metric in metrics.items()})
 
 
+# How to make labels class indices, from numpy or from Spark ML (the driver's preflight says it too).
+CLASS_INDEX_FIX = ("y.astype(int), or for Spark ML's double labels (StringIndexer's), "
+                   "df.withColumn('label', df['label'].cast('int')) before from_spark")
+
+
 def _check_loss(loss: Callable, label: np.ndarray) -> None:
     """What can be told from the loss object itself, without running user code: torch's
     classification losses need integer class indices, and every loss must average the batch."""
@@ -375,5 +380,4 @@ def _check_loss(loss: Callable, label: np.ndarray) -> None:
         isinstance(function, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
     if classification and np.issubdtype(label.dtype, np.floating) and label.ndim == 1:
         raise ValueError(f"the label is {label.dtype} but loss={name} takes class indices; encode the classes as "
-                         f"integers 0..K-1: y.astype(int), or for Spark ML's double labels (StringIndexer's), "
-                         f"df.withColumn('label', df['label'].cast('int')) before from_spark")
+                         f"integers 0..K-1: {CLASS_INDEX_FIX}")
