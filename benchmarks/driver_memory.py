@@ -11,7 +11,8 @@ The workers' memory is not counted: it grows with the trials they hold, by desig
     .venv/bin/python benchmarks/driver_memory.py --trials 4 16   # fewer
     .venv/bin/python benchmarks/driver_memory.py --hops driver   # every hop through the driver
 
-With direct hops (the default) the driver gets each state once per epoch, for its checkpoint;
+With direct hops (the default) no state passes through the driver: the worker that ends an
+epoch writes the state to the store and the driver takes that file as the checkpoint;
 ``--hops driver`` sends every hop through it, as before direct hops.
 """
 from __future__ import annotations

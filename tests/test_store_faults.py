@@ -3,7 +3,8 @@
 A store that turns full or read-only mid-run stops the run with a ``StoreWriteError`` naming
 the store and the cause, loses no journaled epoch, and leaves the run resumable to the
 results of an undisturbed run, bitwise. The faults are injected where the driver writes
-(its file layer), since the tests cannot fill a disk or, as root, make one read-only.
+(its file layer), since the tests cannot fill a disk or, as root, make one read-only; the
+workers' writes of epoch states fail by being sent where no file can be written.
 Remote stores (any fsspec URL; ``memory://`` here) get a renewed lease file instead of the
 operating system's lock: a second driver is refused until the lease is given up or runs out,
 and of two drivers starting at once only one goes on.
@@ -53,6 +54,12 @@ def failing_after(monkeypatch, fault: str) -> None:
 
     monkeypatch.setattr(files, "write_atomic", failing_write_atomic)
     monkeypatch.setattr(files, "open_file", failing_open_file)
+    if name == ".state":
+        # The workers write the epochs' states (other processes, out of the patch's reach): on
+        # a full disk theirs fail first, so they send the states and the driver's write fails.
+        # A state file's place where no worker can write stands for that.
+        monkeypatch.setattr(RunStore, "staged_state", lambda store, trial_id, task_id: os.path.join(
+            store.path, "run.json", f"{trial_id}.{task_id}.state"))
 
 
 def journal(store) -> bytes:

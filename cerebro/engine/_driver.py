@@ -85,6 +85,7 @@ class Driver(DirectHops):
     def run(self) -> None:
         """Drive the run to its end; on any error stop the workers and leave it resumable."""
         try:
+            self.store.clear_staged()     # what a worker wrote before a crash: the epoch runs again
             self.pool.open()
             self._t0 = time.monotonic() - self._time_offset
             started = RunStarted if self._take_up is None else RunResumed
@@ -106,20 +107,24 @@ class Driver(DirectHops):
             if interrupted:    # Ctrl-C or SIGTERM: leave it resumable
                 self.recorder.emit(RunInterrupted(self._now()))
             self.pool.close("interrupted" if interrupted else "failed", self.progress.finish)
-            try:
-                self.recorder.close()
-            except RuntimeError:
-                pass    # the error already on its way is the one to report
-            finally:
-                self.book.shelf.close()
+            self._close_writes(failed=True)
             if interrupted and not isinstance(error, InterruptedRun):
                 raise InterruptedRun(self.recorder.path) from error
             raise
         self.pool.close("interrupted" if stopped else "finished", self.progress.finish)
+        self._close_writes()
+
+    def _close_writes(self, failed: bool = False) -> None:
+        """Finish the store's writes, raising the first one's error (unless the run ``failed``:
+        the error on its way is the one to report); drop the states shelved or staged."""
         try:
             self.recorder.close()
+        except RuntimeError:
+            if not failed:
+                raise
         finally:
             self.book.shelf.close()
+            self.store.clear_staged()   # the checkpoints are second names of those files: they stay
 
     def _busy(self) -> bool:
         return any(w.running for w in self.pool.workers.values())
@@ -210,14 +215,16 @@ class Driver(DirectHops):
                 shelved = source.held_state()
                 assert shelved is not None, f"{trial.trial_id}'s state {source.version} is nowhere (a bug)"
                 state = shelved.get()
-        seed = self.settings.seed
+        seed, last = self.settings.seed, self.direct and self.scheduler.last_visit(task)
         sent = self.pool.send(worker, RunSubEpoch(
             task_id, trial.trial_id, trial.config, task.kind, task.epoch, task.partition,
             init_seed(seed, trial.trial_id), subepoch_seed(seed, trial.trial_id, task.epoch, task.partition),
             source.version, state, trial.retune and task.kind == TRAIN,
-            self.settings.limits.trial_timeout, _epoch_before(trial, task), fetch,
-            # Direct hops: the driver gets a trial's state at its epoch's end, for the checkpoint.
-            not self.direct or self.scheduler.last_visit(task)))
+            self.settings.limits.trial_timeout, trial.metrics_before(task.epoch) if task.kind == TRAIN else None, fetch,
+            # Direct hops: at its epoch's end the worker writes the state to the store, for the
+            # checkpoint; the driver holds the file's name (see _outboxes.DirectHops._state_of).
+            not self.direct or last,
+            self.store.staged_state(trial.trial_id, task_id) if last and task.kind == TRAIN else None))
         if sent:     # a worker holds one version of a trial: this one
             for holding in trial.holdings():
                 if holding.version == source.version:
@@ -267,8 +274,8 @@ class Driver(DirectHops):
             return
         if isinstance(message, SubEpochDone):
             self._take_outbox(worker, task, trial, message)
-            self.book.sub_epoch_done(task, worker.index, message.sums, message.state, message.learning_rate,
-                                     message.epoch_metric)
+            self.book.sub_epoch_done(task, worker.index, message.sums, self._state_of(worker, task_id, task, message),
+                                     message.learning_rate, message.epoch_metric)
             if not self.direct and message.state is None and task.kind == TRAIN:
                 # Sent before the run fell back to hops through the driver: its state is where
                 # the others cannot fetch it.
@@ -388,11 +395,3 @@ class Driver(DirectHops):
 def _told(event: type[SubEpochStarted], task: Task) -> SubEpochStarted:
     """The observers' event that ``task`` started on its worker, or was aborted there."""
     return event(task.trial_id, task.epoch, task.partition, task.worker, task.kind)
-
-
-def _epoch_before(trial: Trial, task: Task) -> dict[str, float] | None:
-    """The metrics a train task of ``task.epoch`` carries: its epoch before's, where the
-    driver has them (always, for a trial whose schedule steps on one: it waits for them)."""
-    if task.kind != TRAIN or trial.last_metrics is None or trial.last_metrics[0] != task.epoch - 1:
-        return None
-    return trial.last_metrics[1]

@@ -18,14 +18,17 @@ Example:
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..worker._protocol import Forget, SubEpochDone
 from ._scheduler import TRAIN, Task
+from ._shelf import Stored
 from ._trial import Evaluation, Phase, Trial
 
 if TYPE_CHECKING:     # the driver's parts, which this mixin's methods use through ``self``
+    from ..store import RunStore
     from ._pool import Worker, WorkerPool
     from ._trials import TrialBook
 
@@ -82,6 +85,7 @@ class DirectHops:
     book: TrialBook
     outboxes: Outboxes
     direct: bool
+    store: RunStore
 
     def _unreachable(self, worker: Worker, peer: int, why: str) -> None:
         """``worker`` could not reach ``peer``. Where ``peer`` is alive, the workers cannot
@@ -129,3 +133,13 @@ class DirectHops:
         if task.kind == TRAIN and worker.peer is not None:
             self.outboxes.put(worker.index, trial.trial_id, trial.version + 1)
 
+
+    def _state_of(self, worker: Worker, task_id: int, task: Task, done: SubEpochDone) -> Any:
+        """The state ``done`` hands the driver: none, the one it sent, or (at an epoch's end)
+        the file the worker wrote it to in the store, of which the driver keeps the name."""
+        if done.store_error is not None:   # it sent the state instead: once per worker and cause
+            warnings.warn(f"{worker.describe()} could not write a state to the store {self.store.path} "
+                          f"({done.store_error}): it sends the states to the driver, which writes the "
+                          f"checkpoints. Make the store writable by every worker (docs/spark.md)",
+                          RuntimeWarning, stacklevel=2)
+        return Stored(self.store, self.store.staged_state(task.trial_id, task_id)) if done.stored else done.state

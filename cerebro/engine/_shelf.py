@@ -23,7 +23,7 @@ import weakref
 import zlib
 from typing import Any
 
-from ..store import StateFormatError, frames, parse_view
+from ..store import RunStore, StateFormatError, frames, parse_view, read_state_file
 from ..store._scratch import remove_scratch, scratch_directory
 
 
@@ -66,6 +66,23 @@ class Shelved:
         self._state = None
 
 
+class Stored:
+    """A state a worker wrote to the run's store at its epoch's end (``staged/``, see
+    :meth:`RunStore.staged_state`): the driver holds its name only. The checkpoint is a
+    second name of the file (:meth:`RunStore.promote_checkpoint`); :meth:`get` reads it,
+    checked, where a worker needs the state from the driver. The staged name is removed once
+    nothing refers to it."""
+
+    in_memory = False
+
+    def __init__(self, store: RunStore, path: str) -> None:
+        self.store, self.path = store, path
+        weakref.finalize(self, _remove_staged, store, path)
+
+    def get(self) -> Any:
+        return read_state_file(self.path)
+
+
 class StateShelf:
     """Keeps at most ``resident`` states in memory (None: all of them), spilling the rest
     to ``directory`` (default: a new directory under ``TMPDIR``, removed by :meth:`close`).
@@ -93,8 +110,11 @@ class StateShelf:
         self._thread: threading.Thread | None = None
         self._failed = False
 
-    def put(self, state: Any) -> Shelved:
-        """``state`` on the shelf: in memory while fewer than ``resident`` are, else on disk."""
+    def put(self, state: Any) -> Shelved | Stored:
+        """``state`` on the shelf: in memory while fewer than ``resident`` are, else on disk;
+        one already :class:`Stored` stays where it is."""
+        if isinstance(state, Stored):
+            return state
         shelved = Shelved(state)
         if self.resident is None or len(self._in_memory) < self.resident or self._failed:
             self._count += 1
@@ -144,3 +164,10 @@ def _remove(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
+
+
+def _remove_staged(store: RunStore, path: str) -> None:
+    try:
+        store.remove_staged(path)
+    except OSError:
+        pass       # the store went away: clear_staged at the run's end or next start removes it

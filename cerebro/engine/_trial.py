@@ -104,6 +104,13 @@ class Trial:
         """``state`` (shelved), at ``version``, is the trial's latest and the driver's copy."""
         self.state, self.state_version, self.version = state, version, version
 
+    def metrics_before(self, epoch: int) -> dict[str, float] | None:
+        """The metrics a train task of ``epoch`` carries: its epoch before's, where the driver
+        has them (always, for a trial whose schedule steps on one: it waits for them)."""
+        if self.last_metrics is None or self.last_metrics[0] != epoch - 1:
+            return None
+        return self.last_metrics[1]
+
     def held_state(self) -> Any:
         """The driver's copy of the latest state; None where only a worker holds it (or at version 0)."""
         return self.state if self.state_version == self.version else None

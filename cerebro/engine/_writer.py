@@ -9,7 +9,7 @@ from typing import Any
 from ..report import Progress
 from ..store import Event, RunStore
 from ._errors import StoreWriteError
-from ._shelf import Shelved
+from ._shelf import Shelved, Stored
 
 
 class BackgroundWriter:
@@ -88,9 +88,14 @@ class StoreRecorder:
             self._writer.submit(self.store.emit, event)
         self.observer.notify(event)
 
-    def write_checkpoint(self, trial_id: str, state: Shelved, epoch: int, exploit: bool = False,
+    def write_checkpoint(self, trial_id: str, state: Shelved | Stored, epoch: int, exploit: bool = False,
                          best: bool = False) -> None:
-        """Write ``state`` (read from the shelf on the writer's thread) as ``epoch``'s checkpoint."""
+        """Write ``state`` (read from the shelf on the writer's thread) as ``epoch``'s checkpoint;
+        one a worker wrote to the store (:class:`Stored`) becomes it under a second name."""
+        if isinstance(state, Stored) and not exploit:    # PBT's copy is rewritten: its header says so
+            # The call holds ``state``: its file stays until the checkpoint names it.
+            self._writer.submit(lambda: self.store.promote_checkpoint(trial_id, state.path, epoch, best))
+            return
         self._writer.submit(lambda: self.store.write_checkpoint(trial_id, state.get(), epoch, exploit, best),
                             heavy=True)
 

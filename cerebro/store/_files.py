@@ -106,12 +106,14 @@ def link_atomic(source: str, target: str) -> None:
     """Make ``target`` a second name of the file ``source`` (a hard link on a local disk, a
     copy elsewhere), put in place as :func:`write_atomic` does."""
     if "://" not in source and "://" not in target:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         if os.path.lexists(target + ".tmp"):
             os.remove(target + ".tmp")
         os.link(source, target + ".tmp")
         os.replace(target + ".tmp", target)
         return
     fs, path = _fs(target)
+    fs.makedirs(fs._parent(path), exist_ok=True)
     fs.copy(_fs(source)[1], path + ".tmp")
     fs.mv(path + ".tmp", path)
 

@@ -17,6 +17,8 @@
     trials/t0000/checkpoint.best.state  the epoch with the best metric so far (a hard link
                              of its checkpoint on a local disk)
     trials/t0000/error.txt       the traceback of a failed trial
+    staged/t0000.17.state    a state a worker wrote at an epoch's end (task 17), until the
+                             driver takes it as the checkpoint; removed when the run ends
     history.csv, schedule.csv    written when the run finishes
     stop                     cb.stop's request to a live run (its driver deletes it as it stops)
 
@@ -31,7 +33,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
@@ -40,14 +42,15 @@ from . import _unstarted as unstarted
 from ._events import Event
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
-from ._state_codec import frames, read_message
+from ._state_codec import read_message
+from ._state_files import STATE_FORMAT, check_state_header, split_state_file, write_state_file
 from ._trust import UntrustedCodeError, signature, signed_by_me
 
 if TYPE_CHECKING:
     import pandas as pd
 
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
-STATE_FORMAT = "data/1"     # run.json and every checkpoint header name it; older runs pickled
+STAGED = "staged"           # epoch-end states written by workers, taken as checkpoints
 BEST = "checkpoint.best.state"
 STOP_FILE = "stop"
 
@@ -249,20 +252,46 @@ class RunStore:
         ``best``: the epoch's metric is the trial's best so far, kept as ``checkpoint.best``
         (written first, so a crash between the two never leaves an older best behind a newer
         checkpoint)."""
-        parts, crc, size = frames(state), 0, 0      # encoded once: checked, then written
-        for frame in parts:
-            crc, size = zlib.crc32(frame, crc), size + memoryview(frame).nbytes
-        header = json.dumps({"trial_id": trial_id, "epoch": epoch, "exploit": exploit, "size": size,
-                             "crc": crc, "format": STATE_FORMAT}).encode() + b"\n"
+        self._put_checkpoint(trial_id, best, lambda target: write_state_file(target, trial_id, epoch, state, exploit))
+
+    def staged_state(self, trial_id: str, task_id: int) -> str:
+        """Where the worker running task ``task_id`` writes ``trial_id``'s state at its epoch's
+        end, for :meth:`promote_checkpoint` (see :mod:`._state_files`)."""
+        return self.file(STAGED, f"{trial_id}.{task_id}.state")
+
+    def promote_checkpoint(self, trial_id: str, staged: str, epoch: int, best: bool = False) -> None:
+        """Make the state file a worker wrote at ``staged`` the trial's checkpoint, as
+        :meth:`write_checkpoint` would: a second name of the file, not a copy, on a local
+        disk (a copy elsewhere), its header and size checked first (a worker's write that did
+        not land stops the run with the file named, before the journal says the epoch ended)."""
+        check_state_header(staged, trial_id, epoch)
+        self._put_checkpoint(trial_id, best, lambda target: files.link_atomic(staged, target))
+
+    def remove_staged(self, staged: str) -> None:
+        """Remove one state file of :meth:`staged_state` (its checkpoint names stay)."""
+        if files.exists(staged):
+            files.remove(staged)
+
+    def clear_staged(self) -> None:
+        """Remove the states workers wrote for checkpoints (at a run's start, what a crash
+        left; at its end, the names the checkpoints no longer need). A symlink in their
+        place is removed, never followed."""
+        staged = self.file(STAGED)
+        if "://" not in staged and os.path.islink(staged):
+            os.remove(staged)
+        elif files.exists(staged):
+            files.remove_tree(staged)
+
+    def _put_checkpoint(self, trial_id: str, best: bool, put: Callable[[str], None]) -> None:
         current, kept = self.file("trials", trial_id, "checkpoint.state"), self.file("trials", trial_id, BEST)
         if best:
-            files.write_atomic(kept, writer=lambda f: [f.write(part) for part in (header, *parts)])
+            put(kept)
         if files.exists(current):
             files.move(current, self.file("trials", trial_id, "checkpoint.prev.state"))
         if best:
             files.link_atomic(kept, current)
         else:
-            files.write_atomic(current, writer=lambda f: [f.write(part) for part in (header, *parts)])
+            put(current)
 
     def checkpoints(self, trial_id: str, names: tuple[str, ...] = ("checkpoint.state", "checkpoint.prev.state")
                     ) -> list[dict[str, Any]]:
@@ -280,12 +309,8 @@ class RunStore:
                 continue
             with files.open_file(path) as f:
                 content = f.read()
-            head, _, body = content.partition(b"\n")
             try:
-                header = json.loads(head)
-                if len(body) != header["size"] or zlib.crc32(body) != header["crc"]:
-                    raise ValueError(f"{len(body)} bytes with CRC {zlib.crc32(body)}; its header says "
-                                     f"{header['size']} bytes with CRC {header['crc']}")
+                header, body = split_state_file(content)
                 if header.get("format") == STATE_FORMAT:
                     state = read_message(io.BytesIO(body))
                 elif self.pickled_states and "format" not in header:

@@ -17,7 +17,7 @@ import cloudpickle
 import torch
 
 from ..data import PartitionFileError, PartitionSource, StreamedPartition, transform_rng
-from ..store import StateFormatError, TaskKind, frames, pack_tensors, unpack_tensors
+from ..store import StateFormatError, TaskKind, frames, pack_tensors, unpack_tensors, write_state_file
 from ._data import WorkerData
 from ._keras import prepare_keras
 from ._outbox import Outbox
@@ -282,12 +282,28 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
         handed_back = () if state is None or trainables.outbox is None else \
             trainables.reserve(task.trial_id, task.version + 1, state)
         evicted = trainables.keep(task, trainable, task.version + train)
-        return SubEpochDone(task.task_id, sums, compute, state if task.return_state else None, evicted,
-                            trainable.learning_rate() if train else None, trainable.epoch_metric(), handed_back,
-                            trainables.fetched)
+        sent, stored, store_error = _hand_over(task, state)
+        return SubEpochDone(task.task_id, sums, compute, sent, evicted, trainable.learning_rate() if train else None,
+                            trainable.epoch_metric(), handed_back, trainables.fetched, stored, store_error)
     except SubEpochTimeout:
         return SubEpochFailed(task.task_id, traceback.format_exc(), timed_out=True)
     except PartitionFileError as error:     # not the trial's fault: the run stops
         return SubEpochFailed(task.task_id, traceback.format_exc(), data_error=str(error))
     except Exception:
         return SubEpochFailed(task.task_id, traceback.format_exc())
+
+
+def _hand_over(task: RunSubEpoch, state: Any) -> tuple[Any, bool, str | None]:
+    """Where a train task's ``state`` goes besides the outbox: (sent back to the driver,
+    written to the store where the task says, why it could not be). Written there, the
+    driver takes the file as the epoch's checkpoint and never holds the state; a store this
+    worker cannot write to sends it back instead."""
+    if state is None or not task.return_state:
+        return None, False, None
+    if task.store_state is None:
+        return state, False, None
+    try:
+        write_state_file(task.store_state, task.trial_id, task.epoch, state)
+        return None, True, None
+    except OSError as error:
+        return state, False, f"{type(error).__name__}: {error}"

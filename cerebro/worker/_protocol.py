@@ -97,6 +97,7 @@ class RunSubEpoch:
     metrics: dict[str, float] | None = None   # a train task's: the epoch before's, where the driver has them
     fetch: tuple[str, int] | None = None   # the peer whose outbox holds the state (direct hops)
     return_state: bool = True    # send the trained state back to the driver (else it stays in the outbox)
+    store_state: str | None = None   # with return_state: write it there instead (the run's store), for the checkpoint
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,8 @@ class SubEpochDone:
     epoch_metric: str | None = None      # what its schedule steps on: the driver then sends each epoch's metrics
     handed_back: tuple[HandedBack, ...] = ()   # states its outbox let go of (direct hops)
     fetched_bytes: int = 0               # what it fetched from a peer for this task (direct hops)
+    stored: bool = False                 # the state is in the file the task named (store_state), not here
+    store_error: str | None = None       # why it could not be written there (then it is here)
 
 
 @dataclass

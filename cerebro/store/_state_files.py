@@ -1,0 +1,78 @@
+"""A trial's state as a file: one header line (its trial, epoch, size, CRC-32 and format),
+then the state in the data-only format of :mod:`._state_codec`.
+
+Checkpoints are such files, and so are the states a worker writes into the run directory
+at an epoch's end (``staged/``): the driver then makes the checkpoint a second name of the
+worker's file, so the state never passes through the driver (DESIGN: "Control plane and
+data plane"; issue 34).
+"""
+from __future__ import annotations
+
+import io
+import json
+import zlib
+from typing import Any
+
+from . import _files as files
+from ._state_codec import frames, read_message
+
+STATE_FORMAT = "data/1"     # run.json and every checkpoint header name it; older runs pickled
+
+
+def write_state_file(location: str, trial_id: str, epoch: int, state: Any, exploit: bool = False) -> None:
+    """Write the packed ``state`` (see :func:`pack_tensors`) to ``location``, whole or not at
+    all (see :func:`._files.write_atomic`)."""
+    parts, crc, size = frames(state), 0, 0      # encoded once: checked, then written
+    for frame in parts:
+        crc, size = zlib.crc32(frame, crc), size + memoryview(frame).nbytes
+    header = json.dumps({"trial_id": trial_id, "epoch": epoch, "exploit": exploit, "size": size,
+                         "crc": crc, "format": STATE_FORMAT}).encode() + b"\n"
+    files.write_atomic(location, writer=lambda f: [f.write(part) for part in (header, *parts)])
+
+
+def split_state_file(content: bytes) -> tuple[dict[str, Any], bytes]:
+    """The header and the body of a state file's ``content``; raises ``ValueError`` where the
+    body is not the size and CRC-32 its header says (a torn or changed file)."""
+    head, _, body = content.partition(b"\n")
+    header = json.loads(head)
+    if not isinstance(header, dict):
+        raise ValueError(f"its header is {type(header).__name__}, not an object")
+    if len(body) != header["size"] or zlib.crc32(body) != header["crc"]:
+        raise ValueError(f"{len(body)} bytes with CRC {zlib.crc32(body)}; its header says "
+                         f"{header['size']} bytes with CRC {header['crc']}")
+    return header, body
+
+
+def read_state_file(location: str) -> Any:
+    """The packed state in the data-only state file at ``location``; raises ``ValueError``
+    (naming the file) where it is torn, changed, or of another format."""
+    with files.open_file(location) as f:
+        content = f.read()
+    try:
+        header, body = split_state_file(content)
+        if header.get("format") != STATE_FORMAT:
+            raise ValueError(f"its header names the format {header.get('format')!r}, not {STATE_FORMAT!r}")
+        return read_message(io.BytesIO(body))
+    except (ValueError, KeyError, TypeError, EOFError) as error:
+        raise ValueError(f"the state file {location} cannot be read: {type(error).__name__}: {error}") from None
+
+
+def check_state_header(location: str, trial_id: str, epoch: int) -> None:
+    """Check, without reading the state, that the file at ``location`` holds ``trial_id``'s
+    state after ``epoch`` whole (its header's size against the file's); raises ``ValueError``
+    naming the file. Its CRC-32 is checked where it is read (resume, ``cb.load``)."""
+    fs, path = files._fs(location)
+    with fs.open(path, "rb") as f:
+        head = f.readline(_MAX_HEADER)
+    try:
+        header = json.loads(head)
+        expected = {"trial_id": trial_id, "epoch": epoch, "format": STATE_FORMAT}
+        if {key: header.get(key) for key in expected} != expected:
+            raise ValueError(f"its header says {header}, not {expected}")
+        if fs.size(path) != len(head) + header["size"]:
+            raise ValueError(f"it is {fs.size(path)} bytes; its header says {len(head) + header['size']}")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ValueError(f"the state file {location} is not the one written: {error}") from None
+
+
+_MAX_HEADER = 4096     # a header line is ~120 bytes: a longer one is no header
