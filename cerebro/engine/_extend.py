@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..store import Decided, EpochEnd, Event, RunExtended, TrialCreated, TrialEnded, TrialRetried, TrialStatus
+from ..store import Decided, EpochEnd, Event, Ledger, RunExtended, TrialCreated, TrialEnded, TrialStatus
 from ._interface import SearchPolicy
 
 
@@ -35,17 +35,9 @@ def extension(policy: SearchPolicy, events: list[Event], epochs: int) -> RunExte
         return None
     # Completed trials, and live ones at the old last epoch (the driver died between that
     # epoch's decision and the trial's end): the longer run decides anew there.
-    status: dict[str, TrialStatus | None] = {}
-    reached: dict[str, int] = {}
-    for event in as_extended(events):
-        if isinstance(event, (TrialCreated, TrialRetried)):
-            status[event.trial_id] = None
-        elif isinstance(event, EpochEnd):
-            reached[event.trial_id] = event.epoch
-        elif isinstance(event, TrialEnded):
-            status[event.trial_id] = event.status
-    return RunExtended(epochs, [t for t, s in status.items()
-                                if s is TrialStatus.COMPLETED or (s is None and reached.get(t) == before)], 0.0)
+    facts = Ledger().fold(as_extended(events)).trials
+    return RunExtended(epochs, [t for t, trial in facts.items() if trial.status is TrialStatus.COMPLETED
+                                or (trial.status is None and trial.epoch == before)], 0.0)
 
 
 def as_extended(events: list[Any]) -> list[Any]:

@@ -9,7 +9,7 @@ new driver.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..store import (
@@ -19,14 +19,14 @@ from ..store import (
     DecidedPaused,
     EpochEnd,
     Exploited,
+    Ledger,
     RunExtended,
     TrialAdded,
     TrialCreated,
     TrialEnded,
+    TrialFacts,
     TrialRetried,
-    TrialStatus,
     TrialStopAsked,
-    improved,
     parse_event,
 )
 from ._epoch_rules import diverged, plateau
@@ -41,24 +41,14 @@ class ResumeError(RuntimeError):
 
 
 @dataclass
-class RecoveredTrial:
-    """A trial as the journal leaves it: its last epoch, metrics and the searcher's answers."""
+class RecoveredTrial(TrialFacts):
+    """A trial as the journal leaves it (:class:`TrialFacts`), with the searcher's answers."""
 
-    trial_id: str
-    config: dict[str, Any]
-    max_epochs: int
-    epoch: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
-    epoch_metrics: dict[int, dict[str, float]] = field(default_factory=dict)   # every journaled epoch's
-    status: TrialStatus | None = None         # set once the trial ended
     decision: Decision | None = None          # report's answer at ``epoch``
     decision_journaled: bool = False
     pending: Decision | Exploit | None = None   # decided by decide(), not carried out yet
-    exploited_at: int | None = None
-    best: tuple[int, float] | None = None     # (epoch, metric) of its best epoch (see TrialBook)
     improved_at: tuple[int, float] | None = None   # early stopping (see _epoch_rules.plateau)
     stop_reason: str | None = None
-    stop_epoch: int | None = None             # cb.stop(run_dir, trial=...): it ends going on after it
 
 
 @dataclass
@@ -72,8 +62,9 @@ class Recovered:
 
 def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSettings) -> Recovered:
     """Call ``policy`` as the driver did for ``events``; the trials as the journal leaves them
-    (with their best epochs and early stopping by ``settings``)."""
-    trials: dict[str, RecoveredTrial] = {}
+    (read by the :class:`Ledger` every reader of a run uses, with their best epochs and
+    early stopping by ``settings``)."""
+    ledger = Ledger(settings.metric, settings.mode, make=RecoveredTrial)
     suggested: list[TrialRequest] = []
     added: list[TrialRequest] = []            # what the users added (cb.add_trial), to be created next
     last_time = 0.0
@@ -86,18 +77,14 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
         if index in undone:
             continue          # the searcher is not told of an end that a retry undid
         last_time = max(last_time, getattr(event, "time", None) or getattr(event, "end", None) or 0.0)
-        trial = trials.get(getattr(event, "trial_id", ""))
+        if isinstance(event, TrialCreated):
+            _check_created(event, policy, added, suggested)
+        trial = ledger.apply(event)
         match event:
             case TrialAdded():
                 added.append(policy.added(event.config))     # type: ignore[attr-defined]  # it had it then
-            case TrialCreated():
-                trials[event.trial_id] = _created(event, policy, added, suggested)
             case EpochEnd():
-                trial.epoch, trial.metrics, trial.pending = event.epoch, event.metrics, None
-                trial.epoch_metrics[event.epoch] = event.metrics
-                trial.best = improved(trial.best, event.epoch, event.metrics, settings.metric, settings.mode) \
-                    or trial.best
-                trial.decision, trial.decision_journaled = None, False
+                trial.pending, trial.decision, trial.decision_journaled = None, None, False
                 if not diverged(trial.metrics):
                     trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
                     trial.improved_at, trial.decision, trial.stop_reason = plateau(
@@ -112,20 +99,18 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
                 if {t: describe(d) for t, d in decided.items()} != event.decisions:
                     raise ResumeError(f"the searcher decides {decided}; the journal says {event.decisions}")
                 for trial_id, decision in decided.items():
-                    trials[trial_id].pending = decision
+                    ledger.trials[trial_id].pending = decision
             case Exploited():
-                trial.config, trial.exploited_at, trial.pending = dict(event.config), event.epoch, Decision.CONTINUE
-            case TrialStopAsked():
-                trial.stop_epoch = event.epoch
+                trial.pending = Decision.CONTINUE
             case TrialEnded():
-                trial.status, trial.pending = event.status, None
+                trial.pending = None
                 policy.trial_ended(trial.trial_id, trial.status)
-    return Recovered(trials, added + suggested, last_time)
+    return Recovered(ledger.trials, added + suggested, last_time)     # type: ignore[arg-type]  # made by make=
 
 
-def _created(event: TrialCreated, policy: SearchPolicy, added: list[TrialRequest],
-             suggested: list[TrialRequest]) -> RecoveredTrial:
-    """The trial ``event`` created, once it is the next one a user added, or the searcher
+def _check_created(event: TrialCreated, policy: SearchPolicy, added: list[TrialRequest],
+                   suggested: list[TrialRequest]) -> None:
+    """Check that the trial ``event`` created is the next one a user added, or the searcher
     suggests (asked again once its last suggestions are used up)."""
     if not added and not suggested:
         suggested.extend(policy.suggest())
@@ -135,7 +120,6 @@ def _created(event: TrialCreated, policy: SearchPolicy, added: list[TrialRequest
     if request.config != event.config or request.max_epochs != event.max_epochs:
         raise ResumeError(f"the searcher suggests {request} where the journal created {event.trial_id} "
                           f"with {event.config} for {event.max_epochs} epochs")
-    return RecoveredTrial(event.trial_id, dict(event.config), event.max_epochs)
 
 
 def retried_ends(events: list[Any]) -> frozenset[int]:

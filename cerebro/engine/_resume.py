@@ -22,13 +22,13 @@ from ..store import (
     DecidedPaused,
     Exploited,
     JournalRepaired,
+    Ledger,
     RunExtended,
     RunFinished,
     RunResumed,
     RunStarted,
     RunStore,
     TrialCreated,
-    TrialEnded,
     TrialRetried,
     TrialRolledBack,
     TrialStatus,
@@ -187,17 +187,8 @@ def has_finished(events: list[dict[str, Any]]) -> bool:
 
 def failed_trials(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The trials whose last end is ``failed`` (not retried since), with their configs."""
-    configs: dict[str, dict[str, Any]] = {}
-    failed: dict[str, bool] = {}
-    for event in map(parse_event, events):
-        match event:
-            case TrialCreated() | Exploited():
-                configs[event.trial_id] = event.config
-            case TrialEnded():
-                failed[event.trial_id] = event.status is TrialStatus.FAILED
-            case TrialRetried():
-                failed[event.trial_id] = False
-    return {trial_id: configs[trial_id] for trial_id, is_failed in failed.items() if is_failed}
+    facts = Ledger().fold(map(parse_event, events)).trials
+    return {trial_id: trial.config for trial_id, trial in facts.items() if trial.status is TrialStatus.FAILED}
 
 
 def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[str, dict[str, Any]]) -> None:

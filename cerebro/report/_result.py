@@ -15,6 +15,7 @@ import pandas as pd
 from ..store import (
     EpochEnd,
     Exploited,
+    Ledger,
     RunExtended,
     RunFinished,
     RunResumed,
@@ -22,13 +23,10 @@ from ..store import (
     RunStore,
     StateLost,
     SubEpoch,
-    TrialCreated,
-    TrialEnded,
-    TrialRetried,
+    TrialFacts,
     TrialStatus,
     WorkerReplaced,
     WorkersRestarted,
-    improved,
     parse_event,
 )
 from ._trial_result import TrialResult, flat_config
@@ -51,7 +49,6 @@ class Result:
         self.metric: str = info["searcher"]["metric"]
         self.mode: str = info["searcher"]["mode"]
         self.keep_checkpoints: int | None = info.get("limits", {}).get("keep_checkpoints")
-        self._trials: dict[str, TrialResult] = {}
         self._history: list[dict[str, Any]] = []
         self._schedule: list[dict[str, Any]] = []
         self._exploits: list[dict[str, Any]] = []
@@ -63,25 +60,23 @@ class Result:
         events, self.damage = store.readable_events()
         for message in self.damage:
             warnings.warn(message, stacklevel=3)
+        self._ledger = Ledger(self.metric, self.mode)
         for event in events:
             self._apply(event)
+        self._trials: dict[str, TrialResult] = {trial_id: self._trial_result(facts)
+                                                for trial_id, facts in self._ledger.trials.items()}
         # What happened to the run, by journal event name (workers lost, states lost, ...).
         self.incidents: Counter[str] = Counter(event.get("event") for event in events)
 
     def _apply(self, record: dict[str, Any]) -> None:
+        """Take one journal line in: the trials' facts through the :class:`Ledger` every reader
+        of a run uses, then the rows only a Result keeps (history, schedule, workers)."""
         event = parse_event(record)
-        if getattr(event, "trial_id", None) not in (None, *self._trials) and not isinstance(event, TrialCreated):
+        trial = self._ledger.apply(event)
+        if trial is None and getattr(event, "trial_id", None) is not None:
             return                             # its trial's creation is on a damaged line
         match event:
-            case TrialCreated() as event:
-                self._trials[event.trial_id] = TrialResult(event.trial_id, event.config,
-                                                           warm_started_from=event.warm_started_from, _result=self)
             case EpochEnd() as event:
-                trial = self._trials[event.trial_id]
-                trial.epochs, trial.metrics = event.epoch, event.metrics
-                best = None if trial.best_epoch is None else (trial.best_epoch, trial.best_metrics[self.metric])
-                if improved(best, event.epoch, event.metrics, self.metric, self.mode):
-                    trial.best_epoch, trial.best_metrics = event.epoch, event.metrics
                 exploited = [e["source"] for e in self._exploits
                              if e["trial_id"] == trial.trial_id and e["epoch"] == event.epoch - 1]
                 # The config this epoch trained with: PBT may have changed it since the trial began.
@@ -89,7 +84,6 @@ class Result:
                                       "exploited_from": exploited[0] if exploited else None,
                                       "warm_started_from": trial.warm_started_from, **flat_config(trial.config)})
             case Exploited() as event:
-                self._trials[event.trial_id].config = event.config
                 self._exploits.append({k: v for k, v in event.record().items() if k != "time"})
             case SubEpoch() as event:
                 if (event.trial_id, event.epoch) in self._redone:
@@ -100,17 +94,8 @@ class Result:
                 self._schedule = [row for row in self._schedule if not (
                     row["trial_id"] == event.trial_id and row["epoch"] == event.epoch and row["kind"] == "train"
                     and row["partition"] in event.partitions)]
-            case TrialEnded() as event:
-                trial = self._trials[event.trial_id]
-                trial.status, trial.reason = event.status, event.reason
-                trial.error = trial.reason if event.status.is_failure else None
-            case TrialRetried() as event:
-                trial = self._trials[event.trial_id]
-                trial.status, trial.reason, trial.error = TrialStatus.RUNNING, None, None
-            case RunExtended() as event:        # resume(..., epochs=N): the completed trials go on
+            case RunExtended():                # resume(..., epochs=N): the completed trials go on
                 self.finished = False
-                for trial_id in set(event.trials) & set(self._trials):
-                    self._trials[trial_id].status, self._trials[trial_id].reason = TrialStatus.RUNNING, None
             case RunStarted() | WorkersRestarted() | WorkerReplaced() as event:
                 self.finished = self.finished and not isinstance(event, RunResumed)
                 self.workers = {int(index): info for index, info in event.workers.items()}
@@ -122,6 +107,13 @@ class Result:
                 self.finished = True
                 self.bytes_communicated = ((event.bytes_sent or 0) + (event.bytes_received or 0)
                                            + (event.bytes_between_workers or 0))
+
+    def _trial_result(self, facts: TrialFacts) -> TrialResult:
+        status = facts.status or TrialStatus.RUNNING
+        return TrialResult(facts.trial_id, facts.config, status=status, epochs=facts.epoch, metrics=facts.metrics,
+                           error=facts.reason if status.is_failure else None, reason=facts.reason,
+                           best_epoch=None if facts.best is None else facts.best[0], best_metrics=facts.best_metrics,
+                           warm_started_from=facts.warm_started_from, _result=self)
 
     @property
     def provided_build(self) -> Callable[[dict], Any] | None:

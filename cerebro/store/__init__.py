@@ -33,6 +33,7 @@ from ._events import (
     improved,
     parse_event,
 )
+from ._ledger import Ledger, TrialFacts
 from ._legacy_pickle import UntrustedStateError
 from ._lock import StoreInUseError
 from ._run_store import BEST, STATE_FORMAT, STOP_FILE, DamagedLine, RunStore
@@ -52,11 +53,11 @@ from ._state_files import read_state_file, write_state_file
 from ._trust import UntrustedCodeError
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
-           "Event", "Exploited", "JournalRepaired", "PartitionsMoved", "RunExtended", "RunFinished", "RunInterrupted",
-           "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError", "StateLost", "StoreInUseError",
-           "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "TrialAdded", "TrialCreated",
-           "TrialEnded", "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialStopAsked", "TrialTakenUp",
-           "UntrustedCodeError", "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerReplaced",
-           "WorkersRestarted", "improved", "frames", "pack_tensors", "parse", "parse_event", "parse_view",
-           "read_exactly", "read_message", "read_state_file", "unpack_tensors", "write_message",
-           "write_state_file"]
+           "Event", "Exploited", "JournalRepaired", "Ledger", "PartitionsMoved", "RunExtended", "RunFinished",
+           "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError", "StateLost",
+           "StoreInUseError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes",
+           "TrialAdded", "TrialCreated", "TrialEnded", "TrialFacts", "TrialRetried", "TrialRolledBack", "TrialStatus",
+           "TrialStopAsked", "TrialTakenUp", "UntrustedCodeError", "UntrustedStateError", "WorkerLost",
+           "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "improved", "frames", "pack_tensors", "parse",
+           "parse_event", "parse_view", "read_exactly", "read_message", "read_state_file", "unpack_tensors",
+           "write_message", "write_state_file"]
