@@ -11,9 +11,10 @@ class Hops(enum.StrEnum):
     """How a trial's state goes from the worker that trained it to the one that trains it next.
 
     ``DIRECT`` (the default): worker to worker, over an authenticated connection; the driver
-    only says who sends what to whom, and gets each trial's state once per epoch, for its
-    checkpoint. ``DRIVER``: every hop goes through the driver, for clusters whose workers
-    cannot open connections to each other (firewalled executors, some container networks).
+    only says who sends what to whom, and the worker that ends an epoch writes the state to
+    the store, where it becomes the checkpoint. ``DRIVER``: every hop goes through the
+    driver, for clusters whose workers cannot open connections to each other (firewalled
+    executors, some container networks).
     """
 
     DIRECT = "direct"

@@ -80,10 +80,10 @@ class SparkBackend(Backend):
 
     Every task loads its partitions from the store once and keeps them in memory; only model
     state moves, over the same protocol as local workers: from executor to executor (direct
-    hops), and once per epoch to the driver at ``spark.driver.host``. Executors must reach the
-    store (a shared or distributed file system), the driver's port and each other's ports;
-    where executors cannot reach each other, ``hops="driver"`` sends every hop through the
-    driver.
+    hops), and once per epoch into the store, where it becomes the checkpoint. Executors
+    must reach the store (a shared or distributed file system), the driver's port and each
+    other's ports; where executors cannot reach each other, ``hops="driver"`` sends every
+    hop through the driver.
 
     Args:
         spark: a SparkSession; default: the active one.
