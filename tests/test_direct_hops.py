@@ -20,7 +20,15 @@ from _models import build, digits
 
 import cerebro as cb
 import cerebro.engine
-from cerebro.store import RunStore, frames, pack_tensors, unpack_tensors, write_state_file
+from cerebro.store import (
+    RunStore,
+    frames,
+    pack_tensors,
+    read_state_file,
+    remove_state_file,
+    unpack_tensors,
+    write_state_file,
+)
 from cerebro.worker._outbox import Outbox
 from cerebro.worker._peers import StateServer, fetch
 from cerebro.worker._protocol import Fetch, HandedBack
@@ -197,7 +205,7 @@ def test_workers_that_cannot_write_to_the_store_send_their_states_and_the_driver
         tmp_path, monkeypatch, hub_and_direct):
     blocked = tmp_path / "a-file"          # every worker's write there fails: it is no directory
     blocked.write_text("")
-    monkeypatch.setattr(RunStore, "staged_state", lambda self, trial_id, task_id: str(blocked / f"{trial_id}.state"))
+    monkeypatch.setattr(RunStore, "staged_state", lambda self, name: str(blocked / f"{name}.state"))
     with pytest.warns(RuntimeWarning, match=r"^worker \d \(pid \d+ on .+\) could not write a state to the store "
                                             r".+ \((FileExistsError|NotADirectoryError): .+\): it sends the states "
                                             r"to the driver, which writes the checkpoints\. Make the store writable "
@@ -214,7 +222,7 @@ def test_workers_that_cannot_write_to_the_store_send_their_states_and_the_driver
 def test_a_workers_state_file_is_taken_as_the_checkpoint_only_whole_and_for_its_trial(tmp_path):
     store = RunStore(tmp_path / "run")
     state = pack_tensors({"w": torch.arange(1000.0)})
-    staged = store.staged_state("t0001", 7)
+    staged = store.staged_state("t0001.7")
     assert staged == str(tmp_path / "run" / "staged" / "t0001.7.state")
     write_state_file(staged, "t0001", 3, state)
     with pytest.raises(ValueError, match=rf"^the state file {staged} is not the one written: its header says "
@@ -226,7 +234,7 @@ def test_a_workers_state_file_is_taken_as_the_checkpoint_only_whole_and_for_its_
     assert [(c["epoch"], torch.equal(unpack_tensors(c["state"])["w"], torch.arange(1000.0))) for c in checkpoint] \
         == [(3, True), (3, True)]
     assert os.stat(staged).st_ino == os.stat(checkpoint[0]["path"]).st_ino      # a second name, not a copy
-    store.remove_staged(staged)
+    remove_state_file(staged)
     assert torch.equal(unpack_tensors(store.read_checkpoint("t0001"))["w"], torch.arange(1000.0))
     write_state_file(staged, "t0001", 4, state)
     with open(staged, "r+b") as f:         # torn: the header's size is not the file's
@@ -234,6 +242,27 @@ def test_a_workers_state_file_is_taken_as_the_checkpoint_only_whole_and_for_its_
     with pytest.raises(ValueError, match=rf"^the state file {staged} is not the one written: it is \d+ bytes; "
                                          r"its header says \d+$"):
         store.promote_checkpoint("t0001", staged, 4)
+
+
+def test_a_symlink_planted_where_states_are_written_or_linked_is_never_followed(tmp_path):
+    store = RunStore(tmp_path / "run")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    staged = store.staged_state("t0001.7")
+    os.makedirs(os.path.dirname(staged))
+    os.symlink(victim, staged + ".tmp")       # where the worker writes before the move
+    state = pack_tensors({"w": torch.arange(10.0)})
+    write_state_file(staged, "t0001", 1, state)
+    assert victim.read_bytes() == b"precious" and not os.path.islink(staged)
+    assert torch.equal(unpack_tensors(read_state_file(staged, "t0001", 1))["w"], torch.arange(10.0))
+    with pytest.raises(ValueError, match=rf"^the state file {staged} cannot be read: ValueError: its header says "
+                                         r"\{.*\}, not \{'trial_id': 't0002', 'epoch': 1, 'format': 'data/1'\}$"):
+        read_state_file(staged, "t0002", 1)
+    planted = store.staged_state("t0001.8")
+    os.symlink(staged, planted)               # a valid state behind it: still not linked as a checkpoint
+    with pytest.raises(OSError, match=rf"{planted} is a symlink, not a file Cerebro wrote"):
+        store.promote_checkpoint("t0001", planted, 1)
+    assert not os.path.lexists(os.path.join(store.path, "trials", "t0001", "checkpoint.state"))
 
 
 def test_clearing_the_staged_states_removes_a_symlink_in_their_place_and_nothing_it_points_to(tmp_path):

@@ -58,8 +58,8 @@ def failing_after(monkeypatch, fault: str) -> None:
         # The workers write the epochs' states (other processes, out of the patch's reach): on
         # a full disk theirs fail first, so they send the states and the driver's write fails.
         # A state file's place where no worker can write stands for that.
-        monkeypatch.setattr(RunStore, "staged_state", lambda store, trial_id, task_id: os.path.join(
-            store.path, "run.json", f"{trial_id}.{task_id}.state"))
+        monkeypatch.setattr(RunStore, "staged_state", lambda store, name: os.path.join(
+            store.path, "run.json", f"{name}.state"))
 
 
 def journal(store) -> bytes:

@@ -9,6 +9,7 @@ the journal as it happens.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -85,7 +86,7 @@ class Driver(DirectHops):
     def run(self) -> None:
         """Drive the run to its end; on any error stop the workers and leave it resumable."""
         try:
-            self.store.clear_staged()     # what a worker wrote before a crash: the epoch runs again
+            self.store.clear_staged(recreate=True)   # what a worker wrote before a crash: its epoch runs again
             self.pool.open()
             self._t0 = time.monotonic() - self._time_offset
             started = RunStarted if self._take_up is None else RunResumed
@@ -124,7 +125,9 @@ class Driver(DirectHops):
                 raise
         finally:
             self.book.shelf.close()
-            self.store.clear_staged()   # the checkpoints are second names of those files: they stay
+            # Checkpoints are other names of those files. A bad store may be why the run ends:
+            with contextlib.suppress(Exception):     # its error is the one to see
+                self.store.clear_staged()
 
     def _busy(self) -> bool:
         return any(w.running for w in self.pool.workers.values())
@@ -224,7 +227,7 @@ class Driver(DirectHops):
             # Direct hops: at its epoch's end the worker writes the state to the store, for the
             # checkpoint; the driver holds the file's name (see _outboxes.DirectHops._state_of).
             not self.direct or last,
-            self.store.staged_state(trial.trial_id, task_id) if last and task.kind == TRAIN else None))
+            self.recorder.staged_state(trial.trial_id, task_id) if last and task.kind == TRAIN else None))
         if sent:     # a worker holds one version of a trial: this one
             for holding in trial.holdings():
                 if holding.version == source.version:

@@ -142,4 +142,6 @@ class DirectHops:
                           f"({done.store_error}): it sends the states to the driver, which writes the "
                           f"checkpoints. Make the store writable by every worker (docs/spark.md)",
                           RuntimeWarning, stacklevel=2)
-        return Stored(self.store, self.store.staged_state(task.trial_id, task_id)) if done.stored else done.state
+        if not done.stored:
+            return done.state
+        return Stored(self.store, self.book.recorder.staged_state(task.trial_id, task_id), task.trial_id, task.epoch)

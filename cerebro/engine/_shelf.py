@@ -23,7 +23,7 @@ import weakref
 import zlib
 from typing import Any
 
-from ..store import RunStore, StateFormatError, frames, parse_view, read_state_file
+from ..store import RunStore, StateFormatError, frames, parse_view, read_state_file, remove_state_file
 from ..store._scratch import remove_scratch, scratch_directory
 
 
@@ -68,19 +68,19 @@ class Shelved:
 
 class Stored:
     """A state a worker wrote to the run's store at its epoch's end (``staged/``, see
-    :meth:`RunStore.staged_state`): the driver holds its name only. The checkpoint is a
+    :meth:`.._writer.StoreRecorder.staged_state`): the driver holds its name only. The checkpoint is a
     second name of the file (:meth:`RunStore.promote_checkpoint`); :meth:`get` reads it,
     checked, where a worker needs the state from the driver. The staged name is removed once
     nothing refers to it."""
 
     in_memory = False
 
-    def __init__(self, store: RunStore, path: str) -> None:
-        self.store, self.path = store, path
-        weakref.finalize(self, _remove_staged, store, path)
+    def __init__(self, store: RunStore, path: str, trial_id: str, epoch: int) -> None:
+        self.store, self.path, self.trial_id, self.epoch = store, path, trial_id, epoch
+        weakref.finalize(self, _remove_staged, path)
 
     def get(self) -> Any:
-        return read_state_file(self.path)
+        return read_state_file(self.path, self.trial_id, self.epoch)
 
 
 class StateShelf:
@@ -166,8 +166,8 @@ def _remove(path: str) -> None:
         pass
 
 
-def _remove_staged(store: RunStore, path: str) -> None:
+def _remove_staged(path: str) -> None:
     try:
-        store.remove_staged(path)
+        remove_state_file(path)
     except OSError:
         pass       # the store went away: clear_staged at the run's end or next start removes it

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import queue
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +82,14 @@ class StoreRecorder:
                  max_checkpoints_queued: int | None = None) -> None:
         self.store, self.now, self.path, self.observer = store, now, store.path, observer
         self._writer = BackgroundWriter(store.path, max_checkpoints_queued)
+        # In the staged names: a handle of an earlier driver in this process (freed whenever
+        # the garbage collector gets to it) never removes a file of this one's.
+        self._launch = secrets.token_hex(4)
+
+    def staged_state(self, trial_id: str, task_id: int) -> str:
+        """Where the worker running task ``task_id`` writes ``trial_id``'s state at its epoch's
+        end (see :meth:`RunStore.promote_checkpoint`)."""
+        return self.store.staged_state(f"{trial_id}.{task_id}.{self._launch}")
 
     def emit(self, event: Event) -> None:
         """Journal ``event`` (if the journal keeps its kind) and tell the observers."""

@@ -49,7 +49,7 @@ from ._state_codec import (
     unpack_tensors,
     write_message,
 )
-from ._state_files import read_state_file, write_state_file
+from ._state_files import read_state_file, remove_state_file, write_state_file
 from ._trust import UntrustedCodeError
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
@@ -59,5 +59,5 @@ __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decide
            "TrialAdded", "TrialCreated", "TrialEnded", "TrialFacts", "TrialRetried", "TrialRolledBack", "TrialStatus",
            "TrialStopAsked", "TrialTakenUp", "UntrustedCodeError", "UntrustedStateError", "WorkerLost",
            "WorkerNotReplaced", "WorkerReplaced", "WorkersRestarted", "improved", "frames", "pack_tensors", "parse",
-           "parse_event", "parse_view", "read_exactly", "read_message", "read_state_file", "unpack_tensors",
-           "write_message", "write_state_file"]
+           "parse_event", "parse_view", "read_exactly", "read_message", "read_state_file", "remove_state_file",
+           "unpack_tensors", "write_message", "write_state_file"]

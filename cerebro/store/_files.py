@@ -6,6 +6,7 @@ resolve alike, so on a cluster they must name a file system all of them reach.
 """
 from __future__ import annotations
 
+import errno
 import os
 import urllib.parse
 from typing import IO, Any
@@ -78,13 +79,23 @@ def write_atomic(location: str, blob: bytes | None = None, writer: Any = None) -
     deletes the old file first, so a crash in between leaves only the ``.tmp`` file."""
     fs, path = _fs(location)
     fs.makedirs(fs._parent(path), exist_ok=True)
-    with fs.open(path + ".tmp", "wb") as f:
+    with _new_file(location) if "://" not in location else fs.open(path + ".tmp", "wb") as f:
         if writer is not None:
             writer(f)
         else:
             f.write(blob)
         sync(f)
     fs.mv(path + ".tmp", path)
+
+
+def _new_file(location: str) -> IO:
+    """``location + ".tmp"`` made anew for writing: a symlink or a hard link someone put
+    there is removed, not written through (nothing Cerebro writes lands in a file an
+    attacker who can write the run directory points it to)."""
+    temporary = location + ".tmp"
+    if os.path.lexists(temporary):
+        os.remove(temporary)
+    return os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb")
 
 
 def sync(file: IO) -> None:
@@ -106,6 +117,8 @@ def link_atomic(source: str, target: str) -> None:
     """Make ``target`` a second name of the file ``source`` (a hard link on a local disk, a
     copy elsewhere), put in place as :func:`write_atomic` does."""
     if "://" not in source and "://" not in target:
+        if os.path.islink(source):     # a link to it would be a second name of the symlink
+            raise OSError(errno.ELOOP, f"{source} is a symlink, not a file Cerebro wrote", source)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if os.path.lexists(target + ".tmp"):
             os.remove(target + ".tmp")

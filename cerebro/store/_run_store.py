@@ -254,33 +254,30 @@ class RunStore:
         checkpoint)."""
         self._put_checkpoint(trial_id, best, lambda target: write_state_file(target, trial_id, epoch, state, exploit))
 
-    def staged_state(self, trial_id: str, task_id: int) -> str:
-        """Where the worker running task ``task_id`` writes ``trial_id``'s state at its epoch's
-        end, for :meth:`promote_checkpoint` (see :mod:`._state_files`)."""
-        return self.file(STAGED, f"{trial_id}.{task_id}.state")
+    def staged_state(self, name: str) -> str:
+        """Where a worker writes a state at its epoch's end under ``name``, for
+        :meth:`promote_checkpoint` (see :mod:`._state_files`)."""
+        return self.file(STAGED, f"{name}.state")
 
     def promote_checkpoint(self, trial_id: str, staged: str, epoch: int, best: bool = False) -> None:
-        """Make the state file a worker wrote at ``staged`` the trial's checkpoint, as
-        :meth:`write_checkpoint` would: a second name of the file, not a copy, on a local
-        disk (a copy elsewhere), its header and size checked first (a worker's write that did
-        not land stops the run with the file named, before the journal says the epoch ended)."""
+        """Make the state file a worker wrote at ``staged`` the checkpoint, as
+        :meth:`write_checkpoint` would: a second name of the file on a local disk (a copy
+        elsewhere), its header and size checked first (a write that did not land stops the
+        run naming the file, before the journal says the epoch ended)."""
         check_state_header(staged, trial_id, epoch)
         self._put_checkpoint(trial_id, best, lambda target: files.link_atomic(staged, target))
 
-    def remove_staged(self, staged: str) -> None:
-        """Remove one state file of :meth:`staged_state` (its checkpoint names stay)."""
-        if files.exists(staged):
-            files.remove(staged)
-
-    def clear_staged(self) -> None:
-        """Remove the states workers wrote for checkpoints (at a run's start, what a crash
-        left; at its end, the names the checkpoints no longer need). A symlink in their
-        place is removed, never followed."""
+    def clear_staged(self, recreate: bool = False) -> None:
+        """Remove the states workers wrote (at a start, what a crash left, the directory made
+        anew: ``recreate``; at the end, names the checkpoints no longer need). A symlink in
+        their place is removed, never followed."""
         staged = self.file(STAGED)
         if "://" not in staged and os.path.islink(staged):
             os.remove(staged)
         elif files.exists(staged):
             files.remove_tree(staged)
+        if recreate:      # by the driver: a worker on another host then finds it (NFS caches lookups)
+            files.makedirs(staged)
 
     def _put_checkpoint(self, trial_id: str, best: bool, put: Callable[[str], None]) -> None:
         current, kept = self.file("trials", trial_id, "checkpoint.state"), self.file("trials", trial_id, BEST)

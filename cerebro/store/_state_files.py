@@ -30,6 +30,12 @@ def write_state_file(location: str, trial_id: str, epoch: int, state: Any, explo
     files.write_atomic(location, writer=lambda f: [f.write(part) for part in (header, *parts)])
 
 
+def remove_state_file(location: str) -> None:
+    """Remove the state file at ``location`` where it is (a checkpoint linked to it stays)."""
+    if files.exists(location):
+        files.remove(location)
+
+
 def split_state_file(content: bytes) -> tuple[dict[str, Any], bytes]:
     """The header and the body of a state file's ``content``; raises ``ValueError`` where the
     body is not the size and CRC-32 its header says (a torn or changed file)."""
@@ -43,17 +49,19 @@ def split_state_file(content: bytes) -> tuple[dict[str, Any], bytes]:
     return header, body
 
 
-def read_state_file(location: str) -> Any:
-    """The packed state in the data-only state file at ``location``; raises ``ValueError``
-    (naming the file) where it is torn, changed, or of another format."""
-    with files.open_file(location) as f:
-        content = f.read()
+def read_state_file(location: str, trial_id: str, epoch: int) -> Any:
+    """The packed state of ``trial_id`` after ``epoch`` in the data-only state file at
+    ``location``; raises ``ValueError`` (naming the file) where it is missing, torn, changed,
+    of another format, or another trial's or epoch's."""
     try:
+        with files.open_file(location) as f:
+            content = f.read()
         header, body = split_state_file(content)
-        if header.get("format") != STATE_FORMAT:
-            raise ValueError(f"its header names the format {header.get('format')!r}, not {STATE_FORMAT!r}")
+        expected = {"trial_id": trial_id, "epoch": epoch, "format": STATE_FORMAT}
+        if {key: header.get(key) for key in expected} != expected:
+            raise ValueError(f"its header says {header}, not {expected}")
         return read_message(io.BytesIO(body))
-    except (ValueError, KeyError, TypeError, EOFError) as error:
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as error:
         raise ValueError(f"the state file {location} cannot be read: {type(error).__name__}: {error}") from None
 
 
@@ -62,16 +70,16 @@ def check_state_header(location: str, trial_id: str, epoch: int) -> None:
     state after ``epoch`` whole (its header's size against the file's); raises ``ValueError``
     naming the file. Its CRC-32 is checked where it is read (resume, ``cb.load``)."""
     fs, path = files._fs(location)
-    with fs.open(path, "rb") as f:
-        head = f.readline(_MAX_HEADER)
     try:
+        with fs.open(path, "rb") as f:
+            head = f.readline(_MAX_HEADER)
         header = json.loads(head)
         expected = {"trial_id": trial_id, "epoch": epoch, "format": STATE_FORMAT}
         if {key: header.get(key) for key in expected} != expected:
             raise ValueError(f"its header says {header}, not {expected}")
         if fs.size(path) != len(head) + header["size"]:
             raise ValueError(f"it is {fs.size(path)} bytes; its header says {len(head) + header['size']}")
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"the state file {location} is not the one written: {error}") from None
 
 

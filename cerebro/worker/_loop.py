@@ -305,5 +305,5 @@ def _hand_over(task: RunSubEpoch, state: Any) -> tuple[Any, bool, str | None]:
     try:
         write_state_file(task.store_state, task.trial_id, task.epoch, state)
         return None, True, None
-    except OSError as error:
+    except Exception as error:      # OSError, or a remote file system's own (gcsfs, adlfs): send it instead
         return state, False, f"{type(error).__name__}: {error}"
