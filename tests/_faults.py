@@ -22,6 +22,8 @@ Example::
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -84,3 +86,49 @@ def journaled(store: str, event: str) -> int:
             return f.read().count(f'"event": "{event}"'.encode())
     except FileNotFoundError:
         return 0
+
+
+def waiting_for_the_replacement(build: Callable[[dict], Any], store: str, batches: int = 20) -> Callable[[dict], Any]:
+    """``build`` whose training, once a worker is lost, trains ``batches`` more batches in each
+    worker process and then waits (up to 2 minutes a batch) until the lost worker's
+    replacement has joined: the others train on meanwhile, and the run cannot end before
+    the replacement trains, however slowly it starts."""
+    since_the_loss = [0]     # per worker process: the closure is copied into each
+
+    def build_that_waits(config: dict) -> Any:
+        trainable = build(config)
+        loss = trainable.loss
+
+        def loss_that_waits(outputs, targets):
+            if training() and journaled(store, "worker_lost") > journaled(store, "worker_replaced"):
+                since_the_loss[0] += 1
+                deadline = time.monotonic() + 120
+                while since_the_loss[0] > batches and time.monotonic() < deadline \
+                        and journaled(store, "worker_lost") > journaled(store, "worker_replaced"):
+                    time.sleep(0.2)     # a worker's heartbeats go on from their own thread meanwhile
+            return loss(outputs, targets)
+        trainable.loss = loss_that_waits
+        return trainable
+    return build_that_waits
+
+
+def assert_replaced_alone(events: list[dict], result: Any, launched_by: Callable[[int], str]) -> None:
+    """One worker was lost and started anew, as a new process launched as
+    ``launched_by(worker)`` (a regex) says, and trained; every other worker kept its process
+    from the start and trained on after the loss."""
+    names = [e["event"] for e in events]
+    assert names.count("worker_lost") == 1 and names.count("worker_replaced") == 1, names
+    assert "workers_restarted" not in names and "partitions_moved" in names
+    lost = next(e for e in events if e["event"] == "worker_lost")
+    back = next(e for e in events if e["event"] == "worker_replaced")
+    started = {int(index): info for index, info in next(e for e in events if e["event"] == "run_started")
+               ["workers"].items()}
+    survivors = {info["pid"] for index, info in started.items() if index != lost["worker"]}
+    schedule = result.schedule()
+    assert survivors <= set(schedule[schedule.start > lost["time"]].pid)
+    assert survivors <= {info["pid"] for info in result.workers.values()}
+    new = result.workers[lost["worker"]]
+    assert back["worker"] == lost["worker"] and new["pid"] not in {info["pid"] for info in started.values()}
+    assert re.fullmatch(launched_by(lost["worker"]), new["launched_by"]), new["launched_by"]
+    assert new["launched_by"] != started[lost["worker"]]["launched_by"]      # a launch of its own
+    assert new["pid"] in set(schedule[schedule.start > back["time"]].pid)

@@ -8,13 +8,12 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _faults import journaled, training
+from _faults import assert_replaced_alone, waiting_for_the_replacement
 from _models import build, crashing_once, digits
 from _spark import session, standalone_cluster
 from test_resume import assert_same_results as assert_same_results_as_uninterrupted
@@ -27,6 +26,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from port_flood import killing_build  # noqa: E402
 
 pytestmark = pytest.mark.slow
+
+
+def spark_task(worker: int) -> str:
+    """What a worker's ``launched_by`` says when it is a fresh Spark job's task."""
+    return rf"spark task {worker} of stage \d+, attempt 0"
 
 SPACE = {"architecture": cb.choice(["mlp", "cnn"]), "lr": cb.choice([1e-2, 3e-3])}
 SEED = 5
@@ -123,53 +127,8 @@ def test_a_killed_task_is_replaced_alone_and_the_results_do_not_change(tmp_path,
     assert os.path.exists(marker)
     # One job per worker: the other worker trains on, with the lost one's partitions meanwhile;
     # the lost one comes back as a new one-task job (its failed job is not retried in local mode).
-    assert_replaced_alone(list(result.store.events()), result)
+    assert_replaced_alone(list(result.store.events()), result, spark_task)
     assert_same_results(local_result, result)
-
-
-def waiting_for_the_replacement(build: Callable[[dict], cb.TorchTrainable], store: str, batches: int = 20):
-    """``build`` whose training, once a worker is lost, trains ``batches`` more batches in each
-    worker process and then waits (up to 2 minutes a batch) until the lost worker's
-    replacement has joined: the others train on meanwhile, and the run cannot end before
-    the replacement trains, however slowly it starts."""
-    since_the_loss = [0]     # per worker process: the closure is copied into each
-
-    def build_that_waits(config: dict) -> cb.TorchTrainable:
-        trainable = build(config)
-        loss = trainable.loss
-
-        def loss_that_waits(outputs, targets):
-            if training() and journaled(store, "worker_lost") > journaled(store, "worker_replaced"):
-                since_the_loss[0] += 1
-                deadline = time.monotonic() + 120
-                while since_the_loss[0] > batches and time.monotonic() < deadline \
-                        and journaled(store, "worker_lost") > journaled(store, "worker_replaced"):
-                    time.sleep(0.2)     # a worker's heartbeats go on from their own thread meanwhile
-            return loss(outputs, targets)
-        trainable.loss = loss_that_waits
-        return trainable
-    return build_that_waits
-
-
-def assert_replaced_alone(events: list[dict], result: cb.Result) -> None:
-    """One worker was lost and started anew, as a new process in a new job, and trained; every
-    other worker kept its process from the start and trained on after the loss."""
-    names = [e["event"] for e in events]
-    assert names.count("worker_lost") == 1 and names.count("worker_replaced") == 1, names
-    assert "workers_restarted" not in names and "partitions_moved" in names
-    lost = next(e for e in events if e["event"] == "worker_lost")
-    back = next(e for e in events if e["event"] == "worker_replaced")
-    started = {int(index): info for index, info in next(e for e in events if e["event"] == "run_started")
-               ["workers"].items()}
-    survivors = {info["pid"] for index, info in started.items() if index != lost["worker"]}
-    schedule = result.schedule()
-    assert survivors <= set(schedule[schedule.start > lost["time"]].pid)
-    assert survivors <= {info["pid"] for info in result.workers.values()}
-    new = result.workers[lost["worker"]]
-    assert back["worker"] == lost["worker"] and new["pid"] not in {info["pid"] for info in started.values()}
-    assert re.fullmatch(rf"spark task {lost['worker']} of stage \d+, attempt 0", new["launched_by"])
-    assert new["launched_by"] != started[lost["worker"]]["launched_by"]      # a stage of its own
-    assert new["pid"] in set(schedule[schedule.start > back["time"]].pid)
 
 
 def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_path):
@@ -187,7 +146,7 @@ def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_
         finally:
             spark.stop()
     assert os.path.exists(marker)
-    assert_replaced_alone(list(result.store.events()), result)
+    assert_replaced_alone(list(result.store.events()), result, spark_task)
     expected = cb.GridSearch(build, SPACE, epochs=3, metric="val_accuracy", mode="max").fit(
         digits(partitions=4), backend=cb.LocalBackend(2, threads_per_worker=1), seed=SEED,
         store=tmp_path / "undisturbed", verbose=0)

@@ -1,5 +1,6 @@
 from ._base import Backend, Hops
 from ._local import LocalBackend
+from ._ray import RayBackend
 from ._spark import SparkBackend
 
-__all__ = ["Backend", "Hops", "LocalBackend", "SparkBackend"]
+__all__ = ["Backend", "Hops", "LocalBackend", "RayBackend", "SparkBackend"]

@@ -1,0 +1,86 @@
+"""``RayBackend`` on a real Ray cluster: a head and a second node started with ``ray start``
+on 127.0.0.1, reached by ``cerebro run --backend ray`` through ``RAY_ADDRESS``: the workers
+run on both nodes and give the local backend's bits (issue 36)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import pandas as pd
+import pytest
+
+import cerebro as cb
+
+pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+EXPERIMENT = '''
+import torch
+from sklearn.datasets import load_digits
+import cerebro as cb
+
+X, y = load_digits(return_X_y=True)
+data = cb.Dataset.from_numpy(X[:400].astype("float32") / 16, y[:400], partitions=4, validation=0.2, seed=0)
+
+
+def build(config):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config["lr"]),
+                             torch.nn.functional.cross_entropy, batch_size=32)
+
+
+search = cb.GridSearch(build, {"lr": cb.choice([0.1, 0.01])}, epochs=2)
+'''
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_cluster(nodes: int = 2) -> Iterator[dict[str, str]]:
+    """A Ray head and ``nodes - 1`` more nodes of one CPU each on 127.0.0.1; yields the
+    environment a driver connects with. Token authentication is off for this private
+    cluster alone (Ray turns it on where ``~/.ray/auth_token`` exists)."""
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    temporary = tempfile.mkdtemp(prefix="ray", dir="/tmp")       # short: Ray's socket paths have a limit
+    port = _free_port()
+    env = {**os.environ, "RAY_TMPDIR": temporary, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": f"127.0.0.1:{port}"}
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--disable-usage-stats"]
+    try:
+        subprocess.run([ray, "start", "--head", f"--port={port}", "--include-dashboard=false", *common], env=env,
+                       check=True, capture_output=True, timeout=180)
+        for _ in range(nodes - 1):
+            subprocess.run([ray, "start", f"--address=127.0.0.1:{port}", *common], env=env, check=True,
+                           capture_output=True, timeout=180)
+        yield env
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temporary, ignore_errors=True)
+
+
+def test_cerebro_run_on_a_two_node_ray_cluster_gives_the_local_bits_with_a_worker_on_each_node(tmp_path):
+    (tmp_path / "experiment.py").write_text(EXPERIMENT)
+    cli = [os.path.join(os.path.dirname(sys.executable), "cerebro"), "run", "experiment.py", "--workers", "2",
+           "--seed", "1", "--quiet"]
+    local = subprocess.run([*cli, "--store", "local"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert local.returncode == 0, local.stderr
+    with ray_cluster(nodes=2) as env:
+        ran = subprocess.run([*cli, "--backend", "ray", "--store", "ray"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr
+    expected, result = cb.load(tmp_path / "local"), cb.load(tmp_path / "ray")
+    pd.testing.assert_frame_equal(result.history(), expected.history(), check_exact=True)
+    with open(tmp_path / "ray" / "journal.jsonl") as f:
+        started = next(e for e in map(json.loads, f) if e["event"] == "run_started")
+    nodes = {info["launched_by"].split(" on node ")[1] for info in started["workers"].values()}
+    assert len(nodes) == 2                   # SPREAD: one worker on each node
