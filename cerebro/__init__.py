@@ -13,7 +13,7 @@ from ._version import __version__ as __version__
 
 # public name -> the package that defines it
 _EXPORTS = {
-    **dict.fromkeys(["Backend", "LocalBackend", "RayBackend", "SparkBackend"], ".backends"),
+    **dict.fromkeys(["Backend", "DaskBackend", "LocalBackend", "RayBackend", "SparkBackend"], ".backends"),
     "Dataset": ".data",
     **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "add_trial", "resume",
                      "stop"],
@@ -28,11 +28,11 @@ _EXPORTS = {
     **dict.fromkeys(["KerasTrainable", "TorchTrainable", "Trainable"], ".worker"),
 }
 
-__all__ = ["ASHA", "PBT", "Backend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable", "LocalBackend",
-           "RandomSearch", "RayBackend", "Result", "ResumeError", "Searcher", "SparkBackend", "StoreInUseError",
-           "StoreWriteError", "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable", "TrialResult",
-           "UntrustedCodeError", "UntrustedStateError", "WorkerLostError", "add_trial", "choice", "load",
-           "loguniform", "metrics", "predict", "quniform", "randint", "resume", "sql", "stop", "uniform"]
+__all__ = ["ASHA", "PBT", "Backend", "DaskBackend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable",
+           "LocalBackend", "RandomSearch", "RayBackend", "Result", "ResumeError", "Searcher", "SparkBackend",
+           "StoreInUseError", "StoreWriteError", "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable",
+           "TrialResult", "UntrustedCodeError", "UntrustedStateError", "WorkerLostError", "add_trial", "choice",
+           "load", "loguniform", "metrics", "predict", "quniform", "randint", "resume", "sql", "stop", "uniform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -51,7 +51,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from . import metrics, sql
-    from .backends import Backend, LocalBackend, RayBackend, SparkBackend
+    from .backends import Backend, DaskBackend, LocalBackend, RayBackend, SparkBackend
     from .data import Dataset
     from .engine import (
         ResumeError,

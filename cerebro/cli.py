@@ -111,10 +111,11 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
 
 @main.command()
 @click.argument("experiment", type=click.Path(exists=True, dir_okay=False))
-@click.option("--workers", default=2, show_default=True, help="workers (local processes, Spark tasks or Ray actors)")
-@click.option("--backend", type=click.Choice(["local", "spark", "ray"]), default="local", show_default=True,
+@click.option("--workers", default=2, show_default=True, help="workers (local processes, Spark tasks, Ray actors, ...)")
+@click.option("--backend", type=click.Choice(["local", "spark", "ray", "dask"]), default="local", show_default=True,
               help="spark: one-task jobs on the SparkSession that getOrCreate finds; ray: actors on the Ray "
-                   "cluster ray.init finds (RAY_ADDRESS, or one `ray start` made here; else a new local one)")
+                   "cluster ray.init finds (RAY_ADDRESS, or one `ray start` made here; else a new local one); "
+                   "dask: tasks on the scheduler at DASK_SCHEDULER_ADDRESS (else a new LocalCluster)")
 @click.option("--store", default=None, help="run directory (default: ./cerebro_runs/<searcher>-<time>)")
 @click.option("--seed", default=None, type=int, help="the run's seed (default: drawn and recorded)")
 @click.option("--trial-timeout", default=None, type=float, help="seconds one sub-epoch of a trial may take")
@@ -157,7 +158,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
       search = cb.ASHA(build, {"lr": cb.loguniform(1e-3, 1e-1)}, num_trials=16, max_epochs=9,
                        metric="val_accuracy", mode="max")
     """
-    from . import Dataset, RayBackend, SparkBackend
+    from . import Backend, DaskBackend, Dataset, RayBackend, SparkBackend
     from .search import Searcher
     names = runpy.run_path(experiment, run_name="cerebro_experiment")
     data, search = names.get("data"), names.get("search")
@@ -167,10 +168,13 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
                                f"search={type(search).__name__}")
     if backend == "spark":
         from pyspark.sql import SparkSession
-        chosen: str | SparkBackend | RayBackend = SparkBackend(SparkSession.builder.getOrCreate(), workers=workers)
+        chosen: str | Backend = SparkBackend(SparkSession.builder.getOrCreate(), workers=workers)
         workers_arg = None
     elif backend == "ray":
         chosen, workers_arg = RayBackend(workers=workers), None
+    elif backend == "dask":
+        from distributed import Client
+        chosen, workers_arg = DaskBackend(Client(), workers=workers), None
     else:
         chosen, workers_arg = "local", workers
     result = search.fit(data, backend=chosen, workers=workers_arg, store=store, seed=seed, verbose=0 if quiet else 1,

@@ -1,4 +1,5 @@
-"""``python -m cerebro.worker HOST PORT WORKER``: a worker process, as every backend starts it.
+"""``python -m cerebro.worker HOST PORT WORKER [LAUNCHED_BY]``: a worker process, as the local
+and Dask backends start it (``LAUNCHED_BY``: how, for the journal; default "local process").
 
 The auth token comes on stdin, one line of hex: never on the command line, where ``ps``
 shows it, nor in the environment, which ``/proc/PID/environ`` keeps.
@@ -22,7 +23,7 @@ if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     host, port, worker = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     try:
-        run_worker((host, port), bytes.fromhex(sys.stdin.readline().strip()), worker)
+        run_worker((host, port), bytes.fromhex(sys.stdin.readline().strip()), worker, *sys.argv[4:5])
     except HandshakeError as error:
         print(f"cerebro worker {worker}: {error}", file=sys.stderr)
         sys.exit(HANDSHAKE_FAILED)

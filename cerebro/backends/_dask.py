@@ -1,0 +1,175 @@
+"""``DaskBackend``: each worker is one long-running Dask task, which runs a worker process.
+
+The task starts ``python -m cerebro.worker`` on its Dask worker's machine and waits for it:
+a process of its own, so a worker whose driver is gone can exit at once (as every worker
+does) without taking the Dask worker with it, and the driver can end a hung one. Dask
+would run a task again on another Dask worker when the first dies; the driver decides
+instead: a task that finds its launch already begun returns at once, and the driver starts
+the replacement as a new task, while the other workers train on. The run's token reaches
+the tasks through Dask's memory (``client.scatter``), so no task's arguments, which the
+scheduler's dashboard shows, hold it.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
+
+SHUTDOWN_GRACE_S = 10.0
+
+
+def _dask_task(address: tuple[str, int], authkey: bytes, worker: int, key: str, threads: int) -> int:
+    """A worker's one task: start its worker process here, say where, and wait for it."""
+    from distributed import Variable, get_worker
+    begun = Variable(key)
+    try:
+        begun.get(timeout=0.5)
+        return 0               # Dask running it again after its Dask worker died: the driver replaces it
+    except TimeoutError:
+        begun.set("begun")
+    here = get_worker().address
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", address[0], str(address[1]), str(worker),
+                                f"dask task {key} on {here}"], env=env, stdin=subprocess.PIPE)
+    Variable(f"{key}-pid").set([here, process.pid])
+    try:      # on stdin: never on the command line (``ps``) or in the environment
+        process.stdin.write(authkey.hex().encode() + b"\n")
+        process.stdin.close()
+    except BrokenPipeError:
+        pass
+    return process.wait()
+
+
+def _kill(pid: int) -> None:
+    """On a Dask worker (``client.run``): end a worker process it started."""
+    try:
+        os.kill(pid, 9)
+    except ProcessLookupError:
+        pass
+
+
+@dataclass
+class _Task:
+    key: str
+    future: Any
+
+
+class DaskBackend(Backend):
+    """``workers`` long-running Dask tasks on the cluster of ``client``, each running a
+    Cerebro worker process.
+
+    Args:
+        client: a ``distributed.Client``; default: the current one.
+        workers: worker tasks to run.
+        resources: Dask resources each task needs, e.g. ``{"GPU": 1}`` (the Dask workers
+            must declare them: ``dask worker --resources GPU=1``).
+        threads_per_worker: torch threads of each worker process.
+        heartbeat_timeout: seconds without a heartbeat after which a worker counts as lost.
+        max_restarts: how often each lost worker is started anew, as a new task, while the
+            others keep training.
+        hops: ``"direct"`` (default) or ``"driver"`` (see :class:`cerebro.backends.Hops`).
+
+    Example:
+        >>> from distributed import Client  # doctest: +SKIP
+        >>> search.fit(data, backend=cb.DaskBackend(Client("tcp://scheduler:8786"), workers=8),  # doctest: +SKIP
+        ...            store="/shared/runs/exp1")
+    """
+
+    def __init__(self, client: Any = None, workers: int = 2, resources: dict[str, float] | None = None,
+                 threads_per_worker: int = 1, heartbeat_timeout: float = 60.0, max_restarts: int = 3,
+                 hops: str = "direct") -> None:
+        if client is None:
+            from distributed import default_client
+            try:
+                client = default_client()
+            except ValueError:
+                raise ValueError("client=None needs a current distributed.Client; create one with "
+                                 "Client('tcp://scheduler:8786') or pass it") from None
+        self.client = client
+        self.workers = check_positive("workers", workers)
+        if resources is not None and (not isinstance(resources, dict) or not all(
+                isinstance(k, str) and isinstance(v, (int, float)) and v > 0 for k, v in resources.items())):
+            raise ValueError(f"resources={resources!r} must be None or a dict of resource names to positive "
+                             f"amounts, e.g. {{'GPU': 1}}")
+        self.resources = resources
+        self.threads_per_worker = check_positive("threads_per_worker", threads_per_worker)
+        self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
+        self.max_restarts = check_max_restarts(max_restarts)
+        self.hops = check_hops(hops)
+        self._tasks: dict[int, _Task] = {}
+        self._launch = ""
+
+    def driver_address(self) -> tuple[str, int]:
+        """The address of this machine that the Dask scheduler's network reaches."""
+        parsed = urllib.parse.urlparse(self.client.scheduler.address)
+        if parsed.scheme not in ("tcp", "tls") or parsed.hostname in (None, "127.0.0.1", "localhost"):
+            return ("127.0.0.1", 0)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:   # no packet is sent
+            probe.connect((parsed.hostname, parsed.port or 8786))
+            return (probe.getsockname()[0], 0)
+
+    def start(self, address: tuple[str, int], authkey: bytes) -> None:
+        self._address, self._token = address, self.client.scatter(authkey, hash=False)
+        self._launch = secrets.token_hex(4)
+        for worker in range(self.workers):
+            self._submit(worker, 0)
+
+    def _submit(self, worker: int, attempt: int) -> None:
+        key = f"cerebro-{self._launch}-worker-{worker}-{attempt}"
+        future = self.client.submit(_dask_task, self._address, self._token, worker, key, self.threads_per_worker,
+                                    key=key, pure=False, resources=self.resources)
+        self._tasks[worker] = _Task(key, future)
+
+    def exited(self) -> dict[int, str]:
+        ended = {}
+        for worker, task in self._tasks.items():
+            if task.future.done():
+                error = task.future.exception() if task.future.status == "error" else None
+                ended[worker] = (f"ended with its Dask task ({task.future.status}"
+                                 + (f": {type(error).__name__}: {error}" if error is not None else "") + ")")
+        return ended
+
+    def replace(self, worker: int) -> bool:
+        self.release(worker)
+        attempt = int(self._tasks[worker].key.rsplit("-", 1)[1]) + 1 if worker in self._tasks else 0
+        self._submit(worker, attempt)
+        return True
+
+    def release(self, worker: int) -> None:
+        task = self._tasks.get(worker)
+        if task is None or task.future.done():
+            return
+        from distributed import Variable
+        try:
+            where, pid = Variable(f"{task.key}-pid", client=self.client).get(timeout=1)
+        except TimeoutError:
+            return             # its process never started: the task ends by itself
+        self.client.run(_kill, pid, workers=[where], on_error="ignore")
+
+    def stop(self) -> None:
+        if not self._tasks:
+            return
+        from distributed import Variable, wait
+        # Workers told to shut down end their processes, and so their tasks.
+        try:
+            wait([t.future for t in self._tasks.values()], timeout=SHUTDOWN_GRACE_S)
+        except TimeoutError:
+            pass               # those still running are ended below
+        for worker, task in self._tasks.items():
+            self.release(worker)
+            for name in (task.key, f"{task.key}-pid"):
+                Variable(name, client=self.client).delete()
+        self.client.cancel([t.future for t in self._tasks.values()], force=True)
+        self._tasks = {}
+
+    def __repr__(self) -> str:
+        hops = "" if self.hops is Hops.DIRECT else f", hops={self.hops.value!r}"
+        return (f"DaskBackend(scheduler={self.client.scheduler.address!r}, workers={self.workers}, "
+                f"resources={self.resources!r}{hops})")

@@ -1,0 +1,146 @@
+"""``DaskBackend`` (issue 36): each worker a long-running Dask task running a worker process.
+The same grid gives the local backend's bits on a ``LocalCluster`` and on a scheduler and two
+workers started as processes (``cerebro run --backend dask``); a killed worker process is
+replaced alone, with the same bits; the run's token is in no task's arguments."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pandas as pd
+import pytest
+import torch
+from _faults import assert_replaced_alone, waiting_for_the_replacement
+from _models import build, crashing_once, digits
+
+import cerebro as cb
+
+distributed = pytest.importorskip("distributed")
+SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
+
+
+def _assert_same(a: cb.Result, b: cb.Result) -> None:
+    pd.testing.assert_frame_equal(a.history(), b.history(), check_exact=True)
+    for x, y in zip(a.trials, b.trials):
+        assert (x.trial_id, x.status) == (y.trial_id, y.status)
+        assert all(torch.equal(v, y.state_dict("last")[k]) for k, v in x.state_dict("last").items())
+
+
+def dask_task(worker: int) -> str:
+    """What a worker's ``launched_by`` says when a Dask task started it."""
+    return rf"dask task cerebro-[0-9a-f]{{8}}-worker-{worker}-\d+ on tcp://127\.0\.0\.1:\d+"
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def local_result(tmp_path_factory: pytest.TempPathFactory) -> cb.Result:
+    return cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=cb.LocalBackend(2), seed=3,
+                                                     verbose=0, store=tmp_path_factory.mktemp("local") / "run")
+
+
+@pytest.mark.slow
+def test_dask_tasks_give_the_local_backends_bits_and_a_killed_worker_is_replaced_alone(client, local_result,
+                                                                                       tmp_path):
+    backend = cb.DaskBackend(client, workers=2)
+    assert re.fullmatch(r"DaskBackend\(scheduler='tcp://127\.0\.0\.1:\d+', workers=2, resources=None\)", repr(backend))
+    result = cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=backend, seed=3, verbose=0,
+                                                       store=tmp_path / "dask")
+    _assert_same(result, local_result)
+    assert all(re.fullmatch(dask_task(index), info["launched_by"]) for index, info in result.workers.items())
+    store, marker = str(tmp_path / "killed-run"), str(tmp_path / "killed")
+    killed = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker, how="sigkill"), store), SPACE,
+                           epochs=2).fit(digits(partitions=4), backend=cb.DaskBackend(client, workers=2), seed=3,
+                                         verbose=0, store=store)
+    assert os.path.exists(marker)
+    assert_replaced_alone(list(killed.store.events()), killed, dask_task)
+    _assert_same(killed, local_result)
+
+
+def test_dask_backend_checks_its_arguments_before_starting_anything(client):
+    with pytest.raises(ValueError, match=r"^resources=\{'GPU': 0\} must be None or a dict of resource names to "
+                                         r"positive amounts, e.g. \{'GPU': 1\}$"):
+        cb.DaskBackend(client, resources={"GPU": 0})
+    with pytest.raises(ValueError, match=r"^workers=0 must be a positive integer"):
+        cb.DaskBackend(client, workers=0)
+
+
+EXPERIMENT = '''
+import torch
+from sklearn.datasets import load_digits
+import cerebro as cb
+
+X, y = load_digits(return_X_y=True)
+data = cb.Dataset.from_numpy(X[:400].astype("float32") / 16, y[:400], partitions=4, validation=0.2, seed=0)
+
+
+def build(config):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config["lr"]),
+                             torch.nn.functional.cross_entropy, batch_size=32)
+
+
+search = cb.GridSearch(build, {"lr": cb.choice([0.1, 0.01])}, epochs=2)
+'''
+
+
+@contextlib.contextmanager
+def dask_cluster(tmp_path, workers: int = 2) -> Iterator[str]:
+    """A Dask scheduler and ``workers`` workers of one thread each, as processes on 127.0.0.1;
+    yields the scheduler's address."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    dask = os.path.join(os.path.dirname(sys.executable), "dask")
+    logs = open(tmp_path / "dask.log", "wb")
+    processes = [subprocess.Popen([dask, "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                   "--dashboard-address", ":0", "--no-show"], stdout=logs, stderr=logs)]
+    try:
+        with distributed.Client(address, timeout=60):    # waits for the scheduler to answer
+            pass
+        processes += [subprocess.Popen([dask, "worker", address, "--nworkers", "1", "--nthreads", "1", "--host",
+                                        "127.0.0.1", "--no-dashboard"], stdout=logs, stderr=logs)
+                      for _ in range(workers)]
+        with distributed.Client(address, timeout=60) as client:
+            client.wait_for_workers(workers, timeout=120)
+        yield address
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        logs.close()
+
+
+@pytest.mark.slow
+def test_cerebro_run_on_a_dask_scheduler_and_two_worker_processes_gives_the_local_bits(tmp_path):
+    (tmp_path / "experiment.py").write_text(EXPERIMENT)
+    cli = [os.path.join(os.path.dirname(sys.executable), "cerebro"), "run", "experiment.py", "--workers", "2",
+           "--seed", "1", "--quiet"]
+    local = subprocess.run([*cli, "--store", "local"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert local.returncode == 0, local.stderr
+    with dask_cluster(tmp_path) as address:
+        ran = subprocess.run([*cli, "--backend", "dask", "--store", "dask"], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "DASK_SCHEDULER_ADDRESS": address})
+    assert ran.returncode == 0, ran.stderr
+    expected, result = cb.load(tmp_path / "local"), cb.load(tmp_path / "dask")
+    pd.testing.assert_frame_equal(result.history(), expected.history(), check_exact=True)
+    with open(tmp_path / "dask" / "journal.jsonl") as f:
+        run_started = next(e for e in map(json.loads, f) if e["event"] == "run_started")
+    hosts = {info["launched_by"].rsplit(" on ", 1)[1] for info in run_started["workers"].values()}
+    assert len(hosts) == 2                   # one task on each Dask worker
