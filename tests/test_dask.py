@@ -1,7 +1,7 @@
 """``DaskBackend`` (issue 36): each worker a long-running Dask task running a worker process.
-The same grid gives the local backend's bits on a ``LocalCluster`` and on a scheduler and two
-workers started as processes (``cerebro run --backend dask``); a killed worker process is
-replaced alone, with the same bits; the run's token is in no task's arguments."""
+Its checks, and ``cerebro run --backend dask`` on a scheduler and two workers started as
+processes, bitwise the local results (the bits and replacement on a ``LocalCluster`` are in
+``test_backends_common.py``)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,26 +15,10 @@ from collections.abc import Iterator
 
 import pandas as pd
 import pytest
-import torch
-from _faults import assert_replaced_alone, waiting_for_the_replacement
-from _models import build, crashing_once, digits
 
 import cerebro as cb
 
 distributed = pytest.importorskip("distributed")
-SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
-
-
-def _assert_same(a: cb.Result, b: cb.Result) -> None:
-    pd.testing.assert_frame_equal(a.history(), b.history(), check_exact=True)
-    for x, y in zip(a.trials, b.trials):
-        assert (x.trial_id, x.status) == (y.trial_id, y.status)
-        assert all(torch.equal(v, y.state_dict("last")[k]) for k, v in x.state_dict("last").items())
-
-
-def dask_task(worker: int) -> str:
-    """What a worker's ``launched_by`` says when a Dask task started it."""
-    return rf"dask task cerebro-[0-9a-f]{{8}}-worker-{worker}-\d+ on tcp://127\.0\.0\.1:\d+"
 
 
 @pytest.fixture(scope="module")
@@ -44,28 +28,10 @@ def client():
         yield client
 
 
-@pytest.fixture(scope="module")
-def local_result(tmp_path_factory: pytest.TempPathFactory) -> cb.Result:
-    return cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=cb.LocalBackend(2), seed=3,
-                                                     verbose=0, store=tmp_path_factory.mktemp("local") / "run")
-
-
-@pytest.mark.slow
-def test_dask_tasks_give_the_local_backends_bits_and_a_killed_worker_is_replaced_alone(client, local_result,
-                                                                                       tmp_path):
-    backend = cb.DaskBackend(client, workers=2)
-    assert re.fullmatch(r"DaskBackend\(scheduler='tcp://127\.0\.0\.1:\d+', workers=2, resources=None\)", repr(backend))
-    result = cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=backend, seed=3, verbose=0,
-                                                       store=tmp_path / "dask")
-    _assert_same(result, local_result)
-    assert all(re.fullmatch(dask_task(index), info["launched_by"]) for index, info in result.workers.items())
-    store, marker = str(tmp_path / "killed-run"), str(tmp_path / "killed")
-    killed = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker, how="sigkill"), store), SPACE,
-                           epochs=2).fit(digits(partitions=4), backend=cb.DaskBackend(client, workers=2), seed=3,
-                                         verbose=0, store=store)
-    assert os.path.exists(marker)
-    assert_replaced_alone(list(killed.store.events()), killed, dask_task)
-    _assert_same(killed, local_result)
+def test_dask_backend_says_how_it_was_made(client):
+    backend = cb.DaskBackend(client, workers=2, resources={"GPU": 1})
+    assert re.fullmatch(r"DaskBackend\(scheduler='tcp://127\.0\.0\.1:\d+', workers=2, resources=\{'GPU': 1\}\)",
+                        repr(backend))
 
 
 def test_dask_backend_checks_its_arguments_before_starting_anything(client):

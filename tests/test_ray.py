@@ -1,36 +1,17 @@
-"""``RayBackend`` (issue 36): each worker a Ray actor. The same grid gives the local backend's
-bits, in an in-process Ray session and on a cluster of a head and a second node started with
-``ray start``; a worker whose actor process is killed is replaced alone, with the same bits;
-the run's token is in no task's arguments."""
+"""``RayBackend`` (issue 36): each worker a Ray actor. Its checks, and the run's token in no
+Ray log, task or process argument (the bits and replacement in an in-process session are in
+``test_backends_common.py``; a two-node cluster in ``test_ray_cluster.py``)."""
 from __future__ import annotations
 
 import os
-import re
 
-import pandas as pd
 import psutil
 import pytest
-import torch
-from _faults import assert_replaced_alone, waiting_for_the_replacement
-from _models import build, crashing_once, digits
+from _models import build, digits
 
 import cerebro as cb
 
 ray = pytest.importorskip("ray")
-SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
-
-
-def _assert_same(a: cb.Result, b: cb.Result) -> None:
-    pd.testing.assert_frame_equal(a.history(), b.history(), check_exact=True)
-    for x, y in zip(a.trials, b.trials):
-        assert (x.trial_id, x.status) == (y.trial_id, y.status)
-        assert all(torch.equal(v, y.state_dict("last")[k]) for k, v in x.state_dict("last").items())
-
-
-@pytest.fixture(scope="module")
-def local_result(tmp_path_factory: pytest.TempPathFactory) -> cb.Result:
-    return cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=cb.LocalBackend(2), seed=3,
-                                                     verbose=0, store=tmp_path_factory.mktemp("local") / "run")
 
 
 @pytest.fixture(scope="module")
@@ -40,27 +21,10 @@ def in_process_ray():
     ray.shutdown()
 
 
-def ray_actor(worker: int) -> str:
-    """What a worker's ``launched_by`` says when it is a Ray actor."""
-    return r"ray actor [0-9a-f]{12} on node [0-9a-f]{12}"
-
-
-@pytest.mark.slow
-def test_ray_actors_give_the_local_backends_bits_and_a_killed_one_is_replaced_alone(in_process_ray, local_result,
-                                                                                    tmp_path):
+def test_ray_backend_says_how_it_was_made():
     backend = cb.RayBackend(workers=2)
     assert repr(backend) == "RayBackend(workers=2, address=None, num_cpus_per_worker=1, num_gpus_per_worker=0)"
-    result = cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=backend, seed=3, verbose=0,
-                                                       store=tmp_path / "ray")
-    _assert_same(result, local_result)
-    assert all(re.fullmatch(ray_actor(index), info["launched_by"]) for index, info in result.workers.items())
-    store, marker = str(tmp_path / "killed-run"), str(tmp_path / "killed")
-    killed = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker, how="sigkill"), store), SPACE,
-                           epochs=2).fit(digits(partitions=4), backend=cb.RayBackend(workers=2), seed=3, verbose=0,
-                                         store=store)
-    assert os.path.exists(marker)
-    assert_replaced_alone(list(killed.store.events()), killed, ray_actor)
-    _assert_same(killed, local_result)
+    assert cb.RayBackend(4, num_cpus_per_worker=2.5).threads_per_worker == 2
 
 
 class Recording(cb.RayBackend):

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 from _faults import assert_replaced_alone, waiting_for_the_replacement
-from _models import build, crashing_once, digits
+from _models import build, digits
 from _spark import session, standalone_cluster
 from test_resume import assert_same_results as assert_same_results_as_uninterrupted
 from test_resume import crashed_run, uninterrupted
@@ -112,23 +112,6 @@ def test_standalone_cluster_gives_the_local_backends_results_bit_for_bit(tmp_pat
             assert_same_results(local_result, result)
         finally:
             spark.stop()
-
-
-def test_a_killed_task_is_replaced_alone_and_the_results_do_not_change(tmp_path, local_result):
-    store, marker = str(tmp_path / "run"), str(tmp_path / "crashed")
-    spark = session("local[2]")
-    try:
-        search = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker), store), SPACE, epochs=2,
-                               metric="val_accuracy", mode="max")
-        result = search.fit(digits(partitions=4), backend=cb.SparkBackend(spark, workers=2), seed=SEED, store=store,
-                            verbose=0)
-    finally:
-        spark.stop()
-    assert os.path.exists(marker)
-    # One job per worker: the other worker trains on, with the lost one's partitions meanwhile;
-    # the lost one comes back as a new one-task job (its failed job is not retried in local mode).
-    assert_replaced_alone(list(result.store.events()), result, spark_task)
-    assert_same_results(local_result, result)
 
 
 def test_on_a_cluster_a_killed_task_leaves_the_other_three_workers_training(tmp_path):

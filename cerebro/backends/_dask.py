@@ -27,13 +27,11 @@ SHUTDOWN_GRACE_S = 10.0
 
 def _dask_task(address: tuple[str, int], authkey: bytes, worker: int, key: str, threads: int) -> int:
     """A worker's one task: start its worker process here, say where, and wait for it."""
-    from distributed import Variable, get_worker
-    begun = Variable(key)
-    try:
-        begun.get(timeout=0.5)
+    from distributed import Event, Variable, get_worker
+    begun = Event(key)
+    if begun.is_set():
         return 0               # Dask running it again after its Dask worker died: the driver replaces it
-    except TimeoutError:
-        begun.set("begun")
+    begun.set()
     here = get_worker().address
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", address[0], str(address[1]), str(worker),
@@ -146,9 +144,11 @@ class DaskBackend(Backend):
         task = self._tasks.get(worker)
         if task is None or task.future.done():
             return
-        from distributed import Variable
+        from distributed import Event, Variable
+        if not Event(task.key, client=self.client).is_set():
+            return             # not begun: cancelled below, or it ends by itself
         try:
-            where, pid = Variable(f"{task.key}-pid", client=self.client).get(timeout=1)
+            where, pid = Variable(f"{task.key}-pid", client=self.client).get(timeout=5)
         except TimeoutError:
             return             # its process never started: the task ends by itself
         self.client.run(_kill, pid, workers=[where], on_error="ignore")
@@ -156,7 +156,7 @@ class DaskBackend(Backend):
     def stop(self) -> None:
         if not self._tasks:
             return
-        from distributed import Variable, wait
+        from distributed import Event, Variable, wait
         # Workers told to shut down end their processes, and so their tasks.
         try:
             wait([t.future for t in self._tasks.values()], timeout=SHUTDOWN_GRACE_S)
@@ -164,8 +164,8 @@ class DaskBackend(Backend):
             pass               # those still running are ended below
         for worker, task in self._tasks.items():
             self.release(worker)
-            for name in (task.key, f"{task.key}-pid"):
-                Variable(name, client=self.client).delete()
+            Variable(f"{task.key}-pid", client=self.client).delete()
+            Event(task.key, client=self.client).clear()
         self.client.cancel([t.future for t in self._tasks.values()], force=True)
         self._tasks = {}
 

@@ -1,0 +1,106 @@
+"""The tests every backend passes (scikit-learn's common-tests idea): local processes, Spark
+(``local[2]``), Ray (an in-process ``ray.init``) and Dask (a ``LocalCluster`` of two
+processes). Each gives the local backend's bits on the same grid, replaces a worker whose
+process is killed by SIGKILL alone while the other trains on (the same bits again), and
+keeps the ``Backend`` contract: its settings as attributes, nothing to report or stop
+before it starts. A backend's own tests (its cluster, its errors) are in its own module."""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pandas as pd
+import pytest
+import torch
+from _faults import assert_replaced_alone, waiting_for_the_replacement
+from _models import build, crashing_once, digits
+
+import cerebro as cb
+
+SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
+
+
+@dataclass
+class Kind:
+    """One backend as these tests use it: how to make it for 2 workers, and what its
+    workers' ``launched_by`` says (a regex, by worker index)."""
+
+    make: Callable[[], cb.Backend]
+    launched_by: Callable[[int], str]
+    names_the_launch: bool = True      # a replacement's launched_by differs from the one it replaces
+
+
+@pytest.fixture(scope="module", params=["local", "spark", "ray", "dask"])
+def kind(request: pytest.FixtureRequest) -> Iterator[Kind]:
+    name = request.param
+    if name == "local":
+        yield Kind(lambda: cb.LocalBackend(2), lambda worker: r"local process", names_the_launch=False)
+    elif name == "spark":
+        from _spark import session
+        spark = session("local[2]")
+        yield Kind(lambda: cb.SparkBackend(spark, workers=2),
+                   lambda worker: rf"spark task {worker} of stage \d+, attempt 0")
+        spark.stop()
+    elif name == "ray":
+        ray = pytest.importorskip("ray")
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        yield Kind(lambda: cb.RayBackend(workers=2), lambda worker: r"ray actor [0-9a-f]{12} on node [0-9a-f]{12}")
+        ray.shutdown()
+    else:
+        distributed = pytest.importorskip("distributed")
+        with distributed.LocalCluster(n_workers=2, threads_per_worker=1, host="127.0.0.1",
+                                      dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+            yield Kind(lambda: cb.DaskBackend(client, workers=2),
+                       lambda worker: rf"dask task cerebro-[0-9a-f]{{8}}-worker-{worker}-\d+ on tcp://127\.0\.0\.1:\d+")
+
+
+@pytest.fixture(scope="module")
+def local_result(tmp_path_factory: pytest.TempPathFactory) -> cb.Result:
+    return cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=cb.LocalBackend(2), seed=3,
+                                                     verbose=0, store=tmp_path_factory.mktemp("local") / "run")
+
+
+def _assert_same(a: cb.Result, b: cb.Result) -> None:
+    pd.testing.assert_frame_equal(a.history(), b.history(), check_exact=True)
+    for x, y in zip(a.trials, b.trials):
+        assert (x.trial_id, x.status, x.config) == (y.trial_id, y.status, y.config)
+        for epoch in ("best", "last"):
+            assert all(torch.equal(v, y.state_dict(epoch)[k]) for k, v in x.state_dict(epoch).items())
+
+
+@pytest.mark.slow
+def test_the_same_grid_gives_the_local_backends_bits(kind, local_result, tmp_path):
+    result = cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=kind.make(), seed=3, verbose=0,
+                                                       store=f"file://{tmp_path}/run")     # a file:// URL store
+    assert sorted(result.workers) == [0, 1]
+    for index, info in result.workers.items():
+        assert re.fullmatch(kind.launched_by(index), info["launched_by"]), info["launched_by"]
+        assert info["pid"] != os.getpid()
+    assert set(result.schedule().pid) == {info["pid"] for info in result.workers.values()}
+    _assert_same(result, local_result)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_run_is_replaced_alone_with_the_same_bits(kind, local_result, tmp_path):
+    store, marker = str(tmp_path / "run"), str(tmp_path / "killed")
+    result = cb.GridSearch(waiting_for_the_replacement(crashing_once(marker, how="sigkill"), store), SPACE,
+                           epochs=2).fit(digits(partitions=4), backend=kind.make(), seed=3, verbose=0, store=store)
+    assert os.path.exists(marker)
+    assert_replaced_alone(list(result.store.events()), result, kind.launched_by, kind.names_the_launch)
+    _assert_same(result, local_result)
+
+
+@pytest.mark.slow
+def test_a_backend_keeps_the_contract_before_it_starts(kind):
+    backend = kind.make()
+    assert isinstance(backend, cb.Backend) and backend.workers == 2
+    assert backend.threads_per_worker >= 1 and backend.heartbeat_timeout > 1 and backend.max_restarts >= 0
+    assert backend.hops is cb.backends.Hops.DIRECT
+    host, port = backend.driver_address()
+    assert isinstance(host, str) and host and port == 0
+    assert backend.exited() == {}
+    backend.stop()
+    backend.stop()                 # safe twice
+    assert repr(backend).startswith(f"{type(backend).__name__}(") and "workers=2" in repr(backend)
