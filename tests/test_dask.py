@@ -5,7 +5,6 @@ processes, bitwise the local results (the bits and replacement on a ``LocalClust
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import socket
@@ -13,8 +12,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-import pandas as pd
 import pytest
+from _cli_runs import run_on
 
 import cerebro as cb
 
@@ -42,23 +41,6 @@ def test_dask_backend_checks_its_arguments_before_starting_anything(client):
         cb.DaskBackend(client, workers=0)
 
 
-EXPERIMENT = '''
-import torch
-from sklearn.datasets import load_digits
-import cerebro as cb
-
-X, y = load_digits(return_X_y=True)
-data = cb.Dataset.from_numpy(X[:400].astype("float32") / 16, y[:400], partitions=4, validation=0.2, seed=0)
-
-
-def build(config):
-    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
-    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config["lr"]),
-                             torch.nn.functional.cross_entropy, batch_size=32)
-
-
-search = cb.GridSearch(build, {"lr": cb.choice([0.1, 0.01])}, epochs=2)
-'''
 
 
 @contextlib.contextmanager
@@ -95,18 +77,11 @@ def dask_cluster(tmp_path, workers: int = 2) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_cerebro_run_on_a_dask_scheduler_and_two_worker_processes_gives_the_local_bits(tmp_path):
-    (tmp_path / "experiment.py").write_text(EXPERIMENT)
-    cli = [os.path.join(os.path.dirname(sys.executable), "cerebro"), "run", "experiment.py", "--workers", "2",
-           "--seed", "1", "--quiet"]
-    local = subprocess.run([*cli, "--store", "local"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert local.returncode == 0, local.stderr
-    with dask_cluster(tmp_path) as address:
-        ran = subprocess.run([*cli, "--backend", "dask", "--store", "dask"], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=600, env={**os.environ, "DASK_SCHEDULER_ADDRESS": address})
-    assert ran.returncode == 0, ran.stderr
-    expected, result = cb.load(tmp_path / "local"), cb.load(tmp_path / "dask")
-    pd.testing.assert_frame_equal(result.history(), expected.history(), check_exact=True)
-    with open(tmp_path / "dask" / "journal.jsonl") as f:
-        run_started = next(e for e in map(json.loads, f) if e["event"] == "run_started")
-    hosts = {info["launched_by"].rsplit(" on ", 1)[1] for info in run_started["workers"].values()}
+    @contextlib.contextmanager
+    def cluster() -> Iterator[dict[str, str]]:
+        with dask_cluster(tmp_path) as address:
+            yield {**os.environ, "DASK_SCHEDULER_ADDRESS": address}
+
+    workers = run_on(tmp_path, "dask", cluster)
+    hosts = {info["launched_by"].rsplit(" on ", 1)[1] for info in workers.values()}
     assert len(hosts) == 2                   # one task on each Dask worker

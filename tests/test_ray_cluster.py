@@ -4,7 +4,6 @@ run on both nodes and give the local backend's bits (issue 36)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -13,31 +12,12 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-import pandas as pd
 import pytest
-
-import cerebro as cb
+from _cli_runs import run_on
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
-EXPERIMENT = '''
-import torch
-from sklearn.datasets import load_digits
-import cerebro as cb
-
-X, y = load_digits(return_X_y=True)
-data = cb.Dataset.from_numpy(X[:400].astype("float32") / 16, y[:400], partitions=4, validation=0.2, seed=0)
-
-
-def build(config):
-    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
-    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config["lr"]),
-                             torch.nn.functional.cross_entropy, batch_size=32)
-
-
-search = cb.GridSearch(build, {"lr": cb.choice([0.1, 0.01])}, epochs=2)
-'''
 
 
 def _free_port() -> int:
@@ -69,18 +49,6 @@ def ray_cluster(nodes: int = 2) -> Iterator[dict[str, str]]:
 
 
 def test_cerebro_run_on_a_two_node_ray_cluster_gives_the_local_bits_with_a_worker_on_each_node(tmp_path):
-    (tmp_path / "experiment.py").write_text(EXPERIMENT)
-    cli = [os.path.join(os.path.dirname(sys.executable), "cerebro"), "run", "experiment.py", "--workers", "2",
-           "--seed", "1", "--quiet"]
-    local = subprocess.run([*cli, "--store", "local"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
-    assert local.returncode == 0, local.stderr
-    with ray_cluster(nodes=2) as env:
-        ran = subprocess.run([*cli, "--backend", "ray", "--store", "ray"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=600)
-    assert ran.returncode == 0, ran.stderr
-    expected, result = cb.load(tmp_path / "local"), cb.load(tmp_path / "ray")
-    pd.testing.assert_frame_equal(result.history(), expected.history(), check_exact=True)
-    with open(tmp_path / "ray" / "journal.jsonl") as f:
-        started = next(e for e in map(json.loads, f) if e["event"] == "run_started")
-    nodes = {info["launched_by"].split(" on node ")[1] for info in started["workers"].values()}
+    workers = run_on(tmp_path, "ray", lambda: ray_cluster(nodes=2))
+    nodes = {info["launched_by"].split(" on node ")[1] for info in workers.values()}
     assert len(nodes) == 2                   # SPREAD: one worker on each node
