@@ -7,17 +7,23 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 
+import pandas as pd
+import psutil
 import pytest
 from _cli_runs import run_on
+from _faults import striking, waiting_for_the_replacement
+from _models import build, digits
 
 import cerebro as cb
 
 distributed = pytest.importorskip("distributed")
+SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +37,34 @@ def test_dask_backend_says_how_it_was_made(client):
     backend = cb.DaskBackend(client, workers=2, resources={"GPU": 1})
     assert re.fullmatch(r"DaskBackend\(scheduler='tcp://127\.0\.0\.1:\d+', workers=2, resources=\{'GPU': 1\}\)",
                         repr(backend))
+
+
+def killing_its_dask_worker(marker: str):
+    """``build``, except that the first training batch anywhere kills the Dask worker that
+    started this worker process (its parent) with SIGKILL: the worker process dies with it."""
+    def build_that_kills(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        trainable.loss = striking(trainable.loss, lambda: os.kill(os.getppid(), signal.SIGKILL), marker=marker)
+        return trainable
+    return build_that_kills
+
+
+@pytest.mark.slow
+def test_a_dask_worker_killed_mid_run_takes_its_worker_process_along_and_the_run_gives_the_same_bits(
+        client, tmp_path):
+    expected = cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=4), backend=cb.LocalBackend(2), seed=3,
+                                                         verbose=0, store=tmp_path / "local")
+    store, marker = str(tmp_path / "run"), str(tmp_path / "killed")
+    result = cb.GridSearch(waiting_for_the_replacement(killing_its_dask_worker(marker), store), SPACE,
+                           epochs=2).fit(digits(partitions=4), backend=cb.DaskBackend(client, workers=2), seed=3,
+                                         verbose=0, store=store)
+    assert os.path.exists(marker)
+    events = list(result.store.events())
+    lost = [e for e in events if e["event"] == "worker_lost"]
+    assert len(lost) == 1 and [e["event"] for e in events].count("worker_replaced") == 1
+    started = next(e for e in events if e["event"] == "run_started")["workers"]
+    assert not psutil.pid_exists(started[str(lost[0]["worker"])]["pid"])     # no orphan trains on
+    pd.testing.assert_frame_equal(result.history(), expected.history(), check_exact=True)
 
 
 def test_dask_backend_checks_its_arguments_before_starting_anything(client):

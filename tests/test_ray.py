@@ -40,6 +40,9 @@ def test_the_runs_token_is_in_no_ray_log_task_or_process_argument(in_process_ray
     backend = Recording(workers=2)
     cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(digits(partitions=2), backend=backend, seed=1,
                                                                  verbose=0, store=tmp_path / "run")
+    with pytest.raises(ValueError, match=r"^address='auto', but ray\.init was called already: pass address=None "
+                                         r"to use that session$"):
+        cb.RayBackend(workers=2, address="auto").driver_address()
     token = backend.authkey
     session = ray._private.worker._global_node.get_session_dir_path()
     searched = 0

@@ -12,8 +12,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
+import pandas as pd
 import pytest
 from _cli_runs import run_on
+
+import cerebro as cb
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
@@ -49,6 +52,21 @@ def ray_cluster(nodes: int = 2) -> Iterator[dict[str, str]]:
 
 
 def test_cerebro_run_on_a_two_node_ray_cluster_gives_the_local_bits_with_a_worker_on_each_node(tmp_path):
-    workers = run_on(tmp_path, "ray", lambda: ray_cluster(nodes=2))
+    @contextlib.contextmanager
+    def cluster() -> Iterator[dict[str, str]]:
+        with ray_cluster(nodes=2) as env:
+            yield env
+            # The same from Python, the cluster named by RayBackend(address=...), not by RAY_ADDRESS.
+            script = ("import runpy, cerebro as cb; names = runpy.run_path('experiment.py'); "
+                      f"names['search'].fit(names['data'], backend=cb.RayBackend(2, address={env['RAY_ADDRESS']!r}), "
+                      "store='by-address', seed=1, verbose=0)")
+            env = {k: v for k, v in env.items() if k != "RAY_ADDRESS"}
+            ran = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
+                                 text=True, timeout=600)
+            assert ran.returncode == 0, ran.stderr
+
+    workers = run_on(tmp_path, "ray", cluster)
     nodes = {info["launched_by"].split(" on node ")[1] for info in workers.values()}
     assert len(nodes) == 2                   # SPREAD: one worker on each node
+    pd.testing.assert_frame_equal(cb.load(tmp_path / "by-address").history(), cb.load(tmp_path / "local").history(),
+                                  check_exact=True)

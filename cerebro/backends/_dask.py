@@ -11,6 +11,7 @@ scheduler's dashboard shows, hold it.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import socket
@@ -25,24 +26,39 @@ from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max
 SHUTDOWN_GRACE_S = 10.0
 
 
-def _dask_task(address: tuple[str, int], authkey: bytes, worker: int, key: str, threads: int) -> int:
-    """A worker's one task: start its worker process here, say where, and wait for it."""
+DECLINED = "declined: Dask ran it again after its Dask worker died (the driver replaces it)"
+
+
+def _dask_task(address: tuple[str, int], authkey: bytes, worker: int, key: str, threads: int) -> str:
+    """A worker's one task: start its worker process here, say where, wait for it, and say
+    how it ended."""
     from distributed import Event, Variable, get_worker
     begun = Event(key)
     if begun.is_set():
-        return 0               # Dask running it again after its Dask worker died: the driver replaces it
+        return DECLINED
     begun.set()
     here = get_worker().address
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", address[0], str(address[1]), str(worker),
-                                f"dask task {key} on {here}"], env=env, stdin=subprocess.PIPE)
+                                f"dask task {key} on {here}"], env=env, stdin=subprocess.PIPE,
+                               preexec_fn=_die_with_parent)
     Variable(f"{key}-pid").set([here, process.pid])
     try:      # on stdin: never on the command line (``ps``) or in the environment
         process.stdin.write(authkey.hex().encode() + b"\n")
         process.stdin.close()
     except BrokenPipeError:
         pass
-    return process.wait()
+    return f"its worker process exited with code {process.wait()}"
+
+
+def _die_with_parent() -> None:
+    """In the worker process, before it starts: SIGKILL it when the Dask worker that started
+    it dies (Linux), so no orphan goes on training for a worker the driver has replaced."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 9)      # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass                   # not Linux: the worker exits once the driver closes its connection
 
 
 def _kill(pid: int) -> None:
@@ -102,19 +118,25 @@ class DaskBackend(Backend):
         self.max_restarts = check_max_restarts(max_restarts)
         self.hops = check_hops(hops)
         self._tasks: dict[int, _Task] = {}
-        self._launch = ""
+        self._keys: list[str] = []
+        self._launch, self._token = "", None
 
     def driver_address(self) -> tuple[str, int]:
         """The address of this machine that the Dask scheduler's network reaches."""
         parsed = urllib.parse.urlparse(self.client.scheduler.address)
-        if parsed.scheme not in ("tcp", "tls") or parsed.hostname in (None, "127.0.0.1", "localhost"):
-            return ("127.0.0.1", 0)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:   # no packet is sent
-            probe.connect((parsed.hostname, parsed.port or 8786))
-            return (probe.getsockname()[0], 0)
+        try:
+            host = socket.gethostbyname(parsed.hostname or "")
+            if parsed.scheme not in ("tcp", "tls") or ipaddress.ip_address(host).is_loopback:
+                return ("127.0.0.1", 0)      # in-process or on this machine
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:   # no packet is sent
+                probe.connect((host, parsed.port or 8786))
+                return (probe.getsockname()[0], 0)
+        except OSError:        # a name that does not resolve here, say: this machine's own address
+            return (socket.gethostbyname(socket.gethostname()), 0)
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
-        self._address, self._token = address, self.client.scatter(authkey, hash=False)
+        # On every Dask worker: a replacement needs it even where the worker holding it died.
+        self._address, self._token = address, self.client.scatter(authkey, hash=False, broadcast=True)
         self._launch = secrets.token_hex(4)
         for worker in range(self.workers):
             self._submit(worker, 0)
@@ -124,14 +146,18 @@ class DaskBackend(Backend):
         future = self.client.submit(_dask_task, self._address, self._token, worker, key, self.threads_per_worker,
                                     key=key, pure=False, resources=self.resources)
         self._tasks[worker] = _Task(key, future)
+        self._keys.append(key)         # every attempt's markers, removed at stop()
 
     def exited(self) -> dict[int, str]:
         ended = {}
         for worker, task in self._tasks.items():
             if task.future.done():
-                error = task.future.exception() if task.future.status == "error" else None
-                ended[worker] = (f"ended with its Dask task ({task.future.status}"
-                                 + (f": {type(error).__name__}: {error}" if error is not None else "") + ")")
+                if task.future.status == "finished":
+                    ended[worker] = f"ended with its Dask task: {task.future.result()}"
+                else:
+                    error = task.future.exception() if task.future.status == "error" else None
+                    ended[worker] = f"its Dask task ended: {task.future.status}" + (
+                        f": {type(error).__name__}: {error}" if error is not None else "")
         return ended
 
     def replace(self, worker: int) -> bool:
@@ -142,19 +168,21 @@ class DaskBackend(Backend):
 
     def release(self, worker: int) -> None:
         task = self._tasks.get(worker)
-        if task is None or task.future.done():
+        if task is None:
             return
+        self.client.cancel(task.future, force=True)      # not begun: it never will
         from distributed import Event, Variable
         if not Event(task.key, client=self.client).is_set():
-            return             # not begun: cancelled below, or it ends by itself
+            return
         try:
             where, pid = Variable(f"{task.key}-pid", client=self.client).get(timeout=5)
         except TimeoutError:
-            return             # its process never started: the task ends by itself
-        self.client.run(_kill, pid, workers=[where], on_error="ignore")
+            return             # its process never started
+        if where in self.client.scheduler_info()["workers"]:    # a dead one's process died with it
+            self.client.run(_kill, pid, workers=[where], on_error="ignore")
 
     def stop(self) -> None:
-        if not self._tasks:
+        if not self._tasks and not self._keys:
             return
         from distributed import Event, Variable, wait
         # Workers told to shut down end their processes, and so their tasks.
@@ -162,12 +190,13 @@ class DaskBackend(Backend):
             wait([t.future for t in self._tasks.values()], timeout=SHUTDOWN_GRACE_S)
         except TimeoutError:
             pass               # those still running are ended below
-        for worker, task in self._tasks.items():
-            self.release(worker)
-            Variable(f"{task.key}-pid", client=self.client).delete()
-            Event(task.key, client=self.client).clear()
-        self.client.cancel([t.future for t in self._tasks.values()], force=True)
-        self._tasks = {}
+        for worker in self._tasks:
+            self.release(worker)       # cancels first: a rerun cannot begin once its marker is cleared
+        for key in self._keys:
+            Variable(f"{key}-pid", client=self.client).delete()
+            Event(key, client=self.client).clear()
+        self.client.cancel(self._token, force=True)
+        self._tasks, self._keys, self._token = {}, [], None
 
     def __repr__(self) -> str:
         hops = "" if self.hops is Hops.DIRECT else f", hops={self.hops.value!r}"

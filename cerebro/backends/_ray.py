@@ -82,16 +82,17 @@ class RayBackend(Backend):
         self._actors: dict[int, _Actor] = {}
         self._group: Any = None
         self._token: Any = None
+        self._initialized_here = False
 
     def _ray(self) -> Any:
-        """Ray, initialized: the program's own session, else one for ``address``."""
+        """Ray, initialized: the program's own session, else one for ``address`` (made once)."""
         import ray
-        if ray.is_initialized():
-            if self.address is not None:
-                raise ValueError(f"address={self.address!r}, but ray.init was called already: pass address=None to "
-                                 f"use that session")
-        else:
+        if not ray.is_initialized():
             ray.init(address=self.address)
+            self._initialized_here = True
+        elif self.address is not None and not self._initialized_here:
+            raise ValueError(f"address={self.address!r}, but ray.init was called already: pass address=None to "
+                             f"use that session")
         return ray
 
     def driver_address(self) -> tuple[str, int]:
@@ -150,7 +151,7 @@ class RayBackend(Backend):
         ray.wait([a.done for a in self._actors.values()], num_returns=len(self._actors), timeout=10)
         for actor in self._actors.values():
             ray.kill(actor.handle, no_restart=True)
-        self._actors = {}
+        self._actors, self._token = {}, None     # the token's object is freed with its last reference
         if self._group is not None:
             from ray.util.placement_group import remove_placement_group
             remove_placement_group(self._group)
