@@ -1,5 +1,5 @@
 """``RayBackend`` (issue 36): each worker a Ray actor. Its checks, and the run's token in no
-Ray log, task or process argument (the bits and replacement in an in-process session are in
+Ray log, nor in the actors' command lines or environments (the bits and replacement in an in-process session are in
 ``test_backends_common.py``; a two-node cluster in ``test_ray_cluster.py``)."""
 from __future__ import annotations
 
@@ -35,11 +35,23 @@ class Recording(cb.RayBackend):
         super().start(address, authkey)
 
 
+def recording_its_process(folder: str):
+    """``build``, except that each process it runs in writes its command line and environment
+    to a file of ``folder`` (named by its pid), while it is a worker."""
+    def build_that_records(config: dict) -> cb.TorchTrainable:
+        me = psutil.Process()
+        with open(os.path.join(folder, f"{me.pid}.txt"), "w") as f:
+            f.write(" ".join(me.cmdline()) + "\n" + "\n".join(f"{k}={v}" for k, v in os.environ.items()))
+        return build(config)
+    return build_that_records
+
+
 @pytest.mark.slow
 def test_the_runs_token_is_in_no_ray_log_task_or_process_argument(in_process_ray, tmp_path):
-    backend = Recording(workers=2)
-    cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(digits(partitions=2), backend=backend, seed=1,
-                                                                 verbose=0, store=tmp_path / "run")
+    backend, seen = Recording(workers=2), tmp_path / "processes"
+    seen.mkdir()
+    result = cb.GridSearch(recording_its_process(str(seen)), {"lr": cb.choice([1e-2])}, epochs=1).fit(
+        digits(partitions=2), backend=backend, seed=1, verbose=0, store=tmp_path / "run")
     with pytest.raises(ValueError, match=r"^address='auto', but ray\.init was called already: pass address=None "
                                          r"to use that session$"):
         cb.RayBackend(workers=2, address="auto").driver_address()
@@ -55,8 +67,11 @@ def test_the_runs_token_is_in_no_ray_log_task_or_process_argument(in_process_ray
                 assert token not in content and token.hex().encode() not in content, path
                 searched += 1
     assert searched > 10      # Ray's logs, of the driver, the raylet and each actor's worker
-    for process in psutil.process_iter(["cmdline"]):
-        assert token.hex() not in " ".join(process.info["cmdline"] or ())
+    workers = {info["pid"] for info in result.workers.values()}
+    recorded = {int(name.removesuffix(".txt")): (seen / name).read_text() for name in os.listdir(seen)}
+    assert workers <= set(recorded)           # each actor's process, as it ran
+    for text in recorded.values():
+        assert token.hex() not in text and token.decode("latin-1") not in text
 
 
 def test_ray_backend_checks_its_arguments_before_starting_anything():
