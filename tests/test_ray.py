@@ -1,6 +1,7 @@
 """``RayBackend`` (issue 36): each worker a Ray actor. Its checks, and the run's token in no
-Ray log, nor in the actors' command lines or environments (the bits and replacement in an in-process session are in
-``test_backends_common.py``; a two-node cluster in ``test_ray_cluster.py``)."""
+Ray log, nor in the actors' command lines or environments (the bits and replacement in an
+in-process session are in ``test_backends_common.py``; a two-node cluster in
+``test_ray_cluster.py``)."""
 from __future__ import annotations
 
 import os
