@@ -137,7 +137,7 @@ class DirectHops:
     def _state_of(self, worker: Worker, task_id: int, task: Task, done: SubEpochDone) -> Any:
         """The state ``done`` hands the driver: none, the one it sent, or (at an epoch's end)
         the file the worker wrote it to in the store, of which the driver keeps the name."""
-        if done.store_error is not None:   # it sent the state instead: once per worker and cause
+        if done.store_error is not None:   # it sent the state instead: warned once per worker and cause
             warnings.warn(f"{worker.describe()} could not write a state to the store {self.store.path} "
                           f"({done.store_error}): it sends the states to the driver, which writes the "
                           f"checkpoints. Make the store writable by every worker (docs/spark.md)",

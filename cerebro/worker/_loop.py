@@ -306,4 +306,6 @@ def _hand_over(task: RunSubEpoch, state: Any) -> tuple[Any, bool, str | None]:
         write_state_file(task.store_state, task.trial_id, task.epoch, state)
         return None, True, None
     except Exception as error:      # OSError, or a remote file system's own (gcsfs, adlfs): send it instead
-        return state, False, f"{type(error).__name__}: {error}"
+        # Without the file's name (each task's differs), so the driver's warning says it once per cause.
+        why = error.strerror if isinstance(error, OSError) and error.strerror else error
+        return state, False, f"{type(error).__name__}: {why}"
