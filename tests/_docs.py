@@ -46,3 +46,11 @@ def run_section(doc: str, title: str, blocks: int, replace: dict[str, str] | Non
                 code = code.replace(old, new)
             exec(compile(code, os.path.join(ROOT, doc), "exec"), namespace)     # noqa: S102  (our own docs)
     return namespace, printed.getvalue()
+
+
+def script_of_section(doc: str, title: str, blocks: int) -> str:
+    """The blocks of ``doc``'s section ``title`` (fragments left out) as one script, for what
+    runs only as a program of its own (a ``__main__`` guard, a cluster started and left)."""
+    found = [code for section, code in python_blocks(doc) if section == title and not code.startswith(FRAGMENT)]
+    assert len(found) == blocks, f"{doc} § {title}: {len(found)} blocks, expected {blocks}"
+    return "\n".join(found)

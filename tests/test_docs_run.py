@@ -1,5 +1,5 @@
 """Every Python block of README.md and docs/*.md runs as written in a fresh directory (here,
-in test_guide_workflow.py, or in _sql.py's set-up of the SQL tests' database), or is marked
+in test_guide_workflow.py, test_cluster_data.py, or in _sql.py's set-up of the SQL tests' database), or is marked
 as a fragment on its first line, saying what it needs."""
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ RUN_BY = {("README.md", ""): "test_docs_run.py",
           ("docs/guide.md", "Metrics"): "test_guide_workflow.py",
           ("docs/guide.md", "Applying the winner"): "test_guide_workflow.py",
           ("docs/sql.md", "The data"): "_sql.py",
-          ("docs/sql.md", "Model architectures"): "test_docs_run.py"}
+          ("docs/sql.md", "Model architectures"): "test_docs_run.py",
+          ("docs/ray.md", "Data in Ray"): "test_cluster_data.py",
+          ("docs/dask.md", "Data in Dask"): "test_cluster_data.py"}
 
 
 def test_every_python_block_is_run_by_a_test_or_marked_a_fragment():
@@ -32,7 +34,8 @@ def test_every_python_block_is_run_by_a_test_or_marked_a_fragment():
     for (doc, title), where in RUN_BY.items():
         with open(os.path.join(TESTS, where), encoding="utf-8") as f:
             source = f.read()
-        assert f'"{title}"' in source and "run_section(" in source, (doc, title, where)
+        assert f'"{title}"' in source and ("run_section(" in source or "script_of_section(" in source), \
+            (doc, title, where)
 
 
 @pytest.mark.slow

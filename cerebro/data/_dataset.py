@@ -34,7 +34,8 @@ class Dataset(abc.ABC):
     """Training data for a run: features, a label and a validation split.
 
     Build one with :meth:`from_numpy`, :meth:`from_pandas`, :meth:`from_parquet`,
-    :meth:`from_sql` or :meth:`from_spark`. At ``fit`` its rows are shuffled by ``seed`` into
+    :meth:`from_sql`, :meth:`from_spark`, :meth:`from_ray` or
+    :meth:`from_dask`. At ``fit`` its rows are shuffled by ``seed`` into
     ``partitions`` slices and written once as Parquet into the run's store; each worker then
     loads only its own partitions.
 
@@ -154,6 +155,33 @@ class Dataset(abc.ABC):
         return Dataset._builders["from_spark"].from_spark(df, features=features, label=label,
                                                           validation=validation, partitions=partitions,
                                                           seed=seed, in_memory=in_memory, cache_dir=cache_dir)
+
+    @classmethod
+    def from_ray(cls, dataset: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
+                 partitions: int | None = None, seed: int = 0, in_memory: bool | str = "auto",
+                 cache_dir: str | os.PathLike | None = None) -> Dataset:
+        """From a Ray Dataset (``ray.data``), without collecting it: ``features`` names numeric
+        columns, a tensor column (kept in its shape), or one column of ``bytes``; ``label`` a
+        numeric column; ``validation`` a seeded fraction (rows drawn by a hash of their
+        content) or the name of a boolean/integer column marking validation rows. Ray's
+        workers check the rows when the dataset is made and write the partitions into the
+        store at ``fit``; the store must be one they reach (see docs/ray.md). The partitions
+        depend on the rows and ``seed`` only: the same rows from :meth:`from_dask` give the
+        same ones."""
+        return Dataset._builders["from_ray"].from_ray(dataset, features=features, label=label,
+                                                      validation=validation, partitions=partitions, seed=seed,
+                                                      in_memory=in_memory, cache_dir=cache_dir)
+
+    @classmethod
+    def from_dask(cls, df: Any, *, features: str | Sequence[str], label: str, validation: Any = 0.2,
+                  partitions: int | None = None, seed: int = 0, in_memory: bool | str = "auto",
+                  cache_dir: str | os.PathLike | None = None) -> Dataset:
+        """From a Dask DataFrame, without collecting it, with the columns and split of
+        :meth:`from_ray`; Dask's workers (the current client's) check the rows and write
+        the partitions (see docs/dask.md)."""
+        return Dataset._builders["from_dask"].from_dask(df, features=features, label=label,
+                                                        validation=validation, partitions=partitions, seed=seed,
+                                                        in_memory=in_memory, cache_dir=cache_dir)
 
     # --- what a run uses ----------------------------------------------------------------
     @property

@@ -7,28 +7,15 @@ written by the executor that holds it, as one Parquet file in the same format
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
-from ..store import _files as files
 from ._dataset import Dataset
-from ._partitions import (
-    BYTES,
-    SPLITS,
-    WINDOW_ROW_GROUPS,
-    PartitionLayout,
-    column,
-    partition_file,
-    row_group_rows,
-    write_layout,
-    write_table,
-)
-from ._sample_order import SampleScheme
+from ._groups import RECORD_SCHEMA, GroupForm, assemble, write_rows
+from ._partitions import BYTES, PartitionLayout
 from ._spark_columns import column_type, numeric_types, spark_features
 from ._spark_python import explained, use_the_drivers_python_locally
 
@@ -152,45 +139,18 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
             F.xxhash64(F.lit(self.seed + 2), "features", "label", "copy").alias("order"))
         feature_length = None if self._binary else self._feature_length
         row_bytes = self._feature_length + 8 if self._binary else 4 * (self._feature_length + 1)
-        group_rows = row_group_rows(row_bytes)
+        shape = () if self._binary else self._feature_shape or (self._feature_length,)
+        form = GroupForm(self.feature_dtype, shape, self._label_dtype, row_bytes)
 
         def write_group(group: pd.DataFrame) -> pd.DataFrame:
-            return _write_group(data_dir, feature_length, group_rows, group)
+            return _write_group(data_dir, feature_length, form.group_rows, group)
 
         try:
-            written = keyed.groupBy("split", "partition").applyInPandas(
-                write_group,
-                schema="split string, partition int, rows long, digest string, size long, crc long").collect()
+            written = keyed.groupBy("split", "partition").applyInPandas(write_group, schema=RECORD_SCHEMA).collect()
         except Exception as error:
             raise explained(error, self._prepared.sparkSession.sparkContext) from None
-        rows = {split: [0] * num_partitions for split in SPLITS}
-        checks: dict[str, list[list[int]]] = {split: [[0, 0]] * num_partitions for split in SPLITS}
-        digests = {}
-        for record in written:
-            rows[record["split"]][record["partition"]] = record["rows"]
-            checks[record["split"]][record["partition"]] = [record["size"], record["crc"]]
-            digests[(record["split"], record["partition"])] = record["digest"]
-        for split in SPLITS:   # partitions no row hashed to still get their (empty) file
-            for partition in range(num_partitions):
-                if (split, partition) not in digests:
-                    empty = np.zeros(0, object) if self._binary else np.zeros((0, self._feature_length), np.float32)
-                    checks[split][partition] = write_table(_table(empty, np.zeros(0, self._label_dtype)), data_dir,
-                                                           split, partition, group_rows)
-                    digests[(split, partition)] = ""
-        empty = [p for p in range(num_partitions) if rows["train"][p] == 0]
-        if empty:
-            raise ValueError(f"training partitions {empty} got no rows: {self._train_rows} rows hashed into "
-                             f"{num_partitions} partitions; use fewer partitions")
-        missing = [f for f in (partition_file(data_dir, s, p) for s in SPLITS for p in range(num_partitions))
-                   if not files.exists(f)]
-        if missing:
-            raise OSError(f"the executors wrote partitions the driver cannot see (first: {missing[0]}); the "
-                          f"store must be one file system shared by the driver and every executor")
-        shape = () if self._binary else self._feature_shape or (self._feature_length,)
-        layout = PartitionLayout(num_partitions, shape, (), self._label_dtype, rows, self.feature_dtype,
-                                 group_rows, WINDOW_ROW_GROUPS, SampleScheme.WINDOWED, row_bytes, checks)
-        write_layout(data_dir, layout)
-        self._fingerprint = hashlib.sha256("".join(digests[k] for k in sorted(digests)).encode()).hexdigest()[:16]
+        layout, self._fingerprint = assemble(data_dir, num_partitions, (r.asDict() for r in written), form,
+                                             self._train_rows)
         return layout
 
     def fingerprint(self) -> str:
@@ -200,29 +160,20 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         return self._fingerprint
 
 
-def _table(features: np.ndarray, label: np.ndarray) -> pa.Table:
-    return pa.table({"features": column(features), "label": column(label)})
-
-
 def _write_group(data_dir: str, feature_length: int | None, group_rows: int, group: pd.DataFrame) -> pd.DataFrame:
     """Runs on an executor: writes one (split, partition) group, rows in their seeded order
     (``feature_length`` None: the features are bytes)."""
     group = group.sort_values(["order", "label"], kind="stable")
     if feature_length is None:
         features = np.array([bytes(v) for v in group["features"]], dtype=object)
-        content = b"".join(len(v).to_bytes(8, "little") + v for v in features)
     else:
         features = np.stack(group["features"].to_numpy()).astype(np.float32, copy=False).reshape(len(group),
                                                                                                 feature_length)
-        content = features.tobytes()
-    label = group["label"].to_numpy()
-    split, partition = str(group["split"].iloc[0]), int(group["partition"].iloc[0])
-    size, crc = write_table(_table(features, label), data_dir, split, partition, group_rows)
-    digest = hashlib.sha256(content + label.tobytes()).hexdigest()
+    record = write_rows(data_dir, str(group["split"].iloc[0]), int(group["partition"].iloc[0]), features,
+                        group["label"].to_numpy(), group_rows)
     import pandas as pd  # on Spark's executors only: workers import this module too
 
-    return pd.DataFrame({"split": [split], "partition": [partition], "rows": [len(group)], "digest": [digest],
-                         "size": [size], "crc": [crc]})
+    return pd.DataFrame({key: [value] for key, value in record.items()})
 
 
 def _validation_split(df: Any, validation: Any) -> tuple[Any, float | None]:
