@@ -23,12 +23,13 @@ if TYPE_CHECKING:
 
 def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
         store: str | os.PathLike | None, seed: int | None, verbose: int, limits: Limits,
-        time_budget: float | None, tensorboard: bool, mlflow: bool | str) -> Result:
+        time_budget: float | None, tensorboard: bool, mlflow: bool | str, metrics_port: int | None = None) -> Result:
     """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
     return execute(searcher, build=searcher.build,
                    example_configs=[sample_config(searcher.space, np.random.default_rng(i)) for i in range(4)],
                    metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
                    backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow)
+                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow,
+                   metrics_port=metrics_port)
 

@@ -10,6 +10,7 @@ import sys
 import click
 from rich.console import Console
 
+from ._cli_dashboard import dashboard
 from ._cli_tables import print_summary, print_trial
 from .report import Result, load
 
@@ -128,10 +129,12 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
 @click.option("--mlflow", default=None, help="'local' for RUN_DIR/mlflow.db, or a tracking URI")
 @click.option("--time-budget", default=None, type=float,
               help="seconds; then the run stops at its trials' next epoch boundaries, resumable")
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
+              help="serve the run's Prometheus /metrics from here on this port while it runs")
 @click.option("--quiet", is_flag=True, help="no live progress")
 def run(experiment: str, workers: int, backend: str, store: str | None, seed: int | None,
         trial_timeout: float | None, hang_after: float, max_failures: int | None, max_trial_losses: int,
-        mlflow: str | None, time_budget: float | None, quiet: bool) -> None:
+        mlflow: str | None, time_budget: float | None, metrics_port: int | None, quiet: bool) -> None:
     """Run the searcher that EXPERIMENT (a Python file) defines.
 
     The file defines ``data`` (a cb.Dataset) and ``search`` (a searcher such as
@@ -179,7 +182,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
         chosen, workers_arg = "local", workers
     result = search.fit(data, backend=chosen, workers=workers_arg, store=store, seed=seed, verbose=0 if quiet else 1,
                         trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
-                        time_budget=time_budget, hang_after=hang_after or None,
+                        time_budget=time_budget, hang_after=hang_after or None, metrics_port=metrics_port,
                         mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
     print_summary(result, Console())
     exit_if_failed(result)
@@ -398,3 +401,6 @@ def sql_install(dsn: str, schema: str, store_root: str | None, max_workers: int 
         click.echo(install(dsn, schema, store_root=store_root, max_workers=max_workers))
     except (ValueError, RuntimeError, ImportError) as error:
         raise click.ClickException(str(error)) from None
+
+
+main.add_command(dashboard)

@@ -11,6 +11,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
+from _browser import CHROMIUM_FLAGS, chromium_path
 from _crafted import Payload
 from _faults import claim
 from _models import build, digits
@@ -161,11 +162,6 @@ def test_cli_report_export_and_resume(run, tmp_path):
     assert json.loads(json.dumps(run.best.config)) == run.best.config
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--virtual-time-budget=10000", "--window-size=1300,2600"]
-
-
 def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, tmp_path):
     """Only build.pkl is code; only TrialResult.model() (and resume, predict) unpickle it, and
     only where a run of this user signed it or the caller trusts the directory."""
@@ -191,16 +187,7 @@ def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, t
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    """Debian's chromium, installed by the test set-up where it is missing (never downloaded
-    by a test tool)."""
-    for step in (["apt-get", "install", "-y", "-q", "chromium"], ["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "chromium"]):
-        if shutil.which("chromium") is not None or shutil.which("apt-get") is None:
-            break
-        subprocess.run(step, capture_output=True, timeout=900)
-    if shutil.which("chromium") is None:
-        pytest.skip("Debian's chromium package cannot be installed here")
-    return shutil.which("chromium")
+    return chromium_path()
 
 
 def test_the_report_opens_in_headless_chromium_without_errors(run, chromium, tmp_path):

@@ -88,7 +88,7 @@ def crafted_messages(marker: str) -> dict[str, tuple[bytes, str]]:
         "fields it lacks": (data_message({"$object": "Hello", "fields": {"worker": 1}}),
                             "Hello has the fields ['host', 'launched_by', 'pid', 'worker']; the message gives"),
         "fields it has not": (data_message({"$object": "Heartbeat", "fields": {"worker": 1, "exec": "x"}}),
-                              "Heartbeat has the fields ['batches', 'task_id', 'worker']; the message gives "
+                              "Heartbeat has the fields ['batches', 'task_id', 'total', 'worker']; the message gives "
                               "['exec', 'worker']"),
         "a dtype that is not one": (data_message({"$tensor": 0, "dtype": "load", "shape": [1]}, [b"x"]),
                                     "'load' is not a torch dtype"),

@@ -28,7 +28,9 @@ from ..store import (
     SubEpoch,
     SubEpochAborted,
     SubEpochStarted,
+    Traffic,
     TrialStatus,
+    WorkerProgress,
     WorkerReplaced,
     WorkersRestarted,
 )
@@ -76,6 +78,7 @@ class Driver(DirectHops):
                               StateShelf(resident=RESIDENT_STATES_PER_WORKER * backend.workers))
         self._restarts = 0
         self._next_task_id = 0
+        self._traffic = (0, 0, 0)
         self.hangs = HangWatch(settings.limits.hang_after)
         self.outboxes = Outboxes()
         self.direct = backend.hops is Hops.DIRECT      # until the workers turn out not to reach each other
@@ -150,10 +153,15 @@ class Driver(DirectHops):
             elif isinstance(message, Heartbeat):
                 if worker.running is not None and message.task_id == worker.running.task_id:
                     self.hangs.heard(worker.running, message.batches, self._now())
+                    self.recorder.emit(WorkerProgress(worker.index, worker.running.task.trial_id, message.batches,
+                                                      message.total))
             elif isinstance(message, SetupFailed):      # it could not load partitions it took over
                 self.pool.lose(worker, f"could not load the partitions it took over: "
                                        f"{message.error.strip().splitlines()[-1]}")
         self._handle_pool_events()
+        if self.pool.traffic() != self._traffic:     # told to the observers as it changes
+            self._traffic = self.pool.traffic()
+            self.recorder.emit(Traffic(*self._traffic))
         self._check_health()
         self.pool.admit()
         self._handle_pool_events()

@@ -26,6 +26,8 @@ from .._version import __version__
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
+from ..report._http import MetricsEndpoint
+from ..report._live import LiveFile
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
 from ..worker import KerasTrainable, driver_keras_backend
@@ -42,7 +44,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, limits: Limits | None = None,
             time_budget: float | None = None, tensorboard: bool = True,
-            mlflow: bool | str = False) -> Result:
+            mlflow: bool | str = False, metrics_port: int | None = None) -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
     ``build`` is checked on the driver (see :mod:`._preflight`) with the first trials the
@@ -68,6 +70,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
              ).check("time_budget", time_budget)
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
+    Optional(Integer(0, 65535, description="a port number (0: any free port) or None")).check("metrics_port",
+                                                                                         metrics_port)
     build_blob = pickle_build(build)
     trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None
@@ -78,7 +82,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     run_settings = RunSettings(int(seed), num_partitions, data.has_validation, limits, VisitScheme.LATIN, data.storage,
                                keras_backend=keras_backend, metric=metric, mode=mode, time_budget=time_budget,
                                patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0),
-                               warm_start=WarmStartFrom.of_searcher(settings), tensorboard=tensorboard, mlflow=mlflow)
+                               warm_start=WarmStartFrom.of_searcher(settings), tensorboard=tensorboard, mlflow=mlflow,
+                               metrics_port=metrics_port)
     run_store = RunStore.create(store)
     lock = run_store.lock()
     try:
@@ -188,14 +193,16 @@ def observers(store: RunStore, settings: RunSettings, verbose: int,
     """What the driver tells as the run goes: the console (verbose), TensorBoard (local
     stores) and MLflow; the last also on its own, to log the best model at the end."""
     metric, mode = settings.metric, settings.mode
-    chosen: list[Progress] = [ConsoleProgress(metric, mode) if verbose else NoProgress()]
+    chosen: list[Progress] = [ConsoleProgress(metric, mode) if verbose else NoProgress(), LiveFile(store)]
+    if settings.metrics_port is not None:
+        chosen.append(MetricsEndpoint(store.path, settings.metrics_port))
     if settings.tensorboard and "://" not in store.path:
         chosen.append(TensorBoardLog(store.path))
     mlflow_log = MLflowLog(tracking_uri(settings.mlflow, store.path), store.path, metric, mode, resumed) \
         if settings.mlflow else None
     if mlflow_log is not None:
         chosen.append(mlflow_log)
-    return (chosen[0] if len(chosen) == 1 else Fanout(*chosen)), mlflow_log
+    return Fanout(*chosen), mlflow_log
 
 
 def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:

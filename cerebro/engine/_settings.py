@@ -82,6 +82,7 @@ class RunSettings:
             resumable (None: none; a resume has none).
         warm_start: the finished run whose trials start the ones of equal configs (see ``_warm``).
         tensorboard, mlflow: what observes the run besides the console (see ``observers``).
+        metrics_port: where the driver serves the run's Prometheus ``/metrics`` (None: nowhere).
     """
 
     seed: int
@@ -101,6 +102,7 @@ class RunSettings:
     warm_start: WarmStartFrom | None = None
     tensorboard: bool = True
     mlflow: bool | str = False
+    metrics_port: int | None = None
 
     def budget_note(self) -> str | None:
         """Why a run with a time budget is not reproducible as it stands; None without one."""

@@ -16,7 +16,7 @@ from typing import Any
 from . import _figures
 from ._progress import rounded
 from ._result import Result, load
-from ._trial_result import flat_config
+from ._trial_result import TrialResult, flat_config
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> str:
@@ -74,13 +74,28 @@ def headline(result: Result) -> str:
     try:
         best = result.best
     except RuntimeError:
-        return f"<div class='card'>{''.join(lines)}<p>No trial has a {html.escape(result.metric)} yet.</p></div>"
+        ahead = leader(result)
+        if ahead is None:
+            return f"<div class='card'>{''.join(lines)}<p>No trial has a {html.escape(result.metric)} yet.</p></div>"
+        lines.insert(1, f"<p class='best' id='best'>Leading, not finished: <b>{html.escape(ahead.trial_id)}</b> at "
+                        f"epoch {ahead.best_epoch}: {html.escape(result.metric)} = "
+                        f"<b>{_number(ahead.best_metrics.get(result.metric))}</b></p>")
+        return f"<div class='card'>{''.join(lines)}</div>"
     export = f"cerebro export {shlex.quote(result.run_dir)} --trial {best.trial_id} -o model.safetensors"
     lines.insert(1, f"<p class='best' id='best'>Best: <b>{html.escape(best.trial_id)}</b> at epoch {best.best_epoch}: "
                     f"{html.escape(result.metric)} = <b>{_number(best.best_metrics.get(result.metric))}</b>"
                     f"<br><code>{html.escape(rounded(best.config))}</code></p>"
                     f"<p>Export it: <code id='export'>{html.escape(export)}</code></p>")
     return f"<div class='card'>{''.join(lines)}</div>"
+
+
+def leader(result: Result) -> TrialResult | None:
+    """The trial whose best epoch so far has the best objective, finished or not (None: no
+    epoch has a finite one yet): what a live view shows before :attr:`Result.best` exists."""
+    sign = 1 if result.mode == "min" else -1
+    scored = [t for t in result.trials if isinstance(t.best_metrics.get(result.metric), (int, float))
+              and math.isfinite(t.best_metrics[result.metric])]
+    return min(scored, key=lambda t: sign * t.best_metrics[result.metric]) if scored else None
 
 
 def _when(info: dict[str, Any], result: Result) -> str:

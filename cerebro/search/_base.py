@@ -227,7 +227,8 @@ class Searcher(metaclass=_CheckedOnConstruction):
             store: str | os.PathLike | None = None, seed: int | None = None,
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
             max_trial_losses: int = 3, keep_checkpoints: int | None = None, time_budget: float | None = None,
-            tensorboard: bool = True, mlflow: bool | str = False, hang_after: float | None = 300.0) -> Result:
+            tensorboard: bool = True, mlflow: bool | str = False, hang_after: float | None = 300.0,
+            metrics_port: int | None = None) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -264,11 +265,16 @@ class Searcher(metaclass=_CheckedOnConstruction):
                 the longest its trial waited for one before), before it is taken to hang: its
                 trial ends as ``timeout``, its worker is replaced, the others go on. Give more
                 where a first batch compiles for long (``torch.compile``). ``None``: never.
+            metrics_port: serve the run's Prometheus metrics at ``http://<this machine>:<port>/metrics``
+                from the driver while it runs, on every interface (for scrapers that cannot
+                read the run directory; ``cerebro dashboard`` serves the same from it).
+                ``None``: not served.
         """
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
         limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints, hang_after)
         return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow)
+                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow,
+                   metrics_port=metrics_port)
 
 
 def _shown(value: Any) -> str:

@@ -179,6 +179,31 @@ class SubEpochAborted(SubEpochStarted):
 
 
 @dataclass(frozen=True)
+class WorkerProgress(Event):
+    """A worker's heartbeat during a sub-epoch: the batches it has begun of the sub-epoch's
+    ``total``, so a long sub-epoch is seen alive (the dashboard, ``/metrics``)."""
+
+    name = "worker_progress"
+    journaled = False
+    worker: int
+    trial_id: str
+    batches: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Traffic(Event):
+    """The bytes the driver has sent to and received from its workers so far, and those the
+    workers fetched from each other (direct hops); told when they change."""
+
+    name = "traffic"
+    journaled = False
+    sent: int
+    received: int
+    between_workers: int
+
+
+@dataclass(frozen=True)
 class EpochEnd(Event):
     name = "epoch_end"
     trial_id: str

@@ -53,14 +53,15 @@ OUTBOX_BYTES = 1 << 30
 
 
 class _Progress:
-    """The sub-epoch this worker runs and the batches its trainer has taken from it, for
-    the heartbeats (written by the loop, read by the heartbeat thread: two plain values)."""
+    """The sub-epoch this worker runs and the batches its trainer has taken from it of all it
+    has, for the heartbeats (written by the loop, read by the heartbeat thread: plain values)."""
 
     task_id: int | None = None
     batches: int = 0
+    total: int = 0
 
-    def counted(self, task_id: int, batches: Any) -> Any:
-        self.task_id, self.batches = task_id, 0
+    def counted(self, task_id: int, batches: Any, total: int) -> Any:
+        self.task_id, self.batches, self.total = task_id, 0, total
         for batch in batches:
             self.batches += 1
             yield batch
@@ -247,7 +248,7 @@ def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
     while not stop.wait(interval):
         try:
-            channel.send(Heartbeat(worker, PROGRESS.task_id, PROGRESS.batches))
+            channel.send(Heartbeat(worker, PROGRESS.task_id, PROGRESS.batches, PROGRESS.total))
         except OSError:
             if stop.is_set():     # the loop is closing the channel itself
                 return
@@ -272,7 +273,7 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
         # A thread makes batches ahead where that costs more than a few microseconds.
         ahead = isinstance(source, StreamedPartition) or (trainable.transform if train else trainable.eval_transform)
         with Prefetched(batches) if ahead else contextlib.nullcontext(batches) as batches:
-            batches = PROGRESS.counted(task.task_id, batches)
+            batches = PROGRESS.counted(task.task_id, batches, -(-source.rows // trainable.batch_size))
             if train:
                 sums = trainable.train_batches(batches, task.seed, task.epoch, deadline, task.metrics)
             else:

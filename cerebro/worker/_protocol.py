@@ -194,6 +194,7 @@ class Heartbeat:
     worker: int
     task_id: int | None = None   # the sub-epoch it runs, and the batches it has begun in it: the
     batches: int = 0             # driver tells a slow sub-epoch from one that hangs
+    total: int = 0               # the sub-epoch's batches in all (its progress, for the dashboard)
 
 
 @dataclass

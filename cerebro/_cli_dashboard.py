@@ -1,0 +1,50 @@
+"""``cerebro dashboard RUN_DIR``: the live page and ``/metrics`` of a run (see
+:mod:`cerebro.report._dashboard`)."""
+from __future__ import annotations
+
+import ipaddress
+
+import click
+
+
+@click.command()
+@click.argument("run_dir")
+@click.option("--port", default=8265, show_default=True, type=click.IntRange(0, 65535),
+              help="the port to serve on (0: any free one)")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="the address to serve on; the default serves this machine alone")
+def dashboard(run_dir: str, port: int, host: str) -> None:
+    """Serve a live page about a run, running or finished, and its Prometheus metrics at
+    /metrics: ranked trials, learning curves, the workers' sub-epochs over time and now,
+    failures, settings. Read-only. RUN_DIR may be a local path or an fsspec URL.
+
+    Example: cerebro dashboard cerebro_runs/demo-20261122-101500-ab12
+    """
+    from .report._http import RunServer
+
+    try:
+        server = RunServer(run_dir, host, port)
+    except (OSError, ValueError) as error:     # no run there, or the port is taken
+        raise click.ClickException(error.strerror if isinstance(error, OSError) and error.strerror
+                                   else str(error)) from None
+    click.echo(f"The dashboard of {run_dir} is at {server.url} (metrics at {server.url}metrics); Ctrl-C stops it.")
+    if not _loopback(host):
+        click.echo(f"It is served to anyone who can reach {host}:{server.server_address[1]}, without a password: "
+                   f"it shows the run's configs and errors. Prefer the default host and an SSH tunnel: "
+                   f"ssh -L {port}:127.0.0.1:{port} <this machine>.", err=True)
+    else:
+        click.echo(f"From another machine: ssh -L {server.server_address[1]}:127.0.0.1:{server.server_address[1]} "
+                   f"<this machine>, then open http://127.0.0.1:{server.server_address[1]}/ there.")
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

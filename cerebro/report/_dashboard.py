@@ -1,0 +1,161 @@
+"""``cerebro dashboard RUN_DIR``: a live page about a run, running or finished, and its
+Prometheus ``/metrics``, served read-only from the run directory (local or any fsspec URL).
+
+The page is the report's (:mod:`._html`, :mod:`._figures`: the same code draws both) plus
+what is under way: each worker's sub-epoch with the batches done of all it has (from
+``live.json``, see :mod:`._live`), failures, the run's settings. It polls ``/state`` once
+a second; the server re-reads the journal only when it has grown, and redraws the charts
+only then. plotly.js is inlined: the page needs no network but the server's.
+
+Routes: ``/`` (the page), ``/state`` (JSON: the sections' HTML and the charts' figures),
+``/metrics`` (Prometheus text, :class:`._prometheus.RunCollector`). Nothing else is served,
+and nothing is written: no request can change the run or read another file.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from ..store import _files as files
+from . import _figures
+from ._html import _CSS, headline, trial_table
+from ._live import LIVE_FILE, read_live
+from ._result import Result, load
+
+LIVE_FOR = 10.0      # seconds without a rewrite of live.json after which no driver is taken to run
+FIGURES = (("Learning curves", "curves"), ("Workers over time", "gantt"), ("Best so far", "best-so-far"),
+           ("Configurations against the objective", "parallel"), ("Epochs each trial trained", "rungs"))
+
+
+class RunView:
+    """The run as the page shows it: what the journal says, rendered again only when the
+    journal changed, and what ``live.json`` says, at each call."""
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.run_dir = os.fspath(run_dir)
+        self._lock = threading.Lock()
+        self._journal_key: Any = None
+        self._done: dict[str, Any] = {}
+        load(self.run_dir)          # fails here, before serving, where it is no run
+
+    def state(self) -> dict[str, Any]:
+        """``version`` (changes with anything shown), ``sections`` (id -> HTML) and
+        ``figures`` (id -> plotly JSON, or None where a chart has nothing to draw yet)."""
+        with self._lock:
+            key = _signature(files.join(self.run_dir, "journal.jsonl"))
+            if key != self._journal_key or key is None:
+                result = load(self.run_dir)
+                self._done = {"result": result, "sections": _done_sections(result), "figures": _figures_of(result)}
+                self._journal_key = key
+            done = self._done
+        try:
+            workers = _workers_section(read_live(self.run_dir))
+        except (KeyError, TypeError, ValueError, AttributeError):     # written by something else than a driver
+            workers = f"<p>{LIVE_FILE} is not one a driver wrote; nothing is shown from it.</p>"
+        version = hashlib.sha256(json.dumps([str(self._journal_key), workers]).encode()).hexdigest()[:16]
+        return {"version": version, "sections": {**done["sections"], "workers": workers},
+                "figures": done["figures"]}
+
+
+def _signature(path: str) -> Any:
+    """What tells a changed file: its size and modification time (None: unknown, so reload)."""
+    try:
+        info = os.stat(path) if "://" not in path else None
+    except OSError:
+        return None
+    return None if info is None else (info.st_size, info.st_mtime_ns)
+
+
+def _done_sections(result: Result) -> dict[str, str]:
+    info = result.store.read_run_info()
+    failed = [t for t in result.trials if str(t.status) in ("failed", "diverged", "timeout")]
+    rows = "".join(f"<tr><td>{html.escape(t.trial_id)}</td><td>{html.escape(str(t.status))}</td>"
+                   f"<td>{html.escape(t.reason or '')}</td></tr>" for t in failed)
+    failures = (f"<table><tr><th>trial</th><th>status</th><th>why</th></tr>{rows}</table>" if failed
+                else "<p>No trial has failed.</p>")
+    shown = {k: info.get(k) for k in ("searcher", "backend", "workers", "seed", "limits", "time_budget",
+                                       "visit_order", "reproducible")}
+    return {"headline": headline(result), "trials": trial_table(result), "failures": failures,
+            "settings": f"<pre>{html.escape(json.dumps(shown, indent=1, default=str))}</pre>"}
+
+
+def _figures_of(result: Result) -> dict[str, str | None]:
+    made = {"curves": _figures.learning_curves(result), "best-so-far": _figures.best_so_far(result),
+            "gantt": _figures.gantt(result), "rungs": _figures.rungs(result),
+            "parallel": _figures.parallel_coordinates(result, _figures.log_keys(result))}
+    return {name: None if figure is None else figure.to_json() for name, figure in made.items()}
+
+
+def _workers_section(live: dict[str, Any] | None) -> str:
+    """Each worker's sub-epoch under way, with its batches done of all, or why none shows."""
+    if live is None:
+        return "<p>No live state: the run has not started, or was written before live.json.</p>"
+    if live.get("outcome") or time.time() - float(live.get("updated", 0)) > LIVE_FOR:
+        ended = live.get("outcome") or "no driver is running it"
+        return f"<p id='run-state'>The run is not running ({html.escape(str(ended))}).</p>"
+    rows = []
+    for worker, doing in sorted(live.get("running", {}).items(), key=lambda item: int(item[0])):
+        total = doing.get("total")
+        done = int(doing.get("batches", 0))
+        bar = f"<progress value='{done}' max='{total}'></progress> {done} of {total} batches" if total else \
+            f"{done} batches"
+        since = time.time() - float(doing.get("since", time.time()))
+        rows.append(f"<tr class='worker'><td>worker {html.escape(worker)}</td><td>{html.escape(doing['trial_id'])}"
+                    f"</td><td>{html.escape(doing['kind'])} epoch {int(doing['epoch'])} partition "
+                    f"{int(doing['partition'])}</td><td>{bar}</td><td>{since:.0f} s</td></tr>")
+    idle = sorted(set(live.get("alive", [])) - {int(w) for w in live.get("running", {})})
+    note = f"<p>Idle: {', '.join(f'worker {w}' for w in idle)}</p>" if idle else ""
+    return (f"<p id='run-state'>Running: {len(live.get('alive', []))} workers alive.</p>"
+            f"<table><tr><th>worker</th><th>trial</th><th>sub-epoch</th><th>progress</th><th>for</th></tr>"
+            f"{''.join(rows)}</table>{note}")
+
+
+def page() -> bytes:
+    """The page: empty sections the script fills from ``/state``, plotly.js inlined."""
+    import plotly.offline
+    top = "".join(f"<section><h2>{title}</h2><div id='{name}'></div></section>" for title, name in
+                  (("Workers now", "workers"), ("Trials", "trials")))
+    charts = "".join(f"<section id='chart-{name}'><h2>{html.escape(title)}</h2><div id='figure-{name}'></div>"
+                     f"</section>" for title, name in FIGURES)
+    bottom = "".join(f"<section><h2>{title}</h2><div id='{name}'></div></section>" for title, name in
+                     (("Failures", "failures"), ("Settings", "settings")))
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Cerebro dashboard</title>"
+            f"<style>{_CSS} progress{{width:12em}}</style>"
+            f"<script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script></head><body>"
+            f"<p id='connection'>Connecting...</p><div id='headline'></div>{top}{charts}{bottom}"
+            f"<script>{_SCRIPT}</script></body></html>").encode()
+
+
+_SCRIPT = """
+let version = "";
+async function poll() {
+  const status = document.getElementById("connection");
+  try {
+    const answer = await fetch("state?since=" + version, {cache: "no-store"});
+    if (answer.status === 200) {
+      const state = await answer.json();
+      version = state.version;
+      for (const [id, markup] of Object.entries(state.sections)) document.getElementById(id).innerHTML = markup;
+      for (const [name, figure] of Object.entries(state.figures)) {
+        const chart = document.getElementById("chart-" + name);
+        if (chart === null) continue;
+        chart.style.display = figure === null ? "none" : "";
+        if (figure !== null) {
+          const parsed = JSON.parse(figure);
+          Plotly.react("figure-" + name, parsed.data, parsed.layout, {displaylogo: false});
+        }
+      }
+    }
+    status.textContent = "Live: updated " + new Date().toLocaleTimeString();
+  } catch (error) {
+    status.textContent = "The dashboard's server cannot be reached (" + error + "); retrying.";
+  }
+  setTimeout(poll, 1000);
+}
+poll();
+"""

@@ -1,0 +1,106 @@
+"""The HTTP server of ``cerebro dashboard`` and of ``fit(metrics_port=...)``: a standard
+library ``ThreadingHTTPServer`` answering GET on three fixed routes (see
+:mod:`._dashboard`), one thread per request, nothing written, nothing else read."""
+from __future__ import annotations
+
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from ._progress import Progress
+from ._prometheus import RunCollector
+
+
+class RunServer(ThreadingHTTPServer):
+    """Serves the run in ``run_dir`` on ``host:port`` (0: a free port): the dashboard and
+    ``/metrics``, or ``/metrics`` alone. Binds at once, so a port in use fails here."""
+
+    daemon_threads = True
+
+    def __init__(self, run_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8265,
+                 dashboard: bool = True) -> None:
+        from ._dashboard import RunView
+
+        self.view = RunView(run_dir) if dashboard else None
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(RunCollector(run_dir))
+        self._page: bytes | None = None
+        try:
+            super().__init__((host, port), _Handler)
+        except OSError as error:
+            raise OSError(error.errno, f"cannot serve on {host}:{port}: {error.strerror or error}") from None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def page(self) -> bytes:
+        from ._dashboard import page
+
+        if self._page is None:
+            self._page = page()
+        return self._page
+
+    def serve_in_thread(self) -> threading.Thread:
+        thread = threading.Thread(target=self.serve_forever, name="cerebro-http", daemon=True)
+        thread.start()
+        return thread
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: RunServer
+
+    def do_GET(self) -> None:   # noqa: N802 (http.server's name)
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+        elif self.server.view is None:
+            self._send(404, "text/plain", b"only /metrics is served here\n")
+        elif path == "/":
+            self._send(200, "text/html; charset=utf-8", self.server.page())
+        elif path == "/state":
+            import json
+            state = self.server.view.state()
+            since = urlsplit(self.path).query.partition("since=")[2]
+            if since == state["version"]:
+                self._send(204, "text/plain", b"")
+            else:
+                self._send(200, "application/json", json.dumps(state).encode())
+        else:
+            self._send(404, "text/plain", b"not found: / (the page), /state, /metrics\n")
+
+    def _send(self, status: int, kind: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:   # noqa: A002 (http.server's name)
+        pass     # a request a second is no news
+
+
+class MetricsEndpoint(Progress):
+    """``fit(metrics_port=P)``: the driver serves the run's ``/metrics`` on every interface
+    of this machine, port ``P``, while the run goes (for scrapers that cannot reach the run
+    directory). Bound when made, so a port in use fails before the run starts."""
+
+    def __init__(self, run_dir: str, port: int) -> None:
+        self.server = RunServer(run_dir, "0.0.0.0", port, dashboard=False)   # noqa: S104 (scrapers are elsewhere)
+        self._serving = False
+
+    def start(self, run_dir: str, workers: int) -> None:
+        self.server.serve_in_thread()
+        self._serving = True
+
+    def finish(self, outcome: str) -> None:
+        if self._serving:        # shutdown() waits for serve_forever, which must have begun
+            self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,102 @@
+"""``live.json``: what a run's workers are doing now, beside its journal, for the dashboard
+and ``/metrics`` (which read a run directory, perhaps from another machine, and never talk
+to the driver).
+
+The journal says what is done; this file says what is under way: each worker's sub-epoch,
+since when, and the batches it has begun of all it has (from the workers' heartbeats, so a
+long sub-epoch is seen alive), the workers alive, and the bytes moved so far. The driver
+rewrites it at most once a second, atomically; a reader takes a file older than a few
+heartbeats, or one that says the run ended, for a run no driver is running.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..store import (
+    RunFinished,
+    RunStore,
+    Traffic,
+    WorkerLost,
+    WorkerNotReplaced,
+    WorkerProgress,
+    WorkerReplaced,
+    WorkersRestarted,
+)
+from ..store import _files as files
+from ._progress import Progress
+
+LIVE_FILE = "live.json"
+INTERVAL = 1.0      # seconds between rewrites, at most
+
+
+class LiveFile(Progress):
+    """Keeps ``live.json`` up to date as the run goes (an observer of the driver's events)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.path = store.file(LIVE_FILE)
+        self.running: dict[int, dict[str, Any]] = {}
+        self.alive: set[int] = set()
+        self.traffic = {"sent": 0, "received": 0, "between_workers": 0}
+        self.outcome: str | None = None
+        self._written = -INTERVAL
+
+    def start(self, run_dir: str, workers: int) -> None:
+        self.alive = set(range(workers))
+        self._write(force=True)
+
+    def notify(self, event: Any) -> None:
+        match event:
+            case WorkerProgress() if event.worker in self.running:
+                self.running[event.worker].update(batches=event.batches, total=event.total)
+            case Traffic():
+                self.traffic = {"sent": event.sent, "received": event.received,
+                                "between_workers": event.between_workers}
+            case RunFinished():
+                self.traffic = {"sent": event.bytes_sent, "received": event.bytes_received,
+                                "between_workers": event.bytes_between_workers}
+            case WorkerLost() | WorkerNotReplaced():
+                self.alive.discard(event.worker)
+                self.running.pop(event.worker, None)
+            case WorkerReplaced():
+                self.alive.add(event.worker)
+            case WorkersRestarted():
+                self.alive = {int(w) for w in event.workers}
+            case _:
+                super().notify(event)
+        self._write()
+
+    def sub_epoch_started(self, worker: int, trial_id: str, kind: str, epoch: int, partition: int) -> None:
+        self.running[worker] = {"trial_id": trial_id, "kind": str(kind), "epoch": epoch, "partition": partition,
+                                "since": time.time(), "batches": 0, "total": None}
+
+    def sub_epoch_finished(self, worker: int) -> None:
+        self.running.pop(worker, None)
+
+    def finish(self, outcome: str) -> None:
+        self.outcome, self.running, self.alive = outcome, {}, set()
+        self._write(force=True)
+
+    def _write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._written < INTERVAL:
+            return
+        self._written = now
+        live = {"updated": time.time(), "outcome": self.outcome, "alive": sorted(self.alive),
+                "running": {str(w): self.running[w] for w in sorted(self.running)}, "traffic": self.traffic}
+        try:
+            files.write_atomic(self.path, json.dumps(live).encode())
+        except OSError:
+            pass    # a store that hiccups costs the view a second, never the run
+
+
+def read_live(run_dir: str) -> dict[str, Any] | None:
+    """``run_dir``'s ``live.json``, or None where the run has none (written before it, or
+    by a driver that has not started yet) or it cannot be read as one."""
+    try:
+        with files.open_file(files.join(str(run_dir), LIVE_FILE)) as f:
+            live = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return live if isinstance(live, dict) else None
