@@ -31,7 +31,8 @@ def dashboard(run_dir: str, port: int, host: str) -> None:
     if not _loopback(host):
         click.echo(f"It is served to anyone who can reach {host}:{server.server_address[1]}, without a password: "
                    f"it shows the run's configs and errors. Prefer the default host and an SSH tunnel: "
-                   f"ssh -L {port}:127.0.0.1:{port} <this machine>.", err=True)
+                   f"ssh -L {server.server_address[1]}:127.0.0.1:{server.server_address[1]} <this machine>.",
+                   err=True)
     else:
         click.echo(f"From another machine: ssh -L {server.server_address[1]}:127.0.0.1:{server.server_address[1]} "
                    f"<this machine>, then open http://127.0.0.1:{server.server_address[1]}/ there.")

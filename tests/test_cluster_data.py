@@ -105,6 +105,8 @@ def test_a_validation_column_tensor_and_bytes_features_keep_their_form(engines, 
 
     with dask.config.set({"dataframe.convert-string": False}):     # else Dask makes bytes text, and fails
         raw = dd.from_pandas(frame, npartitions=3)
+    one = cb.Dataset.from_dask(raw, features="y", label="val", validation=None)     # one number a row
+    assert (one.sample(3)[0].shape, one.feature_dtype, one.label_range()) == ((3, 1), "float32", (0, 1))
     encoded = cb.Dataset.from_dask(raw, features="raw", label="y", validation=None, partitions=2)
     layout = encoded.write(str(tmp_path / "bytes"), 2)
     assert (layout.feature_dtype, encoded.has_validation, sum(layout.rows["train"])) == ("bytes", False, 60)
@@ -123,6 +125,7 @@ def test_a_validation_column_tensor_and_bytes_features_keep_their_form(engines, 
     ("ragged", {"features": "v"}, ValueError, "column 'v' holds arrays of different shapes"),
     ("text label", {}, TypeError, "label column 'y' must hold one number per row"),
     ("empty", {}, ValueError, "data is empty: it has 0 rows"),
+    ("null label", {}, ValueError, "label column 'y': 1 rows hold"),
     (None, {"partitions": 50}, ValueError, "partitions=50 is more than the"),
 ])
 def test_bad_data_or_arguments_are_refused_naming_the_value(engines, engine, change, arguments, error, message):
@@ -138,6 +141,8 @@ def test_bad_data_or_arguments_are_refused_naming_the_value(engines, engine, cha
         frame["y"] = frame["y"].map({0: "cat", 1: "dog"}).astype(object)
     elif change == "empty":
         frame = frame.iloc[:0]
+    elif change == "null label":
+        frame["y"] = pd.array([None, *frame["y"][1:]], dtype="Int64")
     frame = frame.drop(columns=["v"]) if arguments.get("features") != "v" else frame
     with dask.config.set({"dataframe.convert-string": False}):      # else Dask makes arrays text
         data = ray.data.from_pandas(cut(frame, 20)) if engine == "ray" else dd.from_pandas(frame, npartitions=2)

@@ -191,9 +191,18 @@ def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path):
             running.server_close()
 
 
-def test_the_dashboard_command_refuses_what_it_cannot_serve(tmp_path):
+def test_the_dashboard_command_and_fit_refuse_what_they_cannot_serve(tmp_path):
     done = CliRunner().invoke(main, ["dashboard", str(tmp_path / "nothing-here")])
-    assert done.exit_code != 0 and "nothing-here" in done.output and "Traceback" not in done.output
+    assert done.exit_code == 1 and done.output == f"Error: {str(tmp_path / 'nothing-here')!r} is not a Cerebro run " \
+                                                  f"directory (no run.json)\n"
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"metrics_port={port} cannot be listened on: Address already in use"):
+            cb.GridSearch(build, {"hidden": cb.choice([8])}, epochs=1).fit(
+                digits(partitions=1, rows=100), workers=1, store=tmp_path / "r", metrics_port=port)
+        assert not (tmp_path / "r").exists()      # refused before anything was made
     with pytest.raises(ValueError, match=r"metrics_port=70000 must be a port number \(0: any free port\) or None"):
         cb.GridSearch(build, {"hidden": cb.choice([8])}, epochs=1).fit(digits(partitions=1, rows=100), workers=1,
                                                                       store=tmp_path / "r", metrics_port=70000)

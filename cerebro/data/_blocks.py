@@ -28,7 +28,7 @@ import numpy as np
 
 from ._arrays import _as_features, _as_label, _check_finite
 from ._dataset import Dataset
-from ._groups import GroupForm, assemble, write_rows
+from ._groups import CountedRows, GroupForm, assemble, write_rows
 from ._partitions import BYTES, PartitionLayout
 
 Columns = Mapping[str, Any]     # a block: column name -> its values (a numpy array or a pandas Series)
@@ -47,7 +47,7 @@ class RowSpec:
     seed: int
 
 
-class BlockDataset(Dataset):
+class BlockDataset(CountedRows, Dataset):
     """Training data that stays in a cluster's blocks until ``fit`` has the cluster write its
     partitions into the store, which the cluster's workers must reach (a shared file system,
     or an fsspec URL such as ``s3://``)."""
@@ -86,9 +86,10 @@ class BlockDataset(Dataset):
 
     @abc.abstractmethod
     def _write_groups(self, key: Callable[[Columns], dict[str, np.ndarray]],
-                      write: Callable[[Columns], dict[str, Any]]) -> list[dict[str, Any]]:
+                      write: Callable[[Columns], dict[str, Any]], groups: int) -> list[dict[str, Any]]:
         """``key`` each block (rows with ``split`` and ``partition`` columns), then ``write``
-        each (split, partition) group of the keyed rows where it lands; the records."""
+        each (split, partition) group of the keyed rows where it lands (there are at most
+        ``groups``: the engine's shuffle needs no more outputs); the records."""
 
     @abc.abstractmethod
     def _head(self, rows: int) -> Columns:
@@ -98,16 +99,6 @@ class BlockDataset(Dataset):
     def __repr__(self) -> str:
         shape = "" if self._form.feature_dtype == BYTES else f" {self._form.feature_shape}"
         return self._repr(self._val_rows, f"{self._form.feature_dtype}{shape}", self._form.label_dtype)
-
-    @property
-    def num_train_rows(self) -> int:
-        """The number of training rows (counted once, by the cluster)."""
-        return self._train_rows
-
-    @property
-    def has_validation(self) -> bool:
-        """Whether any rows are for validation."""
-        return self._val_rows > 0
 
     @property
     def feature_dtype(self) -> str:
@@ -128,7 +119,7 @@ class BlockDataset(Dataset):
         """Have the cluster key every block and write every (split, partition) group."""
         self.check_partitions(num_partitions)
         records = self._write_groups(partial(keyed_block, self._spec, num_partitions),
-                                     partial(write_group, data_dir, self._form))
+                                     partial(write_group, data_dir, self._form), 2 * num_partitions)
         layout, self._fingerprint = assemble(data_dir, num_partitions, records, self._form, self._train_rows)
         return layout
 
@@ -173,6 +164,12 @@ def block_rows(spec: RowSpec, columns: Columns) -> tuple[np.ndarray, np.ndarray,
         raise TypeError(f"a bytes column must be the only feature column; features={list(spec.features)}")
     features = _as_features(np.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0])
     label = np.asarray(columns[spec.label])
+    missing = sum(map(_is_missing, label)) if label.dtype == object else 0
+    if missing:
+        raise ValueError(f"label column {spec.label!r}: {missing} rows hold missing values (null, NA, None)")
+    if label.dtype == object and label.ndim == 1 and len(label) and all(isinstance(v, (bool, int, float))
+                                                                         for v in label):
+        label = np.array(label.tolist())          # a nullable column without nulls
     if label.ndim != 1 or not (label.dtype == bool or np.issubdtype(label.dtype, np.number)):
         held = type(label[0]).__name__ if label.ndim == 1 and len(label) else f"arrays of shape {label.shape[1:]}"
         raise TypeError(f"label column {spec.label!r} must hold one number per row (class indices 0..K-1 or "
@@ -187,6 +184,9 @@ def _values(values: Any, name: str, keep_shape: bool) -> np.ndarray:
     (flattened unless ``keep_shape``), bytes kept as bytes."""
     array = np.asarray(values)
     if array.dtype == object and len(array):
+        missing = sum(map(_is_missing, array))
+        if missing:
+            raise ValueError(f"column {name!r}: {missing} rows hold missing values (null, NA, None)")
         if isinstance(array[0], bytes):
             if not all(isinstance(v, bytes) for v in array):
                 raise TypeError(f"column {name!r} mixes bytes with other values; every row must hold bytes")
@@ -199,9 +199,15 @@ def _values(values: Any, name: str, keep_shape: bool) -> np.ndarray:
         except ValueError:
             raise ValueError(f"column {name!r} holds arrays of different shapes; every row needs the same "
                              f"shape") from None
-    if array.ndim == 1 and not keep_shape:
+    if array.ndim == 1:            # one number a row: one feature
         return array.reshape(-1, 1)
     return array if keep_shape else array.reshape(len(array), -1)
+
+
+def _is_missing(value: Any) -> bool:
+    """None, pandas' NA or NaT, or a float NaN: what a nullable column holds for a null."""
+    return value is None or type(value).__name__ in ("NAType", "NaTType") or \
+        (isinstance(value, float) and value != value)
 
 
 def row_keys(features: np.ndarray, label: np.ndarray, seed: int) -> np.ndarray:
@@ -219,6 +225,8 @@ def row_keys(features: np.ndarray, label: np.ndarray, seed: int) -> np.ndarray:
 def _is_validation(spec: RowSpec, columns: Columns, keys: np.ndarray) -> np.ndarray:
     if spec.marker is not None:
         marker = np.asarray(columns[spec.marker])
+        if marker.dtype == object:       # a nullable column: a null marks no validation row, as in Spark
+            marker = np.array([False if _is_missing(v) else v for v in marker])
         if not (marker.dtype == bool or np.issubdtype(marker.dtype, np.integer)):
             raise TypeError(f"validation column {spec.marker!r} must be boolean or integer (non-zero marks a "
                             f"validation row); it is {marker.dtype}")

@@ -44,7 +44,7 @@ class DaskDataset(BlockDataset, constructors=("from_dask",)):
         return list(dask.compute(*(dask.delayed(_of_frame(fn))(part) for part in self._data.to_delayed())))
 
     def _write_groups(self, key: Callable[[Columns], dict[str, np.ndarray]],
-                      write: Callable[[Columns], dict[str, Any]]) -> list[dict[str, Any]]:
+                      write: Callable[[Columns], dict[str, Any]], groups: int) -> list[dict[str, Any]]:
         import dask
 
         # Bytes must stay bytes: Dask would make object columns pyarrow strings.
@@ -52,12 +52,20 @@ class DaskDataset(BlockDataset, constructors=("from_dask",)):
             keyed = self._data.map_partitions(_keyed_frame(key), meta=_frame(
                 features=object, label=self._form.label_dtype, split=object, partition="int64", order="int64",
                 tie="int64"))
-            grouped = keyed.shuffle(on=["split", "partition"])
+            grouped = keyed.shuffle(on=["split", "partition"], npartitions=groups)
             written = grouped.map_partitions(_written_groups(write), meta=_frame(**_RECORD)).compute()
         return written.to_dict("records")
 
     def _head(self, rows: int) -> Columns:
-        return self._data.head(rows, npartitions=-1)
+        import pandas as pd
+
+        parts = []       # partition after partition, only as many as the rows take
+        for index in range(self._data.npartitions):
+            parts.append(self._data.get_partition(index).compute())
+            if sum(map(len, parts)) >= rows:
+                break
+        head = pd.concat(parts).iloc[:rows]
+        return {str(c): head[c].to_numpy() for c in head.columns}
 
 
 def _frame(**dtypes: Any) -> pd.DataFrame:

@@ -34,6 +34,24 @@ from ._sample_order import SampleScheme
 RECORD_SCHEMA = "split string, partition int, rows long, digest string, size long, crc long"
 
 
+class CountedRows:
+    """What a dataset whose engine counted its rows (``_train_rows``, ``_val_rows``) says
+    of them without another job."""
+
+    _train_rows: int
+    _val_rows: int
+
+    @property
+    def num_train_rows(self) -> int:
+        """The number of training rows (counted once, by the engine)."""
+        return self._train_rows
+
+    @property
+    def has_validation(self) -> bool:
+        """Whether any rows are for validation."""
+        return self._val_rows > 0
+
+
 @dataclass(frozen=True)
 class GroupForm:
     """What every group's rows are: the features' dtype (or ``"bytes"``) and each row's shape,

@@ -36,9 +36,16 @@ class RayDataset(BlockDataset, constructors=("from_ray",)):
         return self._data.map_batches(partial_row(fn), batch_format="numpy", batch_size=None).take_all()
 
     def _write_groups(self, key: Callable[[Columns], dict[str, np.ndarray]],
-                      write: Callable[[Columns], dict[str, Any]]) -> list[dict[str, Any]]:
-        keyed = self._data.map_batches(key, batch_format="numpy", batch_size=None)
-        return keyed.groupby(["split", "partition"]).map_groups(partial_row(write), batch_format="numpy").take_all()
+                      write: Callable[[Columns], dict[str, Any]], groups: int) -> list[dict[str, Any]]:
+        # A map and a reduce of plain tasks: Ray Data's groupby starts shuffle actors, seconds
+        # more than the work on data of a few million rows (benchmarks/cluster_data.py).
+        import ray
+
+        cut = ray.remote(_cut_block).options(num_returns=groups)
+        pieces = [cut.remote(block, key, groups) for block in self._data.to_numpy_refs()]
+        written = ray.remote(_write_pieces)
+        records = ray.get([written.remote(write, *(piece[group] for piece in pieces)) for group in range(groups)])
+        return [record for record in records if record is not None]
 
     def _head(self, rows: int) -> Columns:
         return self._data.take_batch(rows, batch_format="numpy")
@@ -49,3 +56,21 @@ def partial_row(fn: Callable[[Columns], dict[str, Any]]) -> Callable[[Columns], 
     def batch(columns: Columns) -> dict[str, np.ndarray]:
         return {name: np.array([value]) for name, value in fn(columns).items()}
     return batch
+
+
+def _cut_block(columns: Columns, key: Callable[[Columns], dict[str, np.ndarray]],
+               groups: int) -> tuple[dict[str, np.ndarray], ...]:
+    """Runs on a worker: a block's keyed rows, cut into its (split, partition) groups (the
+    validation groups after the training ones)."""
+    keyed = key(columns)
+    group = keyed["partition"] + (keyed["split"] == "val") * (groups // 2)
+    return tuple({name: values[group == index] for name, values in keyed.items()} for index in range(groups))
+
+
+def _write_pieces(write: Callable[[Columns], dict[str, Any]], *pieces: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """Runs on a worker: one group's pieces from every block, written as one; None where no
+    row went to it."""
+    pieces = tuple(piece for piece in pieces if len(piece["label"]))
+    if not pieces:
+        return None
+    return write({name: np.concatenate([piece[name] for piece in pieces]) for name in pieces[0]})

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._dataset import Dataset
-from ._groups import RECORD_SCHEMA, GroupForm, assemble, write_rows
+from ._groups import RECORD_SCHEMA, CountedRows, GroupForm, assemble, write_rows
 from ._partitions import BYTES, PartitionLayout
 from ._spark_columns import column_type, numeric_types, spark_features
 from ._spark_python import explained, use_the_drivers_python_locally
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 _VALIDATION_BUCKETS = 1_000_000
 
 
-class SparkDataset(Dataset, constructors=("from_spark",)):
+class SparkDataset(CountedRows, Dataset, constructors=("from_spark",)):
     """Training data that stays in Spark until ``fit`` writes its partitions; made by
     :meth:`cerebro.Dataset.from_spark`."""
 
@@ -95,16 +95,6 @@ class SparkDataset(Dataset, constructors=("from_spark",)):
         # An array column's length is known only once written.
         shape = "" if self._binary or self._feature_shape is None else f" {self._feature_shape}"
         return self._repr(self._val_rows, f"{self.feature_dtype}{shape}", self._label_dtype)
-
-    @property
-    def num_train_rows(self) -> int:
-        """The number of training rows (counted once, in Spark)."""
-        return self._train_rows
-
-    @property
-    def has_validation(self) -> bool:
-        """Whether any rows are for validation."""
-        return self._val_rows > 0
 
     @property
     def feature_dtype(self) -> str:

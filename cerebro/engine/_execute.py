@@ -26,7 +26,7 @@ from .._version import __version__
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
-from ..report._http import MetricsEndpoint
+from ..report._http import MetricsEndpoint, check_port
 from ..report._live import LiveFile
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
@@ -72,6 +72,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
     check_mlflow(mlflow)
     Optional(Integer(0, 65535, description="a port number (0: any free port) or None")).check("metrics_port",
                                                                                          metrics_port)
+    check_port(metrics_port)
     build_blob = pickle_build(build)
     trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None

@@ -24,10 +24,9 @@ from typing import Any
 from ..store import _files as files
 from . import _figures
 from ._html import _CSS, headline, trial_table
-from ._live import LIVE_FILE, read_live
+from ._live import LIVE_FILE, is_stale, read_live
 from ._result import Result, load
 
-LIVE_FOR = 10.0      # seconds without a rewrite of live.json after which no driver is taken to run
 FIGURES = (("Learning curves", "curves"), ("Workers over time", "gantt"), ("Best so far", "best-so-far"),
            ("Configurations against the objective", "parallel"), ("Epochs each trial trained", "rungs"))
 
@@ -47,28 +46,21 @@ class RunView:
         """``version`` (changes with anything shown), ``sections`` (id -> HTML) and
         ``figures`` (id -> plotly JSON, or None where a chart has nothing to draw yet)."""
         with self._lock:
-            key = _signature(files.join(self.run_dir, "journal.jsonl"))
+            key = files.signature(files.join(self.run_dir, "journal.jsonl"))
             if key != self._journal_key or key is None:
                 result = load(self.run_dir)
-                self._done = {"result": result, "sections": _done_sections(result), "figures": _figures_of(result)}
+                sections, figures = _done_sections(result), _figures_of(result)
+                digest = hashlib.sha256(json.dumps([sections, figures]).encode()).hexdigest()
+                self._done = {"sections": sections, "figures": figures, "digest": digest}
                 self._journal_key = key
             done = self._done
         try:
             workers = _workers_section(read_live(self.run_dir))
         except (KeyError, TypeError, ValueError, AttributeError):     # written by something else than a driver
             workers = f"<p>{LIVE_FILE} is not one a driver wrote; nothing is shown from it.</p>"
-        version = hashlib.sha256(json.dumps([str(self._journal_key), workers]).encode()).hexdigest()[:16]
+        version = hashlib.sha256((done["digest"] + workers).encode()).hexdigest()[:16]
         return {"version": version, "sections": {**done["sections"], "workers": workers},
                 "figures": done["figures"]}
-
-
-def _signature(path: str) -> Any:
-    """What tells a changed file: its size and modification time (None: unknown, so reload)."""
-    try:
-        info = os.stat(path) if "://" not in path else None
-    except OSError:
-        return None
-    return None if info is None else (info.st_size, info.st_mtime_ns)
 
 
 def _done_sections(result: Result) -> dict[str, str]:
@@ -95,20 +87,20 @@ def _workers_section(live: dict[str, Any] | None) -> str:
     """Each worker's sub-epoch under way, with its batches done of all, or why none shows."""
     if live is None:
         return "<p>No live state: the run has not started, or was written before live.json.</p>"
-    if live.get("outcome") or time.time() - float(live.get("updated", 0)) > LIVE_FOR:
+    if is_stale(live):
         ended = live.get("outcome") or "no driver is running it"
         return f"<p id='run-state'>The run is not running ({html.escape(str(ended))}).</p>"
     rows = []
     for worker, doing in sorted(live.get("running", {}).items(), key=lambda item: int(item[0])):
         total = doing.get("total")
         done = int(doing.get("batches", 0))
-        bar = f"<progress value='{done}' max='{total}'></progress> {done} of {total} batches" if total else \
-            f"{done} batches"
+        bar = f"<progress value='{done}' max='{int(total)}'></progress> {done} of {int(total)} batches" if total \
+            else f"{done} batches"
         since = time.time() - float(doing.get("since", time.time()))
         rows.append(f"<tr class='worker'><td>worker {html.escape(worker)}</td><td>{html.escape(doing['trial_id'])}"
                     f"</td><td>{html.escape(doing['kind'])} epoch {int(doing['epoch'])} partition "
                     f"{int(doing['partition'])}</td><td>{bar}</td><td>{since:.0f} s</td></tr>")
-    idle = sorted(set(live.get("alive", [])) - {int(w) for w in live.get("running", {})})
+    idle = sorted({int(w) for w in live.get("alive", [])} - {int(w) for w in live.get("running", {})})
     note = f"<p>Idle: {', '.join(f'worker {w}' for w in idle)}</p>" if idle else ""
     return (f"<p id='run-state'>Running: {len(live.get('alive', []))} workers alive.</p>"
             f"<table><tr><th>worker</th><th>trial</th><th>sub-epoch</th><th>progress</th><th>for</th></tr>"

@@ -3,7 +3,9 @@ library ``ThreadingHTTPServer`` answering GET on three fixed routes (see
 :mod:`._dashboard`), one thread per request, nothing written, nothing else read."""
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -87,6 +89,19 @@ class _Handler(BaseHTTPRequestHandler):
         pass     # a request a second is no news
 
 
+def check_port(port: int | None) -> None:
+    """Fail now, before any work, where ``fit(metrics_port=port)`` could not listen."""
+    if not port:
+        return
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as the server will
+        try:
+            probe.bind(("0.0.0.0", port))      # noqa: S104 (where the endpoint will listen)
+        except OSError as error:
+            raise ValueError(f"metrics_port={port} cannot be listened on: {error.strerror}; give a free port, or "
+                             f"0 for any") from None
+
+
 class MetricsEndpoint(Progress):
     """``fit(metrics_port=P)``: the driver serves the run's ``/metrics`` on every interface
     of this machine, port ``P``, while the run goes (for scrapers that cannot reach the run
@@ -99,6 +114,8 @@ class MetricsEndpoint(Progress):
     def start(self, run_dir: str, workers: int) -> None:
         self.server.serve_in_thread()
         self._serving = True
+        logging.getLogger("cerebro").info("the run's Prometheus metrics are at http://%s:%d/metrics",
+                                          socket.gethostname(), self.server.server_address[1])
 
     def finish(self, outcome: str) -> None:
         if self._serving:        # shutdown() waits for serve_forever, which must have begun

@@ -5,12 +5,15 @@ to the driver).
 The journal says what is done; this file says what is under way: each worker's sub-epoch,
 since when, and the batches it has begun of all it has (from the workers' heartbeats, so a
 long sub-epoch is seen alive), the workers alive, and the bytes moved so far. The driver
-rewrites it at most once a second, atomically; a reader takes a file older than a few
-heartbeats, or one that says the run ended, for a run no driver is running.
+rewrites it at most once a second (every 5 s on a remote store), atomically, from a thread
+of its own: a slow store never slows the run, and its errors never reach it. A reader
+takes a file older than :data:`STALE_AFTER`, or one that says the run ended, for a run no
+driver is running.
 """
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -28,7 +31,9 @@ from ..store import _files as files
 from ._progress import Progress
 
 LIVE_FILE = "live.json"
-INTERVAL = 1.0      # seconds between rewrites, at most
+INTERVAL = 1.0      # seconds between rewrites, at most (REMOTE_INTERVAL on a store at a URL)
+REMOTE_INTERVAL = 5.0
+STALE_AFTER = 15.0  # seconds without a rewrite after which no driver is taken to be running
 
 
 class LiveFile(Progress):
@@ -36,14 +41,21 @@ class LiveFile(Progress):
 
     def __init__(self, store: RunStore) -> None:
         self.path = store.file(LIVE_FILE)
+        self.interval = REMOTE_INTERVAL if "://" in self.path else INTERVAL
         self.running: dict[int, dict[str, Any]] = {}
         self.alive: set[int] = set()
         self.traffic = {"sent": 0, "received": 0, "between_workers": 0}
         self.outcome: str | None = None
-        self._written = -INTERVAL
+        self._written = -self.interval
+        self._pending: bytes | None = None       # the newest state not yet written
+        self._closing = False
+        self._wake = threading.Condition()
+        self._writer: threading.Thread | None = None
 
     def start(self, run_dir: str, workers: int) -> None:
         self.alive = set(range(workers))
+        self._writer = threading.Thread(target=self._writing, name="cerebro-live", daemon=True)
+        self._writer.start()
         self._write(force=True)
 
     def notify(self, event: Any) -> None:
@@ -77,18 +89,43 @@ class LiveFile(Progress):
     def finish(self, outcome: str) -> None:
         self.outcome, self.running, self.alive = outcome, {}, set()
         self._write(force=True)
+        with self._wake:
+            self._closing = True
+            self._wake.notify()
+        if self._writer is not None:
+            self._writer.join(timeout=30)
 
     def _write(self, force: bool = False) -> None:
+        """Hand the state to the writing thread, at most once an interval (unless ``force``)."""
         now = time.monotonic()
-        if not force and now - self._written < INTERVAL:
+        if self._writer is None or (not force and now - self._written < self.interval):
             return
         self._written = now
         live = {"updated": time.time(), "outcome": self.outcome, "alive": sorted(self.alive),
-                "running": {str(w): self.running[w] for w in sorted(self.running)}, "traffic": self.traffic}
-        try:
-            files.write_atomic(self.path, json.dumps(live).encode())
-        except OSError:
-            pass    # a store that hiccups costs the view a second, never the run
+                "running": {str(w): dict(self.running[w]) for w in sorted(self.running)}, "traffic": self.traffic}
+        with self._wake:
+            self._pending = json.dumps(live).encode()
+            self._wake.notify()
+
+    def _writing(self) -> None:
+        """The writing thread: the newest state each time, until the run has finished."""
+        while True:
+            with self._wake:
+                while self._pending is None and not self._closing:
+                    self._wake.wait()
+                blob, self._pending = self._pending, None
+            if blob is None:
+                return                        # closing, and the last state is written
+            try:
+                files.write_atomic(self.path, blob, durable=False)
+            except Exception:                 # noqa: BLE001 (a store's hiccup costs the view a second, never the run)
+                pass
+
+
+def is_stale(live: dict[str, Any]) -> bool:
+    """Whether no driver runs the run: it ended, or nothing rewrote the file for a while (a
+    driver killed without a word)."""
+    return bool(live.get("outcome")) or time.time() - float(live.get("updated", 0)) > STALE_AFTER
 
 
 def read_live(run_dir: str) -> dict[str, Any] | None:

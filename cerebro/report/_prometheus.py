@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,9 +21,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ..store import TrialStatus
+from ..store import _files as files
 from ._figures import utilization
 from ._html import leader
-from ._live import read_live
+from ._live import is_stale, read_live
 from ._result import Result, load
 
 SUB_EPOCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -34,12 +36,21 @@ class RunCollector(Collector):
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.run_dir = os.fspath(run_dir)
-        self.run = os.path.basename(os.path.normpath(self.run_dir))
+        self.run = os.path.basename(os.path.normpath(self.run_dir.rstrip("/")))
+        self._lock = threading.Lock()     # scrapes at once read the journal once
+        self._key: Any = None
+        self._read: tuple[Result, pd.DataFrame] | None = None
 
     def collect(self) -> Iterator[Metric]:
-        result = load(self.run_dir)
-        schedule = result.schedule()
+        with self._lock:       # the journal is read again only once it changed
+            key = files.signature(files.join(self.run_dir, "journal.jsonl"))
+            if self._read is None or key is None or key != self._key:
+                result = load(self.run_dir)
+                self._read, self._key = (result, result.schedule()), key
+            result, schedule = self._read
         live = read_live(self.run_dir) or {}
+        if is_stale(live):      # what was under way is no more: the traffic stays, the workers go
+            live = {"traffic": live.get("traffic", {})}
         yield from self._progress(result, schedule)
         yield from self._workers(result, schedule, live)
         yield from _durations(self.run, schedule)

@@ -54,6 +54,17 @@ def exists(location: str) -> bool:
     return fs.exists(path)
 
 
+def signature(location: str) -> tuple[Any, ...] | None:
+    """What tells a changed file from the one read before: its size and modification time
+    (or the store's tag for its version); None where it does not exist."""
+    fs, path = _fs(location)
+    try:
+        info = fs.info(path)
+    except (OSError, ValueError):
+        return None
+    return (info.get("size"), info.get("mtime"), info.get("LastModified"), info.get("ETag"), info.get("etag"))
+
+
 def is_empty_dir(location: str) -> bool | None:
     """True for an empty directory, False for one with entries, None if it is no directory."""
     fs, path = _fs(location)
@@ -73,10 +84,11 @@ def makedirs(location: str) -> None:
     fs.makedirs(path, exist_ok=True)
 
 
-def write_atomic(location: str, blob: bytes | None = None, writer: Any = None) -> None:
+def write_atomic(location: str, blob: bytes | None = None, writer: Any = None, durable: bool = True) -> None:
     """Write ``blob`` (or call ``writer(file)``) to a temporary name, then move it in place,
     so readers never see half a file. The move is atomic on local file systems; on HDFS it
-    deletes the old file first, so a crash in between leaves only the ``.tmp`` file."""
+    deletes the old file first, so a crash in between leaves only the ``.tmp`` file.
+    ``durable=False`` skips the flush to disk, for a file a crash may lose (``live.json``)."""
     fs, path = _fs(location)
     fs.makedirs(fs._parent(path), exist_ok=True)
     with _new_file(location) if "://" not in location else fs.open(path + ".tmp", "wb") as f:
@@ -84,7 +96,8 @@ def write_atomic(location: str, blob: bytes | None = None, writer: Any = None) -
             writer(f)
         else:
             f.write(blob)
-        sync(f)
+        if durable:
+            sync(f)
     fs.mv(path + ".tmp", path)
 
 

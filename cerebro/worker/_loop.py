@@ -61,7 +61,8 @@ class _Progress:
     total: int = 0
 
     def counted(self, task_id: int, batches: Any, total: int) -> Any:
-        self.task_id, self.batches, self.total = task_id, 0, total
+        self.batches, self.total = 0, total
+        self.task_id = task_id          # last: a heartbeat that reads it reads its task's total
         for batch in batches:
             self.batches += 1
             yield batch
