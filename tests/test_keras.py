@@ -33,9 +33,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "workers"), [("tensorflow", [1, 2, 4]), ("jax", [1, 4])])
+@pytest.mark.parametrize(("backend", "workers"), [("tensorflow", [1, 4]), ("jax", [1, 2])])
 def test_keras_mlp_and_cnn_with_dropout_are_bitwise_equal_on_any_worker_count(tmp_path, backend, workers):
-    """4 partitions on 1, 2 or 4 workers (JAX: 1 and 4, as its workers compile for long)."""
+    """4 partitions on 1 or 4 workers (JAX: 1 and 2: each worker compiles for long, and 4
+    compiling at once on CI's 2 cores took 104 s)."""
     run = subprocess.run([sys.executable, os.path.join(HERE, "_keras_run.py"), str(tmp_path), *map(str, workers)],
                          env={**os.environ, "KERAS_BACKEND": backend}, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
