@@ -21,10 +21,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shlex
 import statistics
 import sys
 import tempfile
@@ -37,6 +34,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from _report import provenance, write_json  # noqa: E402
 
 import cerebro as cb  # noqa: E402
 
@@ -125,8 +123,7 @@ def main() -> None:
     median = {name: {key: statistics.median(r[key] for r in rs) for key, _ in KEYS} for name, rs in runs.items()}
     gap = {name: median["local"]["utilization"] - m["utilization"] for name, m in median.items()}
     report = {
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "machine": {"cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()},
+        **provenance(), "torch": torch.__version__,
         "workload": {"workers": WORKERS, "partitions": PARTITIONS, "epochs": EPOCHS, "trials": TRIALS,
                      "rows": 16384, "model": "MLP 64-256-10, Adam, batch 64"},
         "cluster_start_s": started_s, "runs": runs, "median": median,
@@ -140,10 +137,7 @@ def main() -> None:
     print(f"{'utilization below local':34}" + "".join(f"{gap[name]:10.3f}" for name in names))
     print(f"target: within 0.03 of local on every backend: {'met' if report['met'] else 'NOT met'}; "
           f"identical histories on every backend: {identical}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(report, args.out)
 
 
 if __name__ == "__main__":

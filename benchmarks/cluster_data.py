@@ -16,12 +16,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from _report import provenance, write_json
 
 import cerebro as cb
 
@@ -88,8 +85,7 @@ def main() -> None:
               for name, rs in runs.items()}
     for numbers in median.values():
         numbers["rows_per_s"] = args.rows / (numbers["make_s"] + numbers["write_s"])
-    report = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-              "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+    report = {**provenance(),
               "rows": args.rows, "features": 64, "partitions": PARTITIONS, "runs": runs, "median": median,
               "ray_and_dask_wrote_the_same_partitions": same}
     print(f"{args.rows} rows x 64 float32, {PARTITIONS} partitions; medians of {args.repeats}")
@@ -97,10 +93,7 @@ def main() -> None:
     for name, numbers in median.items():
         print(f"{name:14}{numbers['make_s']:10.2f}{numbers['write_s']:10.2f}{numbers['rows_per_s']:12.0f}")
     print(f"Ray and Dask wrote the same partition files: {same}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(report, args.out)
 
 
 if __name__ == "__main__":

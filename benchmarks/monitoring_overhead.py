@@ -19,13 +19,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import shlex
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -33,6 +29,7 @@ import urllib.request
 from typing import Any
 
 import torch
+from _report import provenance, write_json
 from backend_overhead import EPOCHS, TRIALS, WORKERS, build, data
 
 import cerebro as cb
@@ -104,8 +101,7 @@ def main() -> None:
     spread = max(r["utilization"] for r in runs["off"]) - min(r["utilization"] for r in runs["off"])
     gap = median["off"]["utilization"] - median["on"]["utilization"]
     report = {
-        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-        "machine": {"cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version()},
+        **provenance(), "torch": torch.__version__,
         "workload": {"workers": WORKERS, "epochs": EPOCHS, "trials": TRIALS, "polling_s": 1.0},
         "runs": runs, "median": median, "utilization_gap": gap, "off_spread": spread,
         "within_noise": gap <= max(spread, 0.01), "identical_histories": identical,
@@ -116,10 +112,7 @@ def main() -> None:
         print(f"{label:26}{off:10.3f}{on:10.3f}{(on / off if off else float('nan')):10.3f}")
     print(f"utilization off - on: {gap:.4f} (the off runs' own spread: {spread:.4f}); identical histories: "
           f"{identical}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {args.out}")
+    write_json(report, args.out)
 
 
 if __name__ == "__main__":
