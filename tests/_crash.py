@@ -41,25 +41,40 @@ def killing_build(store: str, after: int, marker: str, base=build):
 
     The driver journals off its loop, after each epoch's checkpoint is on disk: on a busy disk
     the journal can lag the training by a second, as long as this whole run takes, and the kill
-    would never come. So once a worker process has trained a trial for two epochs' share of its
-    rows' batches (late in the run), that batch waits for the journal to catch up, once and
-    for at most 10 s (the other trials' epochs may need this worker to end at all)."""
+    would never come. So the first time a worker process has trained a trial for two epochs'
+    share of its rows' batches (late in the run), that batch waits for the journal: until it
+    says ``after`` epochs, or stops growing for 2 s (it has caught up: the epochs it lacks are
+    still to train, here too), or 10 s have passed. Once per worker process: the build is
+    unpickled once a worker, so ``waited`` is shared by its trials."""
+    waited = [False]
+
     def build_that_kills(config: dict) -> cb.TorchTrainable:
         trainable = base(config)
         late, trained = math.ceil(2 * ROWS_PER_WORKER / trainable.batch_size), [0]
 
         def due() -> bool:
             trained[0] += 1            # asked in training batches only (striking's phase)
-            if trained[0] == late:
-                deadline = time.monotonic() + 10
-                while epochs_journaled(store) < after and time.monotonic() < deadline:
-                    time.sleep(0.05)   # a condition polled, with a deadline; heartbeats go on meanwhile
+            if trained[0] == late and not waited[0]:
+                waited[0] = True
+                _wait_for_the_journal(store, after)
             return epochs_journaled(store) >= after
 
         trainable.loss = striking(trainable.loss, lambda: os.kill(os.getppid(), signal.SIGKILL), marker=marker,
                                   when=due)
         return trainable
     return build_that_kills
+
+
+def _wait_for_the_journal(store: str, after: int) -> None:
+    """Poll the journal (a condition with deadlines; heartbeats go on meanwhile) until it
+    says ``after`` epochs, or has not grown for 2 s, or 10 s have passed."""
+    began = grew = time.monotonic()
+    seen = epochs_journaled(store)
+    while seen < after and time.monotonic() - began < 10 and time.monotonic() - grew < 2:
+        time.sleep(0.05)
+        now = epochs_journaled(store)
+        if now != seen:
+            seen, grew = now, time.monotonic()
 
 
 class KillingASHA(cb.ASHA):
