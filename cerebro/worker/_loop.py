@@ -59,10 +59,12 @@ class _Progress:
     task_id: int | None = None
     batches: int = 0
     total: int = 0
+    begun = threading.Event()           # a sub-epoch began: beat now, so its total shows at once
 
     def counted(self, task_id: int, batches: Any, total: int) -> Any:
         self.batches, self.total = 0, total
         self.task_id = task_id          # last: a heartbeat that reads it reads its task's total
+        self.begun.set()
         for batch in batches:
             self.batches += 1
             yield batch
@@ -247,7 +249,12 @@ def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed 
 
 
 def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
-    while not stop.wait(interval):
+    """A heartbeat every ``interval`` seconds, and one as each sub-epoch begins."""
+    while not stop.is_set():
+        PROGRESS.begun.wait(interval)
+        PROGRESS.begun.clear()
+        if stop.is_set():
+            return
         try:
             channel.send(Heartbeat(worker, PROGRESS.task_id, PROGRESS.batches, PROGRESS.total))
         except OSError:
