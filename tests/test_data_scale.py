@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import subprocess
+import sys
 
+import cloudpickle
 import numpy as np
 import pandas as pd
 import pytest
@@ -16,6 +20,8 @@ from _models import build, crashing_once, digit_images, digits, image_build, png
 
 import cerebro as cb
 from cerebro.data import _partitions, read_layout, read_partition
+from cerebro.worker._protocol import Hello, Ready, Setup
+from cerebro.worker._wire import authenticate
 
 pytestmark = pytest.mark.slow
 SPACE = {"lr": cb.choice([1e-2, 3e-2]), "architecture": cb.choice(["mlp", "cnn"])}
@@ -96,6 +102,43 @@ def test_a_remote_store_is_read_through_each_workers_local_cache(tmp_path):
     assert len(notes) == 2 and all(re.search(rf"; copied 0\.\d\d MB from the store to {cache}/cerebro-worker-[01]-", n)
                                    for n in notes)
     assert os.listdir(cache) == []                  # each worker removed its copy when it ended
+
+
+@pytest.fixture(scope="module")
+def remote_data_dir(tmp_path_factory) -> str:
+    """The data directory of a run on a ``local://`` store: remote to its workers."""
+    store = tmp_path_factory.mktemp("remote")
+    return cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(
+        digits_data(False), workers=1, store=f"local://{store}", seed=1, verbose=0).store.data_dir
+
+
+@pytest.mark.parametrize("direct_hops", [False, True])
+def test_a_worker_stopped_with_sigterm_removes_its_copy_and_its_outbox(tmp_path, remote_data_dir, direct_hops):
+    """SIGTERM, the backend's last word to a worker that did not end when told to, ends it
+    through its clean-up: its copy of a remote store's partitions goes with it (and its state
+    server and outbox close, where it serves states to its peers)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    server = socket.create_server(("127.0.0.1", 0))
+    worker = subprocess.Popen([sys.executable, "-m", "cerebro.worker", "127.0.0.1", str(server.getsockname()[1]), "0"],
+                              stdin=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch),
+                                                            "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        worker.stdin.write(b"key".hex() + "\n")
+        worker.stdin.close()
+        channel = authenticate(server.accept()[0], b"key")
+        assert isinstance(channel.recv(), Hello)
+        channel.send(Setup([0, 1], remote_data_dir, cloudpickle.dumps(build), 1, 1.0, in_memory=False,
+                           direct_hops=direct_hops))
+        ready = channel.recv()
+        assert isinstance(ready, Ready) and f"from the store to {scratch}/cerebro-worker-0-" in ready.data
+        assert [name.rsplit("-", 1)[0] for name in os.listdir(scratch)] == ["cerebro-worker-0"]
+        worker.terminate()
+        assert worker.wait(timeout=60) == 0
+    finally:
+        worker.kill()
+        server.close()
+    assert os.listdir(scratch) == []
 
 
 def test_a_lost_workers_partitions_are_streamed_by_their_new_holder(tmp_path):

@@ -6,9 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from ..worker._protocol import HANDSHAKE_FAILED
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
+
+# Workers told to shut down exit by themselves within milliseconds, having removed their
+# scratch directories; only one still running after this long is sent SIGTERM.
+SHUTDOWN_GRACE_S = 5.0
 
 
 class LocalBackend(Backend):
@@ -83,6 +88,10 @@ class LocalBackend(Backend):
     def stop(self) -> None:
         self._processes += self._unreaped
         self._unreaped = []
+        grace = time.monotonic() + SHUTDOWN_GRACE_S
+        for process in self._processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, grace - time.monotonic()))
         for process in self._processes:
             if process.poll() is None:
                 process.terminate()

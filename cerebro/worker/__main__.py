@@ -14,10 +14,19 @@ from ._loop import EXITING, run_worker
 from ._protocol import HANDSHAKE_FAILED
 from ._wire import HandshakeError
 
+
+def _terminated(signum: int, frame: object) -> None:
+    """The backend stops a worker with SIGTERM: exit through the finally blocks, which remove
+    the worker's local copy of its partitions. Once they run (``EXITING``) nothing may cut
+    them short, and so this handler marks the exit before raising: a second SIGTERM that
+    lands inside the finally blocks is then ignored, not raised where it would skip them."""
+    if not EXITING.is_set():
+        EXITING.set()
+        sys.exit(0)
+
+
 if __name__ == "__main__":
-    # The backend stops workers with SIGTERM: exit through the finally blocks, which remove
-    # the worker's local copy of its partitions (unless they run already).
-    signal.signal(signal.SIGTERM, lambda signum, frame: None if EXITING.is_set() else sys.exit(0))
+    signal.signal(signal.SIGTERM, _terminated)
     # A terminal's Ctrl-C reaches the whole process group: the driver's, which stops its
     # workers itself, and not a traceback from each worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

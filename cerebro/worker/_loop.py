@@ -160,34 +160,32 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         setup: Setup = channel.recv()
     except (EOFError, OSError):
         return      # the driver gave up on this worker before it set up
-    data = server = None
-    try:
-        data = WorkerData(setup.data_dir, setup.in_memory, setup.cache_dir, worker)
-        trainables, device = _set_up(setup, worker, data, authkey)
-        if setup.direct_hops:    # served where the driver reaches this worker
-            trainables.outbox = Outbox(OUTBOX_BYTES)
-            server = StateServer(channel.sock.getsockname()[0], authkey, trainables.outbox)
-    except Exception:
-        channel.send(SetupFailed(worker, traceback.format_exc()))
-        channel.close()
-        if data is not None:
-            data.close()
-        return
-    ready = functools.partial(_ready, worker, device, data, server.address if server is not None else None)
-    channel.send(ready())
+    data = server = outbox = None
     stop = threading.Event()
-    threading.Thread(target=_beat, args=(channel, worker, setup.heartbeat_interval, stop),
-                     daemon=True).start()
-    try:
+    try:    # one try: a SIGTERM's SystemExit anywhere after the handshake leaves no copy behind
+        try:
+            data = WorkerData(setup.data_dir, setup.in_memory, setup.cache_dir, worker)
+            trainables, device = _set_up(setup, worker, data, authkey)
+            if setup.direct_hops:    # served where the driver reaches this worker
+                trainables.outbox = outbox = Outbox(OUTBOX_BYTES)
+                server = StateServer(channel.sock.getsockname()[0], authkey, outbox)
+        except Exception:
+            channel.send(SetupFailed(worker, traceback.format_exc()))
+            return
+        ready = functools.partial(_ready, worker, device, data, server.address if server is not None else None)
+        channel.send(ready())
+        threading.Thread(target=_beat, args=(channel, worker, setup.heartbeat_interval, stop),
+                         daemon=True).start()
         _serve(channel, trainables, data, device, ready)
+        # Set inside the try: a SIGTERM just before it raises here, and the finally runs whole.
+        EXITING.set()
     finally:
         EXITING.set()
         stop.set()
         channel.close()
-        data.close()
-        if server is not None:
-            server.close()
-            trainables.outbox.close()
+        for resource in (data, server, outbox):
+            if resource is not None:
+                resource.close()
 
 
 def _serve(channel: Channel, trainables: _Trainables, data: WorkerData, device: torch.device,
