@@ -199,7 +199,7 @@ class Driver(DirectHops):
         for task in tasks:   # all marked running first: a failed send then aborts every one
             task_id, self._next_task_id = self._next_task_id, self._next_task_id + 1
             self.pool.workers[task.worker].running = Running(task_id, task, self._now())
-            self.recorder.emit(_told(SubEpochStarted, task))
+            self.recorder.emit(task.told(SubEpochStarted))
         for task in tasks:
             worker = self.pool.workers.get(task.worker)
             if worker is not None:
@@ -242,33 +242,6 @@ class Driver(DirectHops):
                     holding.holders.add(worker.index)
                 else:
                     holding.holders.discard(worker.index)
-
-    def _resend_with_state(self, worker: Worker, missing: StateMissing) -> None:
-        """``worker`` did not have, or could not fetch, the state its task needs: send the task
-        again from where the state is now; where it is nowhere, the trial goes back (see
-        :meth:`_recover_states`) and the task is to run again."""
-        task = worker.running.task
-        trial = self.book.live.get(task.trial_id)
-        if trial is None:      # it ended meanwhile: nothing left to run
-            worker.running = None
-            return
-        source, peer = trial.evaluations.get(task.epoch, trial), worker.running.fetch_from
-        if peer is not None:   # it no longer holds that state, or cannot be reached
-            self.outboxes.drop(peer, trial.trial_id, source.version)
-            if missing.unreachable is not None:
-                self._unreachable(worker, peer, missing.unreachable)
-                if self.pool.workers.get(worker.index) is not worker or worker.running is None:
-                    return     # lost meanwhile: its task runs again elsewhere
-        for holding in trial.holdings():
-            holding.holders.discard(worker.index)
-        if task.partition not in self.scheduler.partitions_of(worker.index) or not self._available(trial, source):
-            # A replacement took the partition back meanwhile, or the state is lost: it runs again.
-            self.scheduler.abort(task)
-            worker.running = None
-            self.recorder.emit(_told(SubEpochAborted, task))
-            self._recover_states(f"{worker.describe()} could not fetch it: {missing.unreachable or 'not there'}")
-            return
-        self._send_task(worker, worker.running.task_id, task, trial)
 
     def _finish_task(self, worker: Worker, message: SubEpochDone | SubEpochFailed) -> None:
         """Journal ``worker``'s finished sub-epoch and hand its result to the trial book; a
@@ -351,7 +324,7 @@ class Driver(DirectHops):
         worker, cause_removed = lost.worker, False
         if worker.running is not None:
             task = worker.running.task
-            self.recorder.emit(_told(SubEpochAborted, task))
+            self.recorder.emit(task.told(SubEpochAborted))
             cause_removed = self.book.worker_lost(task, f"{worker.describe()} {lost.reason}")
             worker.running = None
         self.book.forget_holders(worker.index)
@@ -395,14 +368,10 @@ class Driver(DirectHops):
         self.book.forget_holders()
         self.outboxes.lose()
         for task in self.pool.restart():
-            self.recorder.emit(_told(SubEpochAborted, task))
+            self.recorder.emit(task.told(SubEpochAborted))
             self.scheduler.abort(task)
         for index in range(self.backend.workers):     # a new launch holds them as at the start
             for partition in self.pool.partitions_of(index):
                 self.scheduler.move(partition, index)
         self.recorder.emit(WorkersRestarted(last, self._restarts, self.pool.info(), self._now()))
 
-
-def _told(event: type[SubEpochStarted], task: Task) -> SubEpochStarted:
-    """The observers' event that ``task`` started on its worker, or was aborted there."""
-    return event(task.trial_id, task.epoch, task.partition, task.worker, task.kind)

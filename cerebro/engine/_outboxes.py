@@ -22,7 +22,8 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..worker._protocol import Forget, SubEpochDone
+from ..store import SubEpochAborted
+from ..worker._protocol import Forget, StateMissing, SubEpochDone
 from ._scheduler import TRAIN, Task
 from ._shelf import Stored
 from ._trial import Evaluation, Phase, Trial
@@ -30,7 +31,9 @@ from ._trial import Evaluation, Phase, Trial
 if TYPE_CHECKING:     # the driver's parts, which this mixin's methods use through ``self``
     from ..store import RunStore
     from ._pool import Worker, WorkerPool
+    from ._scheduler import MOPScheduler
     from ._trials import TrialBook
+    from ._writer import StoreRecorder
 
 
 class Outboxes:
@@ -79,13 +82,16 @@ class Outboxes:
 class DirectHops:
     """The driver's part in direct hops (mixed into :class:`._driver.Driver`): what each
     outbox holds after an answer, which states no live trial needs, which trials lost their
-    latest state with a worker, and the fall-back to hops through the driver."""
+    latest state with a worker, where a state a worker could not fetch is now, and the
+    fall-back to hops through the driver."""
 
     pool: WorkerPool
     book: TrialBook
     outboxes: Outboxes
     direct: bool
     store: RunStore
+    scheduler: MOPScheduler
+    recorder: StoreRecorder
 
     def _unreachable(self, worker: Worker, peer: int, why: str) -> None:
         """``worker`` could not reach ``peer``. Where ``peer`` is alive, the workers cannot
@@ -133,7 +139,6 @@ class DirectHops:
         if task.kind == TRAIN and worker.peer is not None:
             self.outboxes.put(worker.index, trial.trial_id, trial.version + 1)
 
-
     def _state_of(self, worker: Worker, task_id: int, task: Task, done: SubEpochDone) -> Any:
         """The state ``done`` hands the driver: none, the one it sent, or (at an epoch's end)
         the file the worker wrote it to in the store, of which the driver keeps the name."""
@@ -145,3 +150,30 @@ class DirectHops:
         if not done.stored:
             return done.state
         return Stored(self.store, self.book.recorder.staged_state(task.trial_id, task_id), task.trial_id, task.epoch)
+
+    def _resend_with_state(self, worker: Worker, missing: StateMissing) -> None:
+        """``worker`` did not have, or could not fetch, the state its task needs: send the task
+        again from where the state is now; where it is nowhere, the trial goes back (see
+        :meth:`_recover_states`) and the task is to run again."""
+        task = worker.running.task
+        trial = self.book.live.get(task.trial_id)
+        if trial is None:      # it ended meanwhile: nothing left to run
+            worker.running = None
+            return
+        source, peer = trial.evaluations.get(task.epoch, trial), worker.running.fetch_from
+        if peer is not None:   # it no longer holds that state, or cannot be reached
+            self.outboxes.drop(peer, trial.trial_id, source.version)
+            if missing.unreachable is not None:
+                self._unreachable(worker, peer, missing.unreachable)
+                if self.pool.workers.get(worker.index) is not worker or worker.running is None:
+                    return     # lost meanwhile: its task runs again elsewhere
+        for holding in trial.holdings():
+            holding.holders.discard(worker.index)
+        if task.partition not in self.scheduler.partitions_of(worker.index) or not self._available(trial, source):
+            # A replacement took the partition back meanwhile, or the state is lost: it runs again.
+            self.scheduler.abort(task)
+            worker.running = None
+            self.recorder.emit(task.told(SubEpochAborted))
+            self._recover_states(f"{worker.describe()} could not fetch it: {missing.unreachable or 'not there'}")
+            return
+        self._send_task(worker, worker.running.task_id, task, trial)

@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from ..store import TaskKind
+from ..store import SubEpochStarted, TaskKind
 
 TRAIN = TaskKind.TRAIN
 EVAL = TaskKind.EVAL
@@ -50,6 +50,10 @@ class Task:
     epoch: int
     partition: int
     worker: int
+
+    def told(self, event: type[SubEpochStarted]) -> SubEpochStarted:
+        """The observers' event that this sub-epoch started on its worker, or was aborted there."""
+        return event(self.trial_id, self.epoch, self.partition, self.worker, self.kind)
 
 
 @dataclass(eq=False)
