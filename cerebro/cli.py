@@ -259,8 +259,10 @@ def add(run_dir: str, config_json: str) -> None:
 @click.option("--retry-failed", is_flag=True, help="run the trials that failed again, from their last good epoch")
 @click.option("--epochs", default=None, type=click.IntRange(min=1),
               help="train a grid, random or PBT run on to this many epochs (as if it had had them from the start)")
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
+              help="serve the run's Prometheus /metrics from here on this port while it runs")
 def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_failed: bool,
-           epochs: int | None) -> None:
+           epochs: int | None, metrics_port: int | None) -> None:
     """Finish a run whose driver died (killed, crashed, Ctrl-C), from its journal and
     checkpoints; the results are those the run would have had without the crash. With
     --epochs, extend a finished grid, random or PBT run: its trials train on to that many
@@ -270,7 +272,7 @@ def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_fa
     """
     from . import resume as resume_run
     result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust, retry_failed=retry_failed,
-                        epochs=epochs)
+                        epochs=epochs, metrics_port=metrics_port)
     print_summary(result, Console())
     exit_if_failed(result)
 

@@ -191,6 +191,40 @@ def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path):
             running.server_close()
 
 
+def scraped(url: str) -> dict[str, list] | None:
+    """The endpoint's metrics, or None while nothing listens there yet."""
+    try:
+        return metrics(url)
+    except (urllib.error.URLError, ConnectionError):
+        return None
+
+
+def test_a_resumed_run_serves_its_metrics_from_where_the_run_was(tmp_path):
+    run_dir = str(tmp_path / "run")
+    with slow_run(tmp_path, free_port(), slow=0.1) as process:
+        wait_for(lambda: epochs_ended(run_dir) >= 2, "two epochs' ends")
+        process.kill()                                      # the driver dies: the run is resumable
+    before, port = epochs_ended(run_dir), free_port()
+    cerebro = os.path.join(os.path.dirname(sys.executable), "cerebro")
+    resumed = subprocess.Popen([cerebro, "resume", "run", "--quiet", "--metrics-port", str(port)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url, counts = f"http://127.0.0.1:{port}/metrics", []
+
+        def counted() -> bool:
+            live = scraped(url)
+            if live is not None and value(live["cerebro_workers_live"], "cerebro_workers_live") == 2:
+                counts.append(value(live["cerebro_epochs"], "cerebro_epochs_total"))
+            return len(set(counts)) >= 2 or resumed.poll() is not None
+        wait_for(counted, "the resumed driver's /metrics to count an epoch more")
+        assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-3000:]
+    finally:
+        resumed.kill()
+        resumed.communicate(timeout=60)
+    assert len(set(counts)) >= 2 and before <= counts[0] < counts[-1] <= 12, (before, counts)
+    assert len(cb.load(run_dir).history()) == 12
+
+
 def test_the_dashboard_command_and_fit_refuse_what_they_cannot_serve(tmp_path):
     done = CliRunner().invoke(main, ["dashboard", str(tmp_path / "nothing-here")])
     assert done.exit_code == 1 and done.output == f"Error: {str(tmp_path / 'nothing-here')!r} is not a Cerebro run " \
@@ -206,4 +240,6 @@ def test_the_dashboard_command_and_fit_refuse_what_they_cannot_serve(tmp_path):
     with pytest.raises(ValueError, match=r"metrics_port=70000 must be a port number \(0: any free port\) or None"):
         cb.GridSearch(build, {"hidden": cb.choice([8])}, epochs=1).fit(digits(partitions=1, rows=100), workers=1,
                                                                       store=tmp_path / "r", metrics_port=70000)
+    with pytest.raises(ValueError, match=r"metrics_port=-1 must be a port number \(0: any free port\) or None"):
+        cb.resume(tmp_path / "r", metrics_port=-1)
 

@@ -70,9 +70,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
              ).check("time_budget", time_budget)
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
-    Optional(Integer(0, 65535, description="a port number (0: any free port) or None")).check("metrics_port",
-                                                                                         metrics_port)
-    check_port(metrics_port)
+    check_metrics_port(metrics_port)
     build_blob = pickle_build(build)
     trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None
@@ -204,6 +202,12 @@ def observers(store: RunStore, settings: RunSettings, verbose: int,
     if mlflow_log is not None:
         chosen.append(mlflow_log)
     return Fanout(*chosen), mlflow_log
+
+
+def check_metrics_port(port: int | None) -> None:
+    """A port ``fit`` or ``resume`` can serve ``/metrics`` on (or None), checked before any work."""
+    Optional(Integer(0, 65535, description="a port number (0: any free port) or None")).check("metrics_port", port)
+    check_port(port)
 
 
 def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:

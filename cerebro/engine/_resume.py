@@ -37,6 +37,7 @@ from ..store import (
 )
 from ._driver import Driver
 from ._execute import (
+    check_metrics_port,
     finished,
     observers,
     pickle_build,
@@ -68,7 +69,8 @@ class _Plan:
 
 def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
            backend: str | Backend = "local", workers: int | None = None, verbose: int = 1,
-           trust: bool = False, retry_failed: bool = False, epochs: int | None = None) -> Result:
+           trust: bool = False, retry_failed: bool = False, epochs: int | None = None,
+           metrics_port: int | None = None) -> Result:
     """Finish the run in ``run_dir`` whose driver died, and return its :class:`Result`.
 
     The result is the one the run would have had without the crash, bitwise. A finished run
@@ -82,7 +84,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     from their last checkpoints, and the result is bitwise that of the run with ``epochs=N``
     from the start (see :mod:`._extend`; ASHA, Hyperband and TPE runs are refused, saying
     why). ``trust=True`` reads the pickled states of a run written by an older version,
-    which could run code: only for run directories you trust.
+    which could run code: only for run directories you trust. ``metrics_port``: serve the
+    resumed run's Prometheus ``/metrics`` on that port, as ``fit(metrics_port=)`` does.
 
     Everything is checked before anything is written: a ``build`` that cannot make the
     run's model, a damaged journal line that resume cannot do without (the run goes on from
@@ -93,9 +96,10 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         >>> result = cb.resume("runs/exp1", fixed_build, retry_failed=True)  # doctest: +SKIP
         >>> result = cb.resume("runs/exp1", epochs=20)     # or: cerebro resume runs/exp1 --epochs 20  # doctest: +SKIP
     """
-    store = RunStore.open(run_dir, trust)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
+    check_metrics_port(metrics_port)
+    store = RunStore.open(run_dir, trust)
     lock = store.lock()
     try:
         plan = _plan(store, build, trust, retry_failed, epochs)
@@ -111,8 +115,9 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             store.emit(replace(plan.extended, time=plan.recovered.last_time))
             info["searcher"]["epochs"] = plan.extended.epochs
             store.write_run_info(info)
-        progress, mlflow_log = observers(store, plan.settings, verbose, resumed=True)
-        driver = Driver(plan.policy, store, backend, plan.settings, build_blob=plan.build_blob, progress=progress,
+        settings = replace(plan.settings, metrics_port=metrics_port)
+        progress, mlflow_log = observers(store, settings, verbose, resumed=True)
+        driver = Driver(plan.policy, store, backend, settings, build_blob=plan.build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, plan.recovered, plan.retry),
                         time_offset=plan.recovered.last_time)
         with sigterm_interrupts():
