@@ -2,6 +2,7 @@
 a live run, and the report/export/resume commands."""
 from __future__ import annotations
 
+import html
 import json
 import os
 import pickle
@@ -183,6 +184,18 @@ def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, t
     with pytest.raises(TypeError, match="'int' object is not callable"):   # os.system's exit status
         cb.load(copy, trust=True).best.model()       # trusted, the build is unpickled, and so runs: by design
     assert marker.exists()
+
+
+def test_what_a_run_directory_says_is_text_on_the_page_never_markup(run, tmp_path):
+    """The report and the dashboard show run.json's values; a tampered one cannot put
+    markup (a script) on a page that someone opens."""
+    copy = shutil.copytree(run.run_dir, tmp_path / "shared_run")
+    info = json.loads((copy / "run.json").read_text())
+    tag = "<img src=x onerror=alert(1)>"
+    info["seed"] = info["data"]["partitions"] = tag
+    (copy / "run.json").write_text(json.dumps(info))
+    page = open(cb.report.write_report(copy), encoding="utf-8").read()
+    assert tag not in page and page.count(html.escape(tag)) == 2
 
 
 @pytest.fixture(scope="module")

@@ -66,9 +66,9 @@ def headline(result: Result) -> str:
     counts = Counter(t.status for t in result.trials)
     ended = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda item: -item[1]))
     lines = [f"<h1>Cerebro run <code>{html.escape(result.run_dir)}</code></h1>",
-             f"<p>{html.escape(info['searcher']['class'])}, seed {result.seed}, {info['workers']} workers, "
-             f"{info['data']['partitions']} partitions: {status}. Objective: {html.escape(result.metric)} "
-             f"({result.mode}).</p>",
+             f"<p>{_text(info['searcher']['class'])}, seed {_text(result.seed)}, {_text(info['workers'])} workers, "
+             f"{_text(info['data']['partitions'])} partitions: {status}. Objective: {_text(result.metric)} "
+             f"({_text(result.mode)}).</p>",
              f"<p id='when'>{html.escape(_when(info, result))}</p>",
              f"<p id='counts'>{len(result.trials)} trials: {html.escape(ended or 'none yet')}</p>"]
     try:
@@ -78,12 +78,13 @@ def headline(result: Result) -> str:
         if ahead is None:
             return f"<div class='card'>{''.join(lines)}<p>No trial has a {html.escape(result.metric)} yet.</p></div>"
         lines.insert(1, f"<p class='best' id='best'>Leading, not finished: <b>{html.escape(ahead.trial_id)}</b> at "
-                        f"epoch {ahead.best_epoch}: {html.escape(result.metric)} = "
+                        f"epoch {_text(ahead.best_epoch)}: {html.escape(result.metric)} = "
                         f"<b>{_number(ahead.best_metrics.get(result.metric))}</b></p>")
         return f"<div class='card'>{''.join(lines)}</div>"
     export = f"cerebro export {shlex.quote(result.run_dir)} --trial {best.trial_id} -o model.safetensors"
-    lines.insert(1, f"<p class='best' id='best'>Best: <b>{html.escape(best.trial_id)}</b> at epoch {best.best_epoch}: "
-                    f"{html.escape(result.metric)} = <b>{_number(best.best_metrics.get(result.metric))}</b>"
+    lines.insert(1, f"<p class='best' id='best'>Best: <b>{html.escape(best.trial_id)}</b> at epoch "
+                    f"{_text(best.best_epoch)}: {html.escape(result.metric)} = "
+                    f"<b>{_number(best.best_metrics.get(result.metric))}</b>"
                     f"<br><code>{html.escape(rounded(best.config))}</code></p>"
                     f"<p>Export it: <code id='export'>{html.escape(export)}</code></p>")
     return f"<div class='card'>{''.join(lines)}</div>"
@@ -126,7 +127,7 @@ def trial_table(result: Result) -> str:
         why = (trial.reason or "").strip().splitlines()[-1] if trial.reason else ""
         rows.append(f"<tr class='status-{html.escape(str(trial.status))}'><td>{html.escape(trial.trial_id)}</td>"
                     f"<td>{html.escape(str(trial.status))}</td>"
-                    f"<td>{trial.epochs}</td><td>{'' if trial.best_epoch is None else trial.best_epoch}</td>"
+                    f"<td>{_text(trial.epochs)}</td><td>{_text(_value(trial.best_epoch))}</td>"
                     f"<td>{_number(best)}</td><td>{_number(trial.metrics.get(result.metric, math.nan))}</td>"
                     f"{cells}<td>{html.escape(why)}</td></tr>")
     head = "".join(f"<th>{html.escape(k)}</th>" for k in varying)
@@ -135,6 +136,11 @@ def trial_table(result: Result) -> str:
     return (f"{same}<table><thead><tr><th>trial</th><th>status</th><th>epochs</th><th>best epoch</th>"
             f"<th>best {metric}</th><th>final {metric}</th>{head}<th>why it ended</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
+
+
+def _text(value: Any) -> str:
+    """``value`` as HTML text: what a run directory says is data, never markup."""
+    return html.escape(str(value))
 
 
 def _value(value: Any) -> str:
