@@ -42,8 +42,24 @@ from ._protocol import (
 from ._trainable import SubEpochTimeout, Trainable, seed_build
 from ._wire import Channel, connect
 
+
+class _Flag:
+    """A flag without a lock. The SIGTERM handler sets it too, and runs in the main thread
+    wherever that was interrupted: inside a ``threading.Event``'s own ``set()`` it would wait
+    for the lock the interrupted frame holds, forever."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 # Set once the worker loop is ending: a SIGTERM then must not cut its clean-up short.
-EXITING = threading.Event()
+EXITING = _Flag()
 
 # Built trainables kept per worker, so a trial that comes back is not built again: building
 # initialises every weight, which costs more than the hop itself for large models.
