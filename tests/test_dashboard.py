@@ -152,6 +152,7 @@ def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path):
                                                                   store=run_dir, seed=0, verbose=0)
     server = RunServer(run_dir, port=0)
     server.serve_in_thread()
+    port = server.server_address[1]
     only_metrics = RunServer(run_dir, port=0, dashboard=False)
     only_metrics.serve_in_thread()
     try:
@@ -165,6 +166,10 @@ def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path):
         with urllib.request.urlopen(server.url + "state", timeout=30) as answer:
             state = json.loads(answer.read())
         assert sorted(state["sections"]) == ["failures", "headline", "settings", "trials", "workers"]
+        assert json.loads(state["figures"]["curves"])["data"]          # the charts, the first time
+        with urllib.request.urlopen(server.url + f"state?figures={state['figures_version']}", timeout=30) as answer:
+            again = json.loads(answer.read())
+        assert again["figures"] is None and again["sections"] == state["sections"]   # not again: nothing new
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(only_metrics.url, timeout=30)
         assert refused.value.code == 404
@@ -185,6 +190,19 @@ def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path):
         with urllib.request.urlopen(server.url + "state", timeout=30) as answer:
             workers = json.loads(answer.read())["sections"]["workers"]
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in workers and "<script>" not in workers
+        with open(os.path.join(run_dir, "live.json"), "w") as f:
+            f.write(json.dumps(crafted).replace('"total": 2', '"total": Infinity'))
+        with urllib.request.urlopen(server.url + "state", timeout=30) as answer:
+            assert json.loads(answer.read())["sections"]["workers"].startswith("<p>No live state")
+        assert "cerebro_epochs" in metrics(only_metrics.url + "metrics")      # scrapes go on
+        for host, code in (("evil.example:80", 403), ("localhost", 200), (f"127.0.0.1:{port}", 200)):
+            request = urllib.request.Request(server.url + "metrics", headers={"Host": host})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    status, sniff = answer.status, answer.headers["X-Content-Type-Options"]
+            except urllib.error.HTTPError as refused:
+                status, sniff = refused.code, refused.headers["X-Content-Type-Options"]
+            assert (status, sniff) == (code, "nosniff"), host
     finally:
         for running in (server, only_metrics):
             running.shutdown()

@@ -24,7 +24,7 @@ from typing import Any
 from ..store import _files as files
 from . import _figures
 from ._html import _CSS, headline, trial_table
-from ._live import LIVE_FILE, is_stale, read_live
+from ._live import LIVE_FILE, is_stale, read_live, well_formed
 from ._result import Result, load
 
 FIGURES = (("Learning curves", "curves"), ("Workers over time", "gantt"), ("Best so far", "best-so-far"),
@@ -42,9 +42,11 @@ class RunView:
         self._done: dict[str, Any] = {}
         load(self.run_dir)          # fails here, before serving, where it is no run
 
-    def state(self) -> dict[str, Any]:
-        """``version`` (changes with anything shown), ``sections`` (id -> HTML) and
-        ``figures`` (id -> plotly JSON, or None where a chart has nothing to draw yet)."""
+    def state(self, figures_seen: str = "") -> dict[str, Any]:
+        """``version`` (changes with anything shown), ``sections`` (id -> HTML), and
+        ``figures`` (id -> plotly JSON, or None where a chart has nothing to draw yet) with
+        their ``figures_version``; ``figures`` is None where the caller has that version
+        (``figures_seen``): the workers change each second, the charts only with the journal."""
         with self._lock:
             key = files.signature(files.join(self.run_dir, "journal.jsonl"))
             if key != self._journal_key or key is None:
@@ -54,13 +56,13 @@ class RunView:
                 self._done = {"sections": sections, "figures": figures, "digest": digest}
                 self._journal_key = key
             done = self._done
-        try:
-            workers = _workers_section(read_live(self.run_dir))
-        except (KeyError, TypeError, ValueError, AttributeError):     # written by something else than a driver
-            workers = f"<p>{LIVE_FILE} is not one a driver wrote; nothing is shown from it.</p>"
+        live = read_live(self.run_dir)
+        workers = _workers_section(live) if live is None or well_formed(live) else \
+            f"<p>{LIVE_FILE} is not one a driver wrote; nothing is shown from it.</p>"
         version = hashlib.sha256((done["digest"] + workers).encode()).hexdigest()[:16]
         return {"version": version, "sections": {**done["sections"], "workers": workers},
-                "figures": done["figures"]}
+                "figures": None if figures_seen == done["digest"] else done["figures"],
+                "figures_version": done["digest"]}
 
 
 def _done_sections(result: Result) -> dict[str, str]:
@@ -124,16 +126,17 @@ def page() -> bytes:
 
 
 _SCRIPT = """
-let version = "";
+let version = "", figuresVersion = "";
 async function poll() {
   const status = document.getElementById("connection");
   try {
-    const answer = await fetch("state?since=" + version, {cache: "no-store"});
+    const answer = await fetch("state?since=" + version + "&figures=" + figuresVersion, {cache: "no-store"});
     if (answer.status === 200) {
       const state = await answer.json();
       version = state.version;
       for (const [id, markup] of Object.entries(state.sections)) document.getElementById(id).innerHTML = markup;
-      for (const [name, figure] of Object.entries(state.figures)) {
+      figuresVersion = state.figures_version;
+      for (const [name, figure] of Object.entries(state.figures || {})) {
         const chart = document.getElementById("chart-" + name);
         if (chart === null) continue;
         chart.style.display = figure === null ? "none" : "";

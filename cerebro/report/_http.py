@@ -3,13 +3,14 @@ library ``ThreadingHTTPServer`` answering GET on three fixed routes (see
 :mod:`._dashboard`), one thread per request, nothing written, nothing else read."""
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -56,10 +57,13 @@ class RunServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     server: RunServer
+    timeout = 10     # seconds a connection may stay silent: idle ones do not pile up threads
 
     def do_GET(self) -> None:   # noqa: N802 (http.server's name)
         path = urlsplit(self.path).path
-        if path == "/metrics":
+        if not self._host_allowed():
+            self._send(403, "text/plain", b"this server answers requests for 127.0.0.1 or localhost only\n")
+        elif path == "/metrics":
             self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
         elif self.server.view is None:
             self._send(404, "text/plain", b"only /metrics is served here\n")
@@ -67,18 +71,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", self.server.page())
         elif path == "/state":
             import json
-            state = self.server.view.state()
-            since = urlsplit(self.path).query.partition("since=")[2]
-            if since == state["version"]:
+            asked = parse_qs(urlsplit(self.path).query)
+            state = self.server.view.state(asked.get("figures", [""])[0])
+            if asked.get("since", [""])[0] == state["version"]:
                 self._send(204, "text/plain", b"")
             else:
                 self._send(200, "application/json", json.dumps(state).encode())
         else:
             self._send(404, "text/plain", b"not found: / (the page), /state, /metrics\n")
 
+    def _host_allowed(self) -> bool:
+        """A server on the loopback interface answers only requests addressed to it: a web
+        page whose own name resolves to 127.0.0.1 (DNS rebinding) must not read the run."""
+        if not ipaddress.ip_address(self.server.server_address[0]).is_loopback:
+            return True
+        host = urlsplit(f"//{self.headers.get('Host', '')}").hostname or ""
+        return host == "localhost" or (_is_ip(host) and ipaddress.ip_address(host).is_loopback)
+
     def _send(self, status: int, kind: str, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
+        self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
@@ -87,6 +100,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:   # noqa: A002 (http.server's name)
         pass     # a request a second is no news
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
 
 
 def check_port(port: int | None) -> None:
@@ -105,19 +126,21 @@ def check_port(port: int | None) -> None:
 class MetricsEndpoint(Progress):
     """``fit(metrics_port=P)``: the driver serves the run's ``/metrics`` on every interface
     of this machine, port ``P``, while the run goes (for scrapers that cannot reach the run
-    directory). Bound when made, so a port in use fails before the run starts."""
+    directory). :func:`check_port` fails a port in use before the run; the server binds as
+    the run starts, so a run that fails before leaves no socket open."""
 
     def __init__(self, run_dir: str, port: int) -> None:
-        self.server = RunServer(run_dir, "0.0.0.0", port, dashboard=False)   # noqa: S104 (scrapers are elsewhere)
-        self._serving = False
+        self.run_dir, self.port = run_dir, port
+        self.server: RunServer | None = None
 
     def start(self, run_dir: str, workers: int) -> None:
+        self.server = RunServer(self.run_dir, "0.0.0.0", self.port, dashboard=False)  # noqa: S104 (scrapers are elsewhere)
         self.server.serve_in_thread()
-        self._serving = True
         logging.getLogger("cerebro").info("the run's Prometheus metrics are at http://%s:%d/metrics",
                                           socket.gethostname(), self.server.server_address[1])
 
     def finish(self, outcome: str) -> None:
-        if self._serving:        # shutdown() waits for serve_forever, which must have begun
+        if self.server is not None:      # shutdown() waits for serve_forever, which has begun
             self.server.shutdown()
-        self.server.server_close()
+            self.server.server_close()
+            self.server = None

@@ -5,10 +5,10 @@ to the driver).
 The journal says what is done; this file says what is under way: each worker's sub-epoch,
 since when, and the batches it has begun of all it has (from the workers' heartbeats, so a
 long sub-epoch is seen alive), the workers alive, and the bytes moved so far. The driver
-rewrites it at most once a second (every 5 s on a remote store), atomically, from a thread
-of its own: a slow store never slows the run, and its errors never reach it. A reader
-takes a file older than :data:`STALE_AFTER`, or one that says the run ended, for a run no
-driver is running.
+rewrites it once a second (every 5 s on a remote store), news or not, atomically, from a
+thread of its own: a slow store never slows the run, and its errors never reach it. A
+reader takes a file older than :data:`STALE_AFTER`, or one that says the run ended, for a
+run no driver is running.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from ..store import _files as files
 from ._progress import Progress
 
 LIVE_FILE = "live.json"
-INTERVAL = 1.0      # seconds between rewrites, at most (REMOTE_INTERVAL on a store at a URL)
+INTERVAL = 1.0      # seconds between rewrites (REMOTE_INTERVAL on a store at a URL)
 REMOTE_INTERVAL = 5.0
 STALE_AFTER = 15.0  # seconds without a rewrite after which no driver is taken to be running
 
@@ -46,9 +46,8 @@ class LiveFile(Progress):
         self.alive: set[int] = set()
         self.traffic = {"sent": 0, "received": 0, "between_workers": 0}
         self.outcome: str | None = None
-        self._written = -self.interval
-        self._pending: bytes | None = None       # the newest state not yet written
-        self._closing = False
+        self._pending: dict[str, Any] | None = None    # the newest state not yet written
+        self._flush = self._closing = False
         self._wake = threading.Condition()
         self._writer: threading.Thread | None = None
 
@@ -96,30 +95,37 @@ class LiveFile(Progress):
             self._writer.join(timeout=30)
 
     def _write(self, force: bool = False) -> None:
-        """Hand the state to the writing thread, at most once an interval (unless ``force``)."""
-        now = time.monotonic()
-        if self._writer is None or (not force and now - self._written < self.interval):
+        """Hand the newest state to the writing thread (which writes it within an interval,
+        at once where ``force``)."""
+        if self._writer is None:
             return
-        self._written = now
-        live = {"updated": time.time(), "outcome": self.outcome, "alive": sorted(self.alive),
+        live = {"outcome": self.outcome, "alive": sorted(self.alive),
                 "running": {str(w): dict(self.running[w]) for w in sorted(self.running)}, "traffic": self.traffic}
         with self._wake:
-            self._pending = json.dumps(live).encode()
-            self._wake.notify()
+            self._pending, self._flush = live, self._flush or force
+            if force:
+                self._wake.notify()
 
     def _writing(self) -> None:
-        """The writing thread: the newest state each time, until the run has finished."""
+        """The writing thread: once an interval, the newest state, or the last one again with
+        a new ``updated`` (a driver with no news is alive all the same: a restart or a slow
+        launch must not read as a dead run); until the run has finished."""
+        last: dict[str, Any] | None = None
         while True:
             with self._wake:
-                while self._pending is None and not self._closing:
-                    self._wake.wait()
-                blob, self._pending = self._pending, None
-            if blob is None:
-                return                        # closing, and the last state is written
-            try:
-                files.write_atomic(self.path, blob, durable=False)
-            except Exception:                 # noqa: BLE001 (a store's hiccup costs the view a second, never the run)
-                pass
+                if not (self._closing or self._flush):
+                    self._wake.wait(self.interval)
+                live, self._pending, self._flush = self._pending or last, None, False
+                closing = self._closing
+            if live is not None:
+                live["updated"] = time.time()
+                try:
+                    files.write_atomic(self.path, json.dumps(live).encode(), durable=False)
+                except Exception:             # noqa: BLE001 (a store's hiccup costs the view a second, never the run)
+                    pass
+                last = live
+            if closing:
+                return
 
 
 def is_stale(live: dict[str, Any]) -> bool:
@@ -130,10 +136,42 @@ def is_stale(live: dict[str, Any]) -> bool:
 
 def read_live(run_dir: str) -> dict[str, Any] | None:
     """``run_dir``'s ``live.json``, or None where the run has none (written before it, or
-    by a driver that has not started yet) or it cannot be read as one."""
+    by a driver that has not started yet) or it cannot be read as one. What it holds is
+    for :func:`well_formed` to check."""
     try:
         with files.open_file(files.join(str(run_dir), LIVE_FILE)) as f:
-            live = json.load(f)
+            live = json.load(f, parse_constant=_no_constant)
     except (OSError, ValueError):
         return None
     return live if isinstance(live, dict) else None
+
+
+def well_formed(live: dict[str, Any]) -> bool:
+    """Whether ``live`` has the fields and types a driver writes, and no others a reader
+    would trip on: a run directory is data that anyone may have written."""
+    running = live.get("running")
+    traffic = live.get("traffic", {})
+    return (_number(live.get("updated")) and (live.get("outcome") is None or isinstance(live["outcome"], str))
+            and isinstance(live.get("alive"), list) and all(_integer(w) for w in live["alive"])
+            and isinstance(traffic, dict) and all(_number(v) for v in traffic.values())
+            and isinstance(running, dict) and all(_doing(k, v) for k, v in running.items()))
+
+
+def _doing(worker: Any, doing: Any) -> bool:
+    """One entry of ``running``: a worker's sub-epoch under way."""
+    return (isinstance(worker, str) and worker.isdigit() and isinstance(doing, dict)
+            and isinstance(doing.get("trial_id"), str) and isinstance(doing.get("kind"), str)
+            and all(_integer(doing.get(k)) for k in ("epoch", "partition", "batches")) and _number(doing.get("since"))
+            and (doing.get("total") is None or _integer(doing["total"])))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return _integer(value) or isinstance(value, float)     # finite: read_live refuses the constants
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{LIVE_FILE} holds {name}, which a driver never writes")

@@ -24,7 +24,7 @@ from ..store import TrialStatus
 from ..store import _files as files
 from ._figures import utilization
 from ._html import leader
-from ._live import is_stale, read_live
+from ._live import is_stale, read_live, well_formed
 from ._result import Result, load
 
 SUB_EPOCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -48,7 +48,9 @@ class RunCollector(Collector):
                 result = load(self.run_dir)
                 self._read, self._key = (result, result.schedule()), key
             result, schedule = self._read
-        live = read_live(self.run_dir) or {}
+        live = read_live(self.run_dir)
+        if live is None or not well_formed(live):     # none yet, or not one a driver wrote
+            live = {}
         if is_stale(live):      # what was under way is no more: the traffic stays, the workers go
             live = {"traffic": live.get("traffic", {})}
         yield from self._progress(result, schedule)
