@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -365,3 +367,23 @@ def test_a_model_too_large_to_build_on_the_driver_skips_the_preflight_step(tmp_p
         check_build(build_with_own_per_row_loss, [{"lr": 0.1}], "val_loss", data())
     monkeypatch.setattr(preflight, "PREFLIGHT_MAX_BYTES", build({}).nbytes() - 1)
     assert isinstance(check_build(build_with_own_per_row_loss, [{"lr": 0.1}], "val_loss", data()), cb.TorchTrainable)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("{not json", r"it is not JSON \(Expecting property name enclosed in double quotes: line 1 column 2 \(char 1\)\)"),
+    ("[1, 2]", r"its 'seed' must be a whole number, not missing"),
+    ('{"seed": 1}', r"its 'workers' must be a whole number, not missing"),
+    ('{"seed": 1, "workers": 2, "searcher": "grid"}', r"its 'searcher.class' must be a string, not missing"),
+    ('{"seed": 1, "workers": 2, "searcher": {"class": "GridSearch", "metric": "val_loss", "mode": "min"}, '
+     '"data": {"partitions": true}}', r"its 'data.partitions' must be a whole number, not True"),
+])
+def test_a_damaged_run_json_is_named_with_what_is_wrong_not_a_traceback(tmp_path, text, says):
+    from cerebro.store import RunInfoError
+    (tmp_path / "run.json").write_text(text)
+    (tmp_path / "journal.jsonl").write_text("")
+    message = f"{re.escape(str(tmp_path))}/run.json is damaged: {says}"
+    with pytest.raises(RunInfoError, match=f"^{message}$"):
+        cb.load(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "cerebro", "status", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and re.fullmatch(f"error: {message}\n", done.stderr), done.stderr

@@ -120,11 +120,12 @@ def test_exit_codes(tmp_path, args, code, message):
     (tmp_path / "empty.py").write_text("x = 1\n")
     failing = tmp_path / "failing"
     (failing / "trials").mkdir(parents=True)
-    (failing / "run.json").write_text('{"seed": 0, "searcher": {"metric": "val_loss", "mode": "min"}, "workers": 1, '
-                                      '"state_format": "data/1"}')
+    info = '{"seed": 0, "searcher": {"class": "GridSearch", "metric": "val_loss", "mode": "min"}, "workers": 1, ' \
+           '"data": {"partitions": 1}'
+    (failing / "run.json").write_text(info + ', "state_format": "data/1"}')
     old = tmp_path / "old"                          # written before states were data only
     old.mkdir()
-    (old / "run.json").write_text('{"seed": 0, "searcher": {"metric": "val_loss", "mode": "min"}, "workers": 1}')
+    (old / "run.json").write_text(info + "}")
     half_made = tmp_path / "half"                   # a fit killed while it wrote the partitions
     (half_made / "data").mkdir(parents=True)
     (half_made / ".lock").write_text("")

@@ -38,7 +38,7 @@ from ._events import (
 from ._ledger import Ledger, TrialFacts
 from ._legacy_pickle import UntrustedStateError
 from ._lock import StoreInUseError
-from ._run_store import BEST, STATE_FORMAT, STOP_FILE, DamagedLine, RunStore
+from ._run_store import BEST, STATE_FORMAT, STOP_FILE, DamagedLine, RunInfoError, RunStore
 from ._state_codec import (
     StateFormatError,
     TensorBytes,
@@ -56,10 +56,10 @@ from ._trust import UntrustedCodeError
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
            "Event", "Exploited", "JournalRepaired", "Ledger", "PartitionsMoved", "RunExtended", "RunFinished",
-           "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError", "StateLost",
-           "StoreInUseError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes", "Traffic",
-           "TrialAdded", "TrialCreated", "TrialEnded", "TrialFacts", "TrialRetried", "TrialRolledBack", "TrialStatus",
-           "TrialStopAsked", "TrialTakenUp", "UntrustedCodeError", "UntrustedStateError", "WorkerLost",
+           "RunInfoError", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError",
+           "StateLost", "StoreInUseError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes",
+           "Traffic", "TrialAdded", "TrialCreated", "TrialEnded", "TrialFacts", "TrialRetried", "TrialRolledBack",
+           "TrialStatus", "TrialStopAsked", "TrialTakenUp", "UntrustedCodeError", "UntrustedStateError", "WorkerLost",
            "WorkerNotReplaced", "WorkerProgress", "WorkerReplaced", "WorkersRestarted", "improved", "frames",
            "pack_tensors", "parse", "parse_event", "parse_view", "read_exactly", "read_message", "read_state_file",
            "remove_state_file", "unpack_tensors", "write_message", "write_state_file"]

@@ -32,6 +32,7 @@ import io
 import json
 import os
 import re
+import reprlib
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,9 +51,16 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
+# The entries of run.json every reader needs (a dot: one inside another), with their types.
+_RUN_INFO = {"seed": int, "workers": int, "searcher.class": str, "searcher.metric": str, "searcher.mode": str,
+             "data.partitions": int}
 STAGED = "staged"           # epoch-end states written by workers, taken as checkpoints
 BEST = "checkpoint.best.state"
 STOP_FILE = "stop"
+
+
+class RunInfoError(ValueError):
+    """A run.json that is not one Cerebro wrote: not JSON, or an entry missing or of another type."""
 
 
 class RunStore:
@@ -130,8 +138,23 @@ class RunStore:
         files.write_atomic(self.file("run.json"), json.dumps(info, indent=1, default=str).encode())
 
     def read_run_info(self) -> dict[str, Any]:
+        """run.json, checked for the entries every reader needs (anyone may have edited it)."""
         with files.open_file(self.file("run.json")) as f:
-            return json.load(f)
+            try:
+                info = json.load(f)
+            except ValueError as error:
+                raise RunInfoError(f"{self.file('run.json')} is damaged: it is not JSON ({error})") from None
+        for name, kind in _RUN_INFO.items():
+            *parents, key = name.split(".")
+            holder = info
+            for parent in parents:
+                holder = holder.get(parent) if isinstance(holder, dict) else None
+            value = holder.get(key) if isinstance(holder, dict) else None
+            if not isinstance(value, kind) or isinstance(value, bool):
+                found = "missing" if value is None else reprlib.repr(value)
+                raise RunInfoError(f"{self.file('run.json')} is damaged: its {name!r} must be "
+                                   f"{'a whole number' if kind is int else 'a string'}, not {found}")
+        return info
 
     @functools.cached_property
     def pickled_states(self) -> bool:
