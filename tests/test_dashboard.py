@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import cerebro as cb
 from cerebro.cli import main
-from cerebro.report._http import RunServer
+from cerebro.report._http import MetricsEndpoint, RunServer
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(__file__)
@@ -146,10 +146,18 @@ def test_a_live_run_in_headless_chromium_lists_its_trials_and_changes_as_epochs_
     server.server_close()
 
 
-def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path):
+def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path, capsys):
     run_dir = str(tmp_path / "run")
     cb.GridSearch(build, {"hidden": cb.choice([8])}, epochs=1).fit(digits(partitions=1, rows=100), workers=1,
                                                                   store=run_dir, seed=0, verbose=0)
+    endpoint = MetricsEndpoint(run_dir, 0, announce=True)       # fit(metrics_port=0): a free port, said where
+    endpoint.start(run_dir, 1)
+    try:
+        said = re.fullmatch(r"The run's Prometheus metrics are at http://\S+:(\d+)/metrics\n", capsys.readouterr().err)
+        assert said and int(said.group(1)) == endpoint.server.server_address[1] > 0
+        assert "cerebro_epochs" in metrics(f"http://127.0.0.1:{said.group(1)}/metrics")
+    finally:
+        endpoint.finish("finished")
     server = RunServer(run_dir, port=0)
     server.serve_in_thread()
     port = server.server_address[1]

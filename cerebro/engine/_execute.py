@@ -194,7 +194,7 @@ def observers(store: RunStore, settings: RunSettings, verbose: int,
     metric, mode = settings.metric, settings.mode
     chosen: list[Progress] = [ConsoleProgress(metric, mode) if verbose else NoProgress(), LiveFile(store)]
     if settings.metrics_port is not None:
-        chosen.append(MetricsEndpoint(store.path, settings.metrics_port))
+        chosen.append(MetricsEndpoint(store.path, settings.metrics_port, announce=bool(verbose)))
     if settings.tensorboard and "://" not in store.path:
         chosen.append(TensorBoardLog(store.path))
     mlflow_log = MLflowLog(tracking_uri(settings.mlflow, store.path), store.path, metric, mode, resumed) \

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import os
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -127,17 +128,20 @@ class MetricsEndpoint(Progress):
     """``fit(metrics_port=P)``: the driver serves the run's ``/metrics`` on every interface
     of this machine, port ``P``, while the run goes (for scrapers that cannot reach the run
     directory). :func:`check_port` fails a port in use before the run; the server binds as
-    the run starts, so a run that fails before leaves no socket open."""
+    the run starts, so a run that fails before leaves no socket open. ``announce``: say
+    where, on stderr (a run with progress shown does)."""
 
-    def __init__(self, run_dir: str, port: int) -> None:
-        self.run_dir, self.port = run_dir, port
+    def __init__(self, run_dir: str, port: int, announce: bool = False) -> None:
+        self.run_dir, self.port, self.announce = run_dir, port, announce
         self.server: RunServer | None = None
 
     def start(self, run_dir: str, workers: int) -> None:
         self.server = RunServer(self.run_dir, "0.0.0.0", self.port, dashboard=False)  # noqa: S104 (scrapers are elsewhere)
         self.server.serve_in_thread()
-        logging.getLogger("cerebro").info("the run's Prometheus metrics are at http://%s:%d/metrics",
-                                          socket.gethostname(), self.server.server_address[1])
+        url = f"http://{socket.gethostname()}:{self.server.server_address[1]}/metrics"
+        if self.announce:       # port 0 took a free port: this line is where to find it
+            print(f"The run's Prometheus metrics are at {url}", file=sys.stderr)
+        logging.getLogger("cerebro").info("the run's Prometheus metrics are at %s", url)
 
     def finish(self, outcome: str) -> None:
         if self.server is not None:      # shutdown() waits for serve_forever, which has begun
