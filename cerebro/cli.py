@@ -5,7 +5,9 @@ import json
 import logging
 import os
 import runpy
+import secrets
 import sys
+import time
 
 import click
 from rich.console import Console
@@ -63,6 +65,7 @@ def main() -> None:
 def entry() -> None:
     """The ``cerebro`` command: ``main`` with the exit codes of its help."""
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
+    from .report import NoBestTrialError
     from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
     try:
         main(standalone_mode=False)
@@ -76,7 +79,7 @@ def entry() -> None:
     except (WorkerLostError, TooManyFailuresError, ResumeError, StoreWriteError, StoreInUseError) as error:
         click.echo(f"the run failed: {error}", err=True)
         sys.exit(1)
-    except TimeoutError as error:     # a live run's driver did not take a command (stop --trial, add)
+    except (TimeoutError, NoBestTrialError) as error:    # a live run's driver did not take a command; no winner
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
@@ -102,6 +105,8 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
         search = demo_module.search(epochs, framework)
     except ImportError as error:
         raise click.ClickException(str(error)) from None
+    if store is None:
+        store = os.path.join("cerebro_runs", f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     result = search.fit(demo_module.load_data(), workers=workers, store=store, seed=seed)
     console = Console()
     print_summary(result, console)

@@ -33,6 +33,12 @@ def build(config: dict) -> cb.TorchTrainable:
     return linear()
 
 
+def build_with_metrics(metrics) -> cb.TorchTrainable:
+    model = torch.nn.Linear(8, 3)
+    return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
+                             batch_size=8, metrics=metrics)
+
+
 def build_batch_size_0(config: dict) -> cb.TorchTrainable:
     return linear(batch_size=0)
 
@@ -130,6 +136,13 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
     "a label column among the features": (
         lambda t: cb.Dataset.from_pandas(pd.DataFrame({"a": X[:, 0], "y": Y}), features=["a", "y"], label="y"),
         ValueError, r"label column 'y' is also among features=\['a', 'y'\]; a model must not see its label"),
+    "a store that is no path": (
+        lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(data(), workers=1, store=5, verbose=0), TypeError,
+        r"store=5 must be a path or URL \(a str or os\.PathLike\), not int"),
+    "metrics given as a list": (
+        lambda t: build_with_metrics([cb.metrics.accuracy]), TypeError,
+        r"metrics must be a dict of name -> metric, e\.g\. \{'accuracy': cb\.metrics\.accuracy\} \(logged as "
+        r"val_accuracy\), not a list"),
     "an empty store": (lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(data(), workers=1, store="", verbose=0),
                        ValueError, r"store='' must name a directory \(or a URL\)"),
     "no rows": (lambda t: cb.Dataset.from_numpy(X[:0], Y[:0]), ValueError,
@@ -213,7 +226,7 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
         lambda t: fit(t, cb.GridSearch(lambda config: torch.nn.Linear(8, 3), SPACE, epochs=1)), TypeError,
         r"build\(config\) must return a cerebro\.TorchTrainable or cerebro\.KerasTrainable; got Linear"),
     "batch_size=0": (lambda t: fit(t, cb.GridSearch(build_batch_size_0, SPACE, epochs=1)), ValueError,
-                     r"build\(config\) fails for each of the 1 configurations tried on the driver, e\.g\. "
+                     r"build\(config\) fails for the configuration tried on the driver, "
                      r"\{'lr': 0\.1\}: ValueError: batch_size=0 must be a positive integer\n(.|\n)*"),
     "a build that always raises": (
         lambda t: fit(t, cb.ASHA(build_that_raises, {"lr": cb.choice([0.1, 0.2])}, metric="val_f1")), ValueError,

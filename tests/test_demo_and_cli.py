@@ -68,11 +68,12 @@ def test_status_prints_the_ranked_trials(demo_result):
 
 def test_cerebro_demo_command_runs_a_model_selection(tmp_path):
     command = os.path.join(os.path.dirname(sys.executable), "cerebro")   # the installed console script
-    completed = subprocess.run([command, "demo", "--epochs", "1",
-                                "--store", str(tmp_path / "run")], capture_output=True, text=True,
-                               timeout=300)
+    completed = subprocess.run([command, "demo", "--epochs", "1"], capture_output=True, text=True, timeout=300,
+                               cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr
-    loaded = cb.load(tmp_path / "run")
+    [run] = os.listdir(tmp_path / "cerebro_runs")              # where its help and the README say
+    assert re.fullmatch(r"demo-\d{8}-\d{6}-[0-9a-f]{4}", run), run
+    loaded = cb.load(tmp_path / "cerebro_runs" / run)
     assert loaded.finished and len(loaded.trials) == 8
     assert f"best: {loaded.best.trial_id}" in completed.stdout
 

@@ -4,9 +4,12 @@ a run with one good trial is not a failed run."""
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 
+import pandas as pd
+import pytest
 from _models import build, digits, failing_after
 
 import cerebro as cb
@@ -25,6 +28,16 @@ def test_a_run_whose_every_trial_diverged_says_so_and_logs_it(tmp_path, caplog):
     assert [r.getMessage().splitlines()[0] for r in caplog.records if r.name == "cerebro"] == \
         [result.failure.splitlines()[0]]
     assert cb.load(tmp_path / "run").failure == result.failure
+    with pytest.raises(cb.report.NoBestTrialError, match=rf"^no trial of run '{re.escape(str(tmp_path / 'run'))}' "
+                                                        r"finished with a finite 'val_loss'; its trials: "
+                                                        r"t0000 diverged, t0001 diverged$"):
+        _ = result.best
+    pd.DataFrame({"x": [1.0]}).to_parquet(tmp_path / "in.parquet")
+    for command in (["export", "run", "-o", "m.safetensors"], ["predict", "run", "in.parquet", "-o", "o.parquet"]):
+        done = subprocess.run([sys.executable, "-m", "cerebro", *command], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        assert (done.returncode, done.stderr) == (1, f"error: no trial of run '{tmp_path / 'run'}' finished with a "
+                                                     f"finite 'val_loss'; its trials: t0000 diverged, t0001 diverged\n")
 
 
 def test_one_good_trial_makes_the_run_a_success(tmp_path, caplog):

@@ -8,6 +8,7 @@ import os
 import pickle
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -184,6 +185,32 @@ def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, t
     with pytest.raises(TypeError, match="'int' object is not callable"):   # os.system's exit status
         cb.load(copy, trust=True).best.model()       # trusted, the build is unpickled, and so runs: by design
     assert marker.exists()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_work_naming_the_argument(run, tmp_path):
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(ValueError, match=rf"^out='{tmp_path}' is a directory; give the path of a file to write$"):
+        cb.report.write_report(run.run_dir, tmp_path)
+    with pytest.raises(FileNotFoundError, match=rf"^path='{missing}/m.safetensors': its directory '{missing}' does "
+                                                r"not exist; create it first$"):
+        run.best.save_weights(missing / "m.safetensors")
+    with pytest.raises(FileNotFoundError, match=rf"^out='{missing}/o.parquet': its directory"):
+        cb.predict(run.run_dir, np.zeros((2, 64), np.float32), out=missing / "o.parquet")
+    assert not missing.exists()
+    done = subprocess.run([sys.executable, "-m", "cerebro", "report", run.run_dir, "-o", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, f"error: out='{tmp_path}' is a directory; give the path of a file "
+                                                 f"to write\n")
+
+
+def test_a_path_argument_given_something_else_names_it(run):
+    features = np.zeros((2, 64), np.float32)
+    with pytest.raises(TypeError, match=r"^run_or_result=array\(.*\) must be a path or URL \(a str or "
+                                        r"os\.PathLike\), not ndarray$"):
+        cb.predict(features, run.run_dir)                       # the arguments swapped
+    with pytest.raises(TypeError, match=r"^run_dir=None must be a path or URL \(a str or os\.PathLike\), not "
+                                        r"NoneType$"):
+        cb.load(None)
 
 
 def test_what_a_run_directory_says_is_text_on_the_page_never_markup(run, tmp_path):

@@ -30,6 +30,7 @@ from ..report._http import MetricsEndpoint, check_port
 from ..report._live import LiveFile
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
+from ..store._files import check_location
 from ..worker import KerasTrainable, driver_keras_backend
 from ._driver import Driver
 from ._interface import SearchPolicy
@@ -65,6 +66,8 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
         Integer(low=0, description="a non-negative integer or None").check("seed", seed)
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
+    if store is not None:
+        check_location("store", store)
     limits = Limits() if limits is None else limits
     Optional(Real(0, math.inf, low_open=True, high_open=True, description="a positive number of seconds or None")
              ).check("time_budget", time_budget)

@@ -171,9 +171,12 @@ def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str,
         except Exception as error:
             failures.append((config, error))
     config, error = failures[0]
-    raise ValueError(f"build(config) fails for each of the {len(failures)} configurations tried on the driver, "
-                     f"e.g. {config}: {type(error).__name__}: {error}\n"
-                     + "".join(traceback.format_exception(error))) from error
+    tried = f"each of the {len(failures)} configurations tried on the driver, e.g." if len(failures) > 1 \
+        else "the configuration tried on the driver,"
+    # Its traceback is in the message (where a command line shows only the message), and so
+    # not chained as well: it would be printed twice.
+    raise ValueError(f"build(config) fails for {tried} {config}: {type(error).__name__}: {error}\n"
+                     + "".join(traceback.format_exception(error))) from None
 
 
 def build_cheaply(build: Callable[[dict], Any], config: dict[str, Any]) -> Any:

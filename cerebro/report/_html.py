@@ -13,6 +13,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..store import _files as files
 from . import _figures
 from ._progress import rounded
 from ._result import Result, load
@@ -26,8 +27,9 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     Example:
         >>> cb.report.write_report("runs/exp1")        # or: cerebro report runs/exp1  # doctest: +SKIP
     """
+    path = None if out is None else files.check_output(out, "out")
     result = load(run_dir)
-    path = os.fspath(out) if out is not None else os.path.join(result.run_dir, "report.html")
+    path = path or os.path.join(result.run_dir, "report.html")
     page = render(result)
     with open(path, "w", encoding="utf-8") as f:
         f.write(page)

@@ -93,7 +93,8 @@ class ConsoleProgress(Progress):
     def start(self, run_dir: str, workers: int) -> None:
         self._started = time.monotonic()
         self._busy = {w: 0.0 for w in range(workers)}
-        self.console.print(f"[bold]cerebro[/bold] run in {run_dir} on {workers} workers", soft_wrap=True)
+        plural = "s" if workers != 1 else ""
+        self.console.print(f"[bold]cerebro[/bold] run in {run_dir} on {workers} worker{plural}", soft_wrap=True)
         if self.console.is_terminal:
             self._live = Live(self._view(), console=self.console, refresh_per_second=4, get_renderable=self._view)
             self._live.start()

@@ -29,9 +29,14 @@ from ..store import (
     WorkersRestarted,
     parse_event,
 )
+from ..store import _files as files
 from ._trial_result import TrialResult, flat_config
 
 _ERROR_LINES = 8     # of a failed trial's traceback, in Result.failure
+
+
+class NoBestTrialError(RuntimeError):
+    """:attr:`Result.best` of a run in which no trial finished with a finite objective."""
 
 
 class Result:
@@ -140,9 +145,9 @@ class Result:
         last epoch instead)."""
         ranked = self.ranked()
         if not ranked or not self._scored(ranked[0], "best"):
-            statuses = {t.trial_id: t.status for t in self._trials.values()}
-            raise RuntimeError(f"no trial of run {self.run_dir!r} finished with a finite "
-                               f"{self.metric!r}; trial statuses: {statuses}")
+            statuses = ", ".join(f"{t.trial_id} {t.status}" for t in self._trials.values()) or "none"
+            raise NoBestTrialError(f"no trial of run {self.run_dir!r} finished with a finite {self.metric!r}; "
+                                   f"its trials: {statuses}")
         return ranked[0]
 
     def ranked(self, scope: str = "best") -> list[TrialResult]:
@@ -232,4 +237,5 @@ def load(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None,
     ``trust=True`` also reads the pickled weights of runs written by older versions, which
     could run code: only for run directories you trust.
     """
+    files.check_location("run_dir", run_dir)
     return Result(RunStore.open(run_dir, trust), build)

@@ -15,6 +15,7 @@ import torch
 
 from ..data import FeatureSpec, prediction_rows
 from ..store import BEST, RunStore, TrialStatus, unpack_tensors
+from ..store import _files as files
 from ..worker import Trainable, predict_rows
 
 if TYPE_CHECKING:
@@ -103,8 +104,9 @@ class TrialResult:
         trial id, epoch and config (JSON) as metadata; ``safetensors.torch.load_file`` reads
         it back."""
         from safetensors.torch import save_file
+        path = files.check_output(path, "path")
         number = self.epoch_number(epoch)
-        save_file(self.state_dict(epoch), os.fspath(path),
+        save_file(self.state_dict(epoch), path,
                   metadata={"trial_id": self.trial_id, "epoch": str(number), "config": json.dumps(self.config)})
 
     def model(self, epoch: int | str = "best") -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 from ..backends import Backend, SparkBackend
 from ..data import FeatureSpec, prediction_rows
 from ..report import Result, TrialResult, load
+from ..store import _files as files
 from ._local import predict_over_workers
 from ._outputs import output_frame, top_k_classes
 from ._spark import spark_predict
@@ -48,6 +49,10 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
     if spark is not None and out is not None and os.path.exists(out):
         raise FileExistsError(f"out={str(out)!r} exists; Spark writes a directory of Parquet files there: "
                               f"remove it or choose another path")
+    if spark is None and out is not None:
+        files.check_output(out, "out")
+    if not isinstance(run_or_result, Result):
+        files.check_location("run_or_result", run_or_result)
     result = run_or_result if isinstance(run_or_result, Result) else load(run_or_result, trust=trust)
     chosen = _trial(result, trial)
     if result.provided_build is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import reprlib
 import urllib.parse
 from typing import IO, Any
 
@@ -155,3 +156,26 @@ def remove_tree(location: str) -> None:
     fs, path = _fs(location)
     if fs.exists(path):
         fs.rm(path, recursive=True)
+
+
+def check_output(path: str | os.PathLike, name: str) -> str:
+    """``path`` as a string, where a file can be written: fail before any work, naming the
+    argument, where it is a directory or its directory does not exist (a URL is the store's
+    to judge when written)."""
+    path = os.fspath(path)
+    if "://" in path:
+        return path
+    if os.path.isdir(path):
+        raise ValueError(f"{name}={path!r} is a directory; give the path of a file to write")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(f"{name}={path!r}: its directory {parent!r} does not exist; create it first")
+    return path
+
+
+def check_location(name: str, location: Any) -> None:
+    """Fail, naming the argument, where ``location`` is not a path or URL (e.g. arguments
+    given in the wrong order)."""
+    if not isinstance(location, (str, os.PathLike)):
+        raise TypeError(f"{name}={reprlib.repr(location)} must be a path or URL (a str or os.PathLike), "
+                        f"not {type(location).__name__}")
