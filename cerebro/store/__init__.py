@@ -38,7 +38,8 @@ from ._events import (
 from ._ledger import Ledger, TrialFacts
 from ._legacy_pickle import UntrustedStateError
 from ._lock import StoreInUseError
-from ._run_store import BEST, STATE_FORMAT, STOP_FILE, DamagedLine, RunInfoError, RunStore
+from ._run_info import RunInfoError
+from ._run_store import BEST, STATE_FORMAT, STOP_FILE, DamagedLine, RunStore
 from ._state_codec import (
     StateFormatError,
     TensorBytes,

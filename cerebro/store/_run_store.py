@@ -32,7 +32,6 @@ import io
 import json
 import os
 import re
-import reprlib
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from . import _unstarted as unstarted
 from ._events import Event
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
+from ._run_info import checked_run_info
 from ._state_codec import read_message
 from ._state_files import STATE_FORMAT, check_state_header, split_state_file, write_state_file
 from ._trust import UntrustedCodeError, signature, signed_by_me
@@ -51,16 +51,9 @@ if TYPE_CHECKING:
     import pandas as pd
 
 _CODE_MAGIC = b"CEREBRO-CODE 1\n"
-# The entries of run.json every reader needs (a dot: one inside another), with their types.
-_RUN_INFO = {"seed": int, "workers": int, "searcher.class": str, "searcher.metric": str, "searcher.mode": str,
-             "data.partitions": int}
 STAGED = "staged"           # epoch-end states written by workers, taken as checkpoints
 BEST = "checkpoint.best.state"
 STOP_FILE = "stop"
-
-
-class RunInfoError(ValueError):
-    """A run.json that is not one Cerebro wrote: not JSON, or an entry missing or of another type."""
 
 
 class RunStore:
@@ -140,21 +133,7 @@ class RunStore:
     def read_run_info(self) -> dict[str, Any]:
         """run.json, checked for the entries every reader needs (anyone may have edited it)."""
         with files.open_file(self.file("run.json")) as f:
-            try:
-                info = json.load(f)
-            except ValueError as error:
-                raise RunInfoError(f"{self.file('run.json')} is damaged: it is not JSON ({error})") from None
-        for name, kind in _RUN_INFO.items():
-            *parents, key = name.split(".")
-            holder = info
-            for parent in parents:
-                holder = holder.get(parent) if isinstance(holder, dict) else None
-            value = holder.get(key) if isinstance(holder, dict) else None
-            if not isinstance(value, kind) or isinstance(value, bool):
-                found = "missing" if value is None else reprlib.repr(value)
-                raise RunInfoError(f"{self.file('run.json')} is damaged: its {name!r} must be "
-                                   f"{'a whole number' if kind is int else 'a string'}, not {found}")
-        return info
+            return checked_run_info(f, self.file("run.json"))
 
     @functools.cached_property
     def pickled_states(self) -> bool:
