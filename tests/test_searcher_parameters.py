@@ -9,6 +9,7 @@ import math
 import os
 import pickle
 import re
+import warnings
 
 import cloudpickle
 import numpy as np
@@ -214,3 +215,20 @@ def test_constraint_messages_name_the_value_and_the_rule(constraint, value, erro
 def test_a_constraint_shows_its_rule():
     assert repr(Optional(Integer(low=1))) == "<Optional: an integer >= 1 or None>"
     assert repr(All(Integer(low=1), Real(high=9))) == "<All: an integer >= 1 and a number <= 9>"
+
+
+@pytest.mark.parametrize("metric, mode, said", [
+    ("val_accuracy", "min", "metric='val_accuracy' is ranked with mode='min', so result.best is the trial with the "
+                            "lowest val_accuracy; pass mode='max' for the highest"),
+    ("train_f1", "min", "metric='train_f1' is ranked with mode='min', so result.best is the trial with the lowest "
+                        "train_f1; pass mode='max' for the highest"),
+    ("val_loss", "max", "metric='val_loss' is ranked with mode='max', so result.best is the trial with the highest "
+                        "val_loss; pass mode='min' for the lowest"),
+    ("val_accuracy", "max", None), ("val_loss", "min", None), ("val_score", "min", None), ("val_score", "max", None),
+])
+def test_a_mode_that_ranks_the_worst_trial_first_is_warned_of_where_the_searcher_is_made(metric, mode, said):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1, metric=metric, mode=mode)
+    assert [(str(w.message), os.path.basename(w.filename)) for w in caught] == \
+        ([] if said is None else [(said, "test_searcher_parameters.py")])

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
+import warnings
 from abc import ABCMeta, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -22,6 +24,9 @@ if TYPE_CHECKING:
 
 
 _UNSET = {"patience": None, "min_delta": 0.0, "warm_start": None, "warm_start_epoch": "best"}
+# Words in a metric's name that say which way is better (as Keras' mode="auto" reads them).
+_SCORE = re.compile(r"acc|auc|f1|precision|recall|r2|iou|dice|ndcg", re.IGNORECASE)
+_ERROR = re.compile(r"loss|error|mse|mae|rmse|perplexity", re.IGNORECASE)
 
 
 class RunSource(Constraint):
@@ -194,6 +199,7 @@ class Searcher(metaclass=_CheckedOnConstruction):
         for name, constraint in self._declared().items():
             constraint.check(name, getattr(self, name))
         self._check()
+        _check_direction(self.metric, self.mode)
 
     def _check(self) -> None:
         """Rules between arguments, checked after each argument passed its own constraint;
@@ -280,3 +286,15 @@ class Searcher(metaclass=_CheckedOnConstruction):
 def _shown(value: Any) -> str:
     """``value`` as a searcher's repr shows it: a function (or class) by its name, else its repr."""
     return value.__name__ if callable(value) and hasattr(value, "__name__") else repr(value)
+
+
+def _check_direction(metric: str, mode: str) -> None:
+    """Warn where ``mode`` ranks ``metric`` the way its name says is worse (e.g. accuracy
+    with the default ``mode="min"``): ``result.best`` would be the worst trial."""
+    higher = bool(_SCORE.search(metric)) and not _ERROR.search(metric)
+    lower = bool(_ERROR.search(metric)) and not _SCORE.search(metric)
+    if (mode == "min" and higher) or (mode == "max" and lower):
+        better = "max" if higher else "min"
+        warnings.warn(f"metric={metric!r} is ranked with mode={mode!r}, so result.best is the trial with the "
+                      f"{'lowest' if mode == 'min' else 'highest'} {metric}; pass mode={better!r} for the "
+                      f"{'highest' if better == 'max' else 'lowest'}", UserWarning, stacklevel=4)
