@@ -400,3 +400,26 @@ def test_a_damaged_run_json_is_named_with_what_is_wrong_not_a_traceback(tmp_path
     done = subprocess.run([sys.executable, "-m", "cerebro", "status", str(tmp_path)], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and re.fullmatch(f"error: {message}\n", done.stderr), done.stderr
+
+
+def logging_build(log: str):
+    """``build`` (the one above) that notes, in ``log``, its process and whether it runs in
+    the driver's checks each time it is called."""
+    def build_that_logs(config: dict) -> cb.TorchTrainable:
+        from cerebro.worker import in_preflight
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {in_preflight()}\n")
+        return build(config)
+    return build_that_logs
+
+
+def test_the_drivers_builds_are_in_preflight_and_the_workers_are_not(tmp_path):
+    log = str(tmp_path / "builds.log")
+    cb.GridSearch(logging_build(log), {"lr": cb.choice([0.1, 0.2])}, epochs=1).fit(
+        data(), workers=1, store=tmp_path / "run", verbose=0)
+    with open(log) as f:
+        calls = [line.split() for line in f]
+    driver = [flag for pid, flag in calls if int(pid) == os.getpid()]
+    workers = [flag for pid, flag in calls if int(pid) != os.getpid()]
+    assert driver and set(driver) == {"True"}          # a build with side effects can skip them there
+    assert len(workers) == 2 and set(workers) == {"False"}

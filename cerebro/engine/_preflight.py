@@ -107,7 +107,7 @@ def _too_large(build: Callable[[dict], Any], config: dict[str, Any]) -> bool:
     """Whether ``config``'s model, sized by its meta build, is over PREFLIGHT_MAX_BYTES: then
     the step does not build it for real on the driver."""
     try:
-        with torch.device("meta"):
+        with preflight(), torch.device("meta"):
             return build(config).nbytes() > PREFLIGHT_MAX_BYTES
     except Exception:
         return False      # it cannot be built on meta: build_cheaply built such ones for real already
@@ -181,12 +181,13 @@ def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str,
 
 def build_cheaply(build: Callable[[dict], Any], config: dict[str, Any]) -> Any:
     """``build(config)`` on torch's meta device (no memory, no init) where its framework
-    allows that, else as it is."""
-    try:
-        with torch.device("meta"):
-            trainable = build(config)
-        if getattr(trainable, "builds_on_meta_device", False):
-            return trainable
-    except Exception:
-        pass
-    return build(config)
+    allows that, else as it is; a check on the driver, so :func:`cerebro.worker.in_preflight`."""
+    with preflight():
+        try:
+            with torch.device("meta"):
+                trainable = build(config)
+            if getattr(trainable, "builds_on_meta_device", False):
+                return trainable
+        except Exception:
+            pass
+        return build(config)

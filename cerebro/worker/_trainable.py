@@ -26,9 +26,10 @@ _preflight = threading.local()
 
 
 def in_preflight() -> bool:
-    """Whether this thread runs the driver's preflight step (one training step of a trial's
-    build on a few real rows, before any worker starts), not a trial's training: a model or
-    loss with side effects (writing files, a test's fault injection) may skip them there.
+    """Whether this thread runs the driver's checks before any worker starts (a trial's
+    build, and one training step of it on a few real rows), not a trial's training: a build,
+    model or loss with side effects (writing files, a test's fault injection) may skip them
+    there.
 
     >>> from cerebro.worker import in_preflight
     >>> in_preflight()
@@ -39,12 +40,12 @@ def in_preflight() -> bool:
 
 @contextlib.contextmanager
 def preflight() -> Iterator[None]:
-    """While the block runs, :func:`in_preflight` is True in this thread."""
-    _preflight.on = True
+    """While the block runs, :func:`in_preflight` is True in this thread (blocks may nest)."""
+    before, _preflight.on = in_preflight(), True
     try:
         yield
     finally:
-        _preflight.on = False
+        _preflight.on = before
 
 
 class Trainable(abc.ABC):
