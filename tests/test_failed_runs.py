@@ -4,6 +4,7 @@ a run with one good trial is not a failed run."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -94,3 +95,24 @@ def test_status_shows_a_failed_trial_in_one_line_and_with_trial_its_whole_traceb
     assert shown.output.rstrip().endswith(failed.error.rstrip())      # the whole traceback, as journaled
     unknown = CliRunner().invoke(main, ["status", result.run_dir, "--trial", "t0099"])
     assert unknown.exit_code == 2 and "'t0099' is not a trial of" in unknown.output and "t0000, t0001" in unknown.output
+
+
+def test_a_trial_that_ends_before_any_epoch_does_not_load_tensorflow_into_the_driver(tmp_path):
+    """TensorBoard would import all of TensorFlow (seconds, hundreds of MB) where it is
+    installed; the driver writes the event files without it, also where a trial's first
+    TensorBoard record is its end."""
+    script = tmp_path / "experiment.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from _models import build, digits
+import cerebro as cb
+
+if __name__ == "__main__":
+    cb.GridSearch(build, {{"diverge": cb.choice([True])}}, epochs=1).fit(digits(partitions=1), workers=1,
+                                                                      store="run", verbose=0)
+    print("tensorflow" in sys.modules)
+""")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.stdout == "False\n", done.stderr[-2000:]
+    assert os.listdir(tmp_path / "run" / "tensorboard") == ["t0000"]

@@ -45,6 +45,7 @@ class TensorBoardLog(Progress):
         self._last[trial_id] = metrics
 
     def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
+        _without_tensorflow()       # a trial may end before any epoch: this is the first import then
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         shown = {key: _shown(value) for key, value in flat_config(self._configs.get(trial_id, {})).items()}
