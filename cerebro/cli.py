@@ -8,6 +8,8 @@ import runpy
 import secrets
 import sys
 import time
+import warnings
+from typing import Any
 
 import click
 from rich.console import Console
@@ -67,6 +69,7 @@ def entry() -> None:
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
     from .report import NoBestTrialError
     from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
+    warnings.showwarning = _show_warning
     try:
         main(standalone_mode=False)
     except click.exceptions.Abort as error:      # click's form of a KeyboardInterrupt
@@ -86,6 +89,12 @@ def entry() -> None:
             UntrustedCodeError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: Any = None, line: str | None = None) -> None:
+    """A warning on the command line: one line saying what, not where in Cerebro's source."""
+    click.echo(f"warning: {message}", err=True)
 
 
 @main.command()

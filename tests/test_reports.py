@@ -203,6 +203,13 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work_naming_the_
                                                  f"to write\n")
 
 
+def test_the_command_line_says_a_warning_in_one_line(run):
+    done = subprocess.run([sys.executable, "-m", "cerebro", "resume", run.run_dir, "--quiet"], capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (0, f"warning: run {run.run_dir!r} has finished; there is nothing to "
+                                                 f"resume, so its Result is returned as it is\n")
+
+
 def test_a_path_argument_given_something_else_names_it(run):
     features = np.zeros((2, 64), np.float32)
     with pytest.raises(TypeError, match=r"^run_or_result=array\(.*\) must be a path or URL \(a str or "
