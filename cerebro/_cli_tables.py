@@ -38,6 +38,8 @@ def print_trial(result: Result, trial_id: str) -> None:
     """One trial: its status, config, epochs, best and last metrics, and its whole reason
     (a failed trial's traceback), as plain lines that no terminal width wraps."""
     trials = {t.trial_id: t for t in result.trials}
+    if trial_id == "best":          # as export and predict take it
+        trial_id = result.best.trial_id
     if trial_id not in trials:
         raise click.BadParameter(f"{trial_id!r} is not a trial of {result.run_dir}; its trials are "
                                  f"{', '.join(sorted(trials)) or 'none yet'}", param_hint="--trial")

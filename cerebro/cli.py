@@ -205,7 +205,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
-@click.option("--trial", default=None, help="show this trial alone, its whole error included (e.g. t0003)")
+@click.option("--trial", default=None, help="show this trial alone, its whole error included (e.g. t0003, or best)")
 def status(run_dir: str, trial: str | None) -> None:
     """Show where a run stands, live or finished: its trials, their status and metrics (a
     failed trial's error in one line: --trial ID shows all of it).

@@ -93,6 +93,8 @@ def test_status_shows_a_failed_trial_in_one_line_and_with_trial_its_whole_traceb
     assert lines[0] == f"{failed.trial_id} failed after {failed.epochs} epochs"
     assert lines[1] == 'config: {"lr": 0.03}' and "error:" in lines
     assert shown.output.rstrip().endswith(failed.error.rstrip())      # the whole traceback, as journaled
+    best = CliRunner().invoke(main, ["status", result.run_dir, "--trial", "best"])    # as export takes it
+    assert best.output.splitlines()[0] == f"{result.best.trial_id} completed after 2 epochs"
     unknown = CliRunner().invoke(main, ["status", result.run_dir, "--trial", "t0099"])
     assert unknown.exit_code == 2 and "'t0099' is not a trial of" in unknown.output and "t0000, t0001" in unknown.output
 
