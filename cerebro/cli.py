@@ -330,6 +330,8 @@ def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: 
     from .serve import predict
     if backend == "local" and not os.path.exists(input_path):
         raise click.BadParameter(f"{input_path!r} does not exist", param_hint="INPUT")
+    if os.path.splitext(out)[1].lower() in (".csv", ".json", ".tsv", ".txt", ".xlsx"):
+        raise click.BadParameter(f"{out!r}: predictions are written as Parquet; name it *.parquet", param_hint="-o")
     if backend == "spark":
         from pyspark.sql import SparkSession
         SparkSession.builder.getOrCreate()

@@ -201,6 +201,13 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work_naming_the_
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (2, f"error: out='{tmp_path}' is a directory; give the path of a file "
                                                  f"to write\n")
+    (tmp_path / "in.csv").write_text("a,b\n1,2\n")
+    for out, said in (("o.parquet", f"error: '{tmp_path}/in.csv' is not a Parquet file or directory ("),
+                      ("o.csv", "Error: Invalid value for -o: 'o.csv': predictions are written as Parquet; name it "
+                                "*.parquet")):
+        done = subprocess.run([sys.executable, "-m", "cerebro", "predict", run.run_dir, str(tmp_path / "in.csv"),
+                               "-o", out], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(said), done.stderr
 
 
 def test_the_command_line_says_a_warning_in_one_line(run):

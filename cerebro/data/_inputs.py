@@ -40,7 +40,12 @@ def prediction_rows(data: Any, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarra
         if not os.path.exists(data):
             raise FileNotFoundError(f"Parquet path {str(data)!r} does not exist")
         import pandas as pd
-        data = pd.read_parquet(data)
+        import pyarrow
+        try:
+            data = pd.read_parquet(data)
+        except (pyarrow.ArrowInvalid, OSError) as error:
+            raise ValueError(f"{os.fspath(data)!r} is not a Parquet file or directory ({error}); predict reads "
+                             f"Parquet, numpy or pandas (pandas.read_csv(path) reads a CSV file)") from None
     if isinstance(data, ArrayDataset):
         features = data.features
     elif _is_frame(data):
