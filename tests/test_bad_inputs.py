@@ -236,6 +236,12 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
         lambda t: fit(t, cb.GridSearch(build_per_row_loss, SPACE, epochs=1)), ValueError,
         r"loss=CrossEntropyLoss with reduction='none' returns one value per row; the loss must return the "
         r"batch's mean \(reduction='mean'\)"),
+    "labels as a column": (
+        lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, Y.reshape(-1, 1), partitions=2)), ValueError,
+        r"one training step of build\(\{'lr': 0\.1\}\) on 4 training rows, run on the driver before any worker "
+        r"starts, fails as every trial would at its first batch: RuntimeError: 0D or 1D target tensor expected, "
+        r"multi-target not supported\. The labels have shape \(rows, 1\); for one class index a row give a 1-D "
+        r"label: label\.ravel\(\)"),
     # --- fit's settings, the backends and the store -------------------------------------------------
     "a fit seed that is not an integer": (lambda t: fit(t, seed=1.5), ValueError,
                                           r"seed=1\.5 must be a non-negative integer or None"),

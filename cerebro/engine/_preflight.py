@@ -95,7 +95,10 @@ def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]
 
 def _label_hint(label: np.ndarray, error: Exception) -> str:
     """Whole-number float labels and a loss that wanted integers: class indices stored as
-    floats, as Spark ML's StringIndexer gives them."""
+    floats, as Spark ML's StringIndexer gives them; a column of labels, shape (N, 1), where
+    the loss wanted one class index a row."""
+    if label.ndim == 2 and label.shape[1] == 1 and "target" in str(error):
+        return ". The labels have shape (rows, 1); for one class index a row give a 1-D label: label.ravel()"
     wanted_integers = any(word in str(error) for word in ("Long", "Int", "int64", "integer"))
     if not (wanted_integers and np.issubdtype(label.dtype, np.floating) and np.all(np.mod(label, 1) == 0)):
         return ""
