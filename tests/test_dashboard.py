@@ -227,7 +227,7 @@ def scraped(url: str) -> dict[str, list] | None:
 
 def test_a_resumed_run_serves_its_metrics_from_where_the_run_was(tmp_path):
     run_dir = str(tmp_path / "run")
-    with slow_run(tmp_path, free_port(), slow=0.1) as process:
+    with slow_run(tmp_path, free_port(), slow=0.2) as process:
         wait_for(lambda: epochs_ended(run_dir) >= 2, "two epochs' ends")
         process.kill()                                      # the driver dies: the run is resumable
     before, port = epochs_ended(run_dir), free_port()
