@@ -39,6 +39,12 @@ def build_with_metrics(metrics) -> cb.TorchTrainable:
                              batch_size=8, metrics=metrics)
 
 
+def build_with_adam(config: dict) -> cb.TorchTrainable:
+    model = torch.nn.Linear(8, 3)
+    return cb.TorchTrainable(model, torch.optim.Adam(model.parameters(), lr=config["lr"]),
+                             torch.nn.functional.cross_entropy, batch_size=8)
+
+
 def build_batch_size_0(config: dict) -> cb.TorchTrainable:
     return linear(batch_size=0)
 
@@ -236,6 +242,11 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
         lambda t: fit(t, cb.GridSearch(build_per_row_loss, SPACE, epochs=1)), ValueError,
         r"loss=CrossEntropyLoss with reduction='none' returns one value per row; the loss must return the "
         r"batch's mean \(reduction='mean'\)"),
+    "a list where a choice was meant": (
+        lambda t: fit(t, cb.GridSearch(build_with_adam, {"lr": [1e-3, 1e-2]}, epochs=1)), ValueError,
+        r"build\(config\) fails for the configuration tried on the driver, \{'lr': \[0\.001, 0\.01\]\}: TypeError: "
+        r"'<=' not supported between instances of 'float' and 'list'\. Space key 'lr' is a list, which every trial "
+        r"gets whole; for a choice among its values write cb\.choice\(\[0\.001, 0\.01\]\)\n(.|\n)*"),
     "labels as a column": (
         lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, Y.reshape(-1, 1), partitions=2)), ValueError,
         r"one training step of build\(\{'lr': 0\.1\}\) on 4 training rows, run on the driver before any worker "

@@ -90,7 +90,8 @@ def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]
                     ("", f" for each of the {len(failures)} configurations tried, e.g. build({config}),"))
     raise ValueError(f"one training step{which} on {len(sample[1])} training rows, run on the driver before any "
                      f"worker starts, fails{tried} as every trial would at its first batch: "
-                     f"{type(error).__name__}: {error}{_label_hint(sample[1], error)}") from error
+                     f"{type(error).__name__}: {error}{_label_hint(sample[1], error)}{_list_hint(config, error)}"
+                     ) from error
 
 
 def _label_hint(label: np.ndarray, error: Exception) -> str:
@@ -104,6 +105,16 @@ def _label_hint(label: np.ndarray, error: Exception) -> str:
         return ""
     return f". The labels are whole numbers stored as {label.dtype}: for class indices encode them as integers: " \
            f"{CLASS_INDEX_FIX}"
+
+
+def _list_hint(config: dict[str, Any], error: Exception) -> str:
+    """A list in the space is a constant, which every trial gets whole: where the error is
+    about a list, the list is likely meant as a choice among its values."""
+    lists = [key for key, value in config.items() if isinstance(value, list)]
+    if not lists or "list" not in str(error):
+        return ""
+    return (f". Space key {lists[0]!r} is a list, which every trial gets whole; for a choice among its "
+            f"values write cb.choice({config[lists[0]]!r})")
 
 
 def _too_large(build: Callable[[dict], Any], config: dict[str, Any]) -> bool:
@@ -178,7 +189,8 @@ def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str,
         else "the configuration tried on the driver,"
     # Its traceback is in the message (where a command line shows only the message), and so
     # not chained as well: it would be printed twice.
-    raise ValueError(f"build(config) fails for {tried} {config}: {type(error).__name__}: {error}\n"
+    raise ValueError(f"build(config) fails for {tried} {config}: {type(error).__name__}: {error}"
+                     f"{_list_hint(config, error)}\n"
                      + "".join(traceback.format_exception(error))) from None
 
 
