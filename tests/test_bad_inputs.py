@@ -95,6 +95,8 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
     # --- data --------------------------------------------------------------------------------
     "string labels": (lambda t: cb.Dataset.from_numpy(X, np.array(["a", "b", "c"] * 20)), TypeError,
                       r"label must be numeric \(class indices 0\.\.K-1 or float targets\); got dtype <U1"),
+    "no labels": (lambda t: cb.Dataset.from_numpy(X, None), TypeError,
+                  r"label=None: a Dataset needs a label for every row \(class indices 0\.\.K-1 or float targets\)"),
     "float labels for a classification loss": (
         lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, (Y * 0.5).astype(np.float32), partitions=2)), ValueError,
         r"the label is float32 but loss=cross_entropy takes class indices; encode the classes as integers 0\.\.K-1: "

@@ -55,6 +55,8 @@ def _as_features(features: Any) -> np.ndarray:
 
 
 def _as_label(label: Any) -> np.ndarray:
+    if label is None:
+        raise TypeError("label=None: a Dataset needs a label for every row (class indices 0..K-1 or float targets)")
     array = np.asarray(label)
     if np.issubdtype(array.dtype, np.unsignedinteger) and array.size and array.max() > np.iinfo(np.int64).max:
         raise ValueError(f"label holds {array.max()}, beyond int64's range; class indices must be 0..K-1")
