@@ -9,9 +9,13 @@ columns where the features had names).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tempfile
+import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +25,10 @@ from ..worker import predict_rows
 
 if TYPE_CHECKING:
     from ._trial_result import TrialResult
+
+# What MLflow says of predict's type hints, which are no input schema: the signature is.
+_NO_SCHEMA_WARNINGS = ("Type hint used in the model's predict", "Failed to infer signature from type hint",
+                       "Add type hints to the `predict` method")
 
 
 def save_pyfunc(trial: TrialResult, path: str, epoch: int | str = "best") -> None:
@@ -32,19 +40,49 @@ def save_pyfunc(trial: TrialResult, path: str, epoch: int | str = "best") -> Non
     result = trial._require_result()
     info = result.store.read_run_info()
     spec = FeatureSpec.of_run(info["data"])
-    model = _model_class()(result.build, dict(trial.config), spec)
+    with _quiet_mlflow():
+        model = _model_class()(result.build, dict(trial.config), spec)
     example = _example(spec)
     with tempfile.TemporaryDirectory(prefix="cerebro-pyfunc-") as scratch:
         weights = os.path.join(scratch, "weights.safetensors")
         save_file({k: v.contiguous() for k, v in trial.state_dict(epoch).items()}, weights)
         outputs = predict_rows(_loaded(model, weights), prediction_rows(example, spec)[0])
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        mlflow.pyfunc.save_model(
-            path, python_model=model, artifacts={"weights": weights}, code_paths=[package],
-            signature=infer_signature(example, outputs),
-            metadata={"cerebro": json.dumps({"trial_id": trial.trial_id, "config": trial.config,
-                                             "epoch": trial.epoch_number(epoch), "run_dir": result.run_dir,
-                                             "metric": result.metric, "best_metrics": trial.best_metrics})})
+        with _quiet_mlflow():
+            mlflow.pyfunc.save_model(
+                path, python_model=model, artifacts={"weights": weights}, code_paths=[package],
+                signature=infer_signature(example, outputs), input_example=example,
+                metadata={"cerebro": json.dumps({"trial_id": trial.trial_id, "config": trial.config,
+                                                 "epoch": trial.epoch_number(epoch), "run_dir": result.run_dir,
+                                                 "metric": result.metric, "best_metrics": trial.best_metrics})})
+
+
+@contextlib.contextmanager
+def _quiet_mlflow() -> Iterator[None]:
+    """Without MLflow's progress bar for the weights it copies, its warning that a model
+    object is cloudpickled (the build is code, pickled by design: the model directory is as
+    trusted as the run it came from), and those that ``predict``'s type hints are no input
+    schema (the signature, inferred from an example, is)."""
+    logger = logging.getLogger("mlflow.pyfunc")
+    level, bar = logger.level, os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    logger.setLevel(logging.ERROR)
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        with warnings.catch_warnings():
+            # Not a filter: MLflow's own functions put "once" filters before any of ours.
+            passed_on = warnings.showwarning
+
+            def show(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+                if not any(said in str(message) for said in _NO_SCHEMA_WARNINGS):
+                    passed_on(message, *args, **kwargs)
+            warnings.showwarning = show
+            yield
+    finally:
+        logger.setLevel(level)
+        if bar is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = bar
 
 
 def _example(spec: FeatureSpec) -> Any:
