@@ -137,8 +137,9 @@ class RunStore:
 
     @functools.cached_property
     def pickled_states(self) -> bool:
-        """Whether an older version wrote this run, with its states pickled."""
-        return "state_format" not in self.read_run_info()
+        """Whether an older version wrote this run, with its states pickled (run.json unchecked)."""
+        with files.open_file(self.file("run.json")) as f:
+            return "state_format" not in json.load(f)
 
     def write_code(self, build: bytes, searcher: bytes) -> None:
         """The cloudpickled ``build`` and searcher, in build.pkl: a JSON line with their sizes,
