@@ -1,8 +1,9 @@
-"""The tables ``cerebro`` prints: the ranked trials of a run, and one trial in full."""
+"""What ``cerebro`` prints: the ranked trials of a run, one trial in full, and a warning in one line."""
 from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import click
 import pandas as pd
@@ -57,3 +58,9 @@ def print_trial(result: Result, trial_id: str) -> None:
 def _metrics(metrics: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.4f}" if isinstance(v, float) and not math.isnan(v) else f"{k}={v}"
                      for k, v in metrics.items())
+
+
+def show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+    """A warning on the command line: one line saying what, not where in Cerebro's source."""
+    click.echo(f"warning: {message}", err=True)

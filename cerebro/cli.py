@@ -9,15 +9,15 @@ import secrets
 import sys
 import time
 import warnings
-from typing import Any
 
 import click
 from rich.console import Console
 
 from ._cli_dashboard import dashboard
 from ._cli_sql import sql
-from ._cli_tables import print_summary, print_trial
+from ._cli_tables import print_summary, print_trial, show_warning
 from .report import Result, load
+from .store._files import check_output
 
 
 def exit_if_failed(result: Result) -> None:
@@ -69,7 +69,7 @@ def entry() -> None:
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
     from .report import NoBestTrialError
     from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
-    warnings.showwarning = _show_warning
+    warnings.showwarning = show_warning
     try:
         main(standalone_mode=False)
     except click.exceptions.Abort as error:      # click's form of a KeyboardInterrupt
@@ -89,12 +89,6 @@ def entry() -> None:
             UntrustedCodeError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
-
-
-def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                  file: Any = None, line: str | None = None) -> None:
-    """A warning on the command line: one line saying what, not where in Cerebro's source."""
-    click.echo(f"warning: {message}", err=True)
 
 
 @main.command()
@@ -363,6 +357,7 @@ def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, as
     Example: cerebro export cerebro_runs/demo-20261122-101500-ab12 --trial best -o model.safetensors
     """
     keras_file, onnx_file = out.endswith(".keras"), out.endswith(".onnx")
+    check_output(out, "out")    # before the run is read; an MLflow model's directory is made new too
     if not (torchscript or as_mlflow or keras_file or onnx_file or out.endswith(".safetensors")):
         raise click.BadParameter(f"{out!r}: the weights are written as safetensors, so name the file "
                                  f"*.safetensors (or *.onnx, *.keras for a Keras trial, --torchscript for a "

@@ -403,7 +403,7 @@ def test_a_model_too_large_to_build_on_the_driver_skips_the_preflight_step(tmp_p
 
 @pytest.mark.parametrize("text, says", [
     ("{not json", r"it is not JSON \(Expecting property name enclosed in double quotes: line 1 column 2 \(char 1\)\)"),
-    ("[1, 2]", r"its 'seed' must be a whole number, not missing"),
+    ("[1, 2]", r"it holds a JSON list, not an object"),
     ('{"seed": 1}', r"its 'workers' must be a whole number, not missing"),
     ('{"seed": 1, "workers": 2, "searcher": "grid"}', r"its 'searcher.class' must be a string, not missing"),
     ('{"seed": 1, "workers": 2, "searcher": {"class": "GridSearch", "metric": "val_loss", "mode": "min"}, '

@@ -203,7 +203,7 @@ def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path, capsys):
         with urllib.request.urlopen(server.url + "state", timeout=30) as answer:
             assert json.loads(answer.read())["sections"]["workers"].startswith("<p>No live state")
         assert "cerebro_epochs" in metrics(only_metrics.url + "metrics")      # scrapes go on
-        for host, code in (("evil.example:80", 403), ("localhost", 200), (f"127.0.0.1:{port}", 200)):
+        for host, code in (("evil.example:80", 403), ("[::1", 403), ("localhost", 200), (f"127.0.0.1:{port}", 200)):
             request = urllib.request.Request(server.url + "metrics", headers={"Host": host})
             try:
                 with urllib.request.urlopen(request, timeout=30) as answer:

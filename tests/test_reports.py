@@ -25,6 +25,8 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 import cerebro as cb
 from cerebro.cli import main
 from cerebro.report import _figures
+from cerebro.report._dashboard import RunView
+from cerebro.store import RunInfoError
 
 pytestmark = pytest.mark.slow
 SPACE = {"lr": cb.loguniform(1e-3, 1e-1), "hidden": cb.choice([16, 32])}
@@ -201,6 +203,10 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work_naming_the_
                           capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr) == (2, f"error: out='{tmp_path}' is a directory; give the path of a file "
                                                  f"to write\n")
+    done = subprocess.run([sys.executable, "-m", "cerebro", "export", run.run_dir, "-o", str(missing / "m.onnx")],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, f"error: out='{missing}/m.onnx': its directory '{missing}' does not "
+                                                 f"exist; create it first\n")
     (tmp_path / "in.csv").write_text("a,b\n1,2\n")
     for out, said in (("o.parquet", f"error: '{tmp_path}/in.csv' is not a Parquet file or directory ("),
                       ("o.csv", "Error: Invalid value for -o: 'o.csv': predictions are written as Parquet; name it "
@@ -233,10 +239,16 @@ def test_what_a_run_directory_says_is_text_on_the_page_never_markup(run, tmp_pat
     copy = shutil.copytree(run.run_dir, tmp_path / "shared_run")
     info = json.loads((copy / "run.json").read_text())
     tag = "<img src=x onerror=alert(1)>"
-    info["seed"] = info["data"]["partitions"] = tag
+    info["searcher"]["class"] = info["searcher"]["mode"] = tag        # strings run.json may hold
     (copy / "run.json").write_text(json.dumps(info))
     page = open(cb.report.write_report(copy), encoding="utf-8").read()
-    assert tag not in page and page.count(html.escape(tag)) == 2
+    assert tag not in page and page.count(html.escape(tag)) >= 2
+    view = RunView(str(copy)).state()
+    assert tag not in json.dumps(view["sections"]) and html.escape(tag) in view["sections"]["headline"]
+    info["seed"] = tag                                                 # numbers must be numbers
+    (copy / "run.json").write_text(json.dumps(info))
+    with pytest.raises(RunInfoError, match=r"its 'seed' must be a whole number, not '<img src=x onerror="):
+        cb.load(copy)
 
 
 @pytest.fixture(scope="module")

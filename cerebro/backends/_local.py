@@ -11,9 +11,10 @@ import time
 from ..worker._protocol import HANDSHAKE_FAILED
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
-# Workers told to shut down exit by themselves within milliseconds, having removed their
-# scratch directories; only one still running after this long is sent SIGTERM.
-SHUTDOWN_GRACE_S = 5.0
+# An idle worker told to shut down exits by itself within milliseconds, having removed its
+# scratch directories; one still running after this long (inside a sub-epoch, which it does
+# not leave to read messages) is sent SIGTERM, whose handler cleans up as well.
+SHUTDOWN_GRACE_S = 2.0
 
 
 class LocalBackend(Backend):
@@ -89,13 +90,15 @@ class LocalBackend(Backend):
         self._processes += self._unreaped
         self._unreaped = []
         grace = time.monotonic() + SHUTDOWN_GRACE_S
-        for process in self._processes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(0.0, grace - time.monotonic()))
-        for process in self._processes:
-            if process.poll() is None:
-                process.terminate()
-                os.kill(process.pid, signal.SIGCONT)   # a stopped (hung) worker must see it too
+        try:
+            for process in self._processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=max(0.0, grace - time.monotonic()))
+        finally:        # a second Ctrl-C while it waits must not leave workers unsignalled
+            for process in self._processes:
+                if process.poll() is None:
+                    process.terminate()
+                    os.kill(process.pid, signal.SIGCONT)   # a stopped (hung) worker must see it too
         for process in self._processes:
             try:
                 process.wait(timeout=10)

@@ -118,7 +118,7 @@ class SparkBackend(Backend):
         use_the_drivers_python_locally(context)
         check_no_long_task_speculation(context.getConf())
         if workers is not None:
-            check_positive("workers", workers)
+            workers = check_positive("workers", workers)      # an int: run.json records it
         self.slot_wait = slot_wait
         slots = self._slots(workers, slot_wait)
         if slots == 0:

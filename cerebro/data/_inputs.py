@@ -43,7 +43,7 @@ def prediction_rows(data: Any, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarra
         import pyarrow
         try:
             data = pd.read_parquet(data)
-        except (pyarrow.ArrowInvalid, OSError) as error:
+        except pyarrow.ArrowInvalid as error:
             raise ValueError(f"{os.fspath(data)!r} is not a Parquet file or directory ({error}); predict reads "
                              f"Parquet, numpy or pandas (pandas.read_csv(path) reads a CSV file)") from None
     if isinstance(data, ArrayDataset):

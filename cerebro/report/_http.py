@@ -86,7 +86,10 @@ class _Handler(BaseHTTPRequestHandler):
         page whose own name resolves to 127.0.0.1 (DNS rebinding) must not read the run."""
         if not ipaddress.ip_address(self.server.server_address[0]).is_loopback:
             return True
-        host = urlsplit(f"//{self.headers.get('Host', '')}").hostname or ""
+        try:
+            host = urlsplit(f"//{self.headers.get('Host', '')}").hostname or ""
+        except ValueError:      # not a host name at all
+            return False
         return host == "localhost" or (_is_ip(host) and ipaddress.ip_address(host).is_loopback)
 
     def _send(self, status: int, kind: str, body: bytes) -> None:
@@ -136,7 +139,11 @@ class MetricsEndpoint(Progress):
         self.server: RunServer | None = None
 
     def start(self, run_dir: str, workers: int) -> None:
-        self.server = RunServer(self.run_dir, "0.0.0.0", self.port, dashboard=False)  # noqa: S104 (scrapers are elsewhere)
+        try:
+            self.server = RunServer(self.run_dir, "0.0.0.0", self.port, dashboard=False)  # noqa: S104 (scrapers)
+        except OSError as error:      # taken since fit checked it
+            raise ValueError(f"metrics_port={self.port} cannot be listened on: {error.strerror}; it was free when "
+                             f"the run was checked, and another process took it since") from None
         self.server.serve_in_thread()
         url = f"http://{socket.gethostname()}:{self.server.server_address[1]}/metrics"
         if self.announce:       # port 0 took a free port: this line is where to find it

@@ -52,6 +52,7 @@ class _CheckedOnConstruction(ABCMeta):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         searcher = super().__call__(*args, **kwargs)
         searcher._validate()
+        _check_direction(searcher.metric, searcher.mode)      # here alone: fit validates again
         return searcher
 
 
@@ -199,7 +200,6 @@ class Searcher(metaclass=_CheckedOnConstruction):
         for name, constraint in self._declared().items():
             constraint.check(name, getattr(self, name))
         self._check()
-        _check_direction(self.metric, self.mode)
 
     def _check(self) -> None:
         """Rules between arguments, checked after each argument passed its own constraint;
@@ -297,4 +297,4 @@ def _check_direction(metric: str, mode: str) -> None:
         better = "max" if higher else "min"
         warnings.warn(f"metric={metric!r} is ranked with mode={mode!r}, so result.best is the trial with the "
                       f"{'lowest' if mode == 'min' else 'highest'} {metric}; pass mode={better!r} for the "
-                      f"{'highest' if better == 'max' else 'lowest'}", UserWarning, stacklevel=4)
+                      f"{'highest' if better == 'max' else 'lowest'}", UserWarning, stacklevel=3)

@@ -21,6 +21,8 @@ def checked_run_info(file: IO, path: str) -> dict[str, Any]:
         info = json.load(file)
     except ValueError as error:
         raise RunInfoError(f"{path} is damaged: it is not JSON ({error})") from None
+    if not isinstance(info, dict):
+        raise RunInfoError(f"{path} is damaged: it holds a JSON {type(info).__name__}, not an object")
     for name, kind in REQUIRED.items():
         *parents, key = name.split(".")
         holder = info

@@ -111,10 +111,11 @@ class TorchTrainable(Trainable):
         if not callable(self.loss):
             raise TypeError(f"loss={self.loss!r} must be callable as loss(outputs, targets)")
         positive_batch_size(self.batch_size)
-        if self.metrics is not None and not isinstance(self.metrics, Mapping):
+        try:        # a dict, or what dict() takes: (name, metric) pairs
+            self.metrics = dict(self.metrics or {})
+        except (TypeError, ValueError):
             raise TypeError(f"metrics must be a dict of name -> metric, e.g. {{'accuracy': cb.metrics.accuracy}} "
-                            f"(logged as val_accuracy), not a {type(self.metrics).__name__}")
-        self.metrics = dict(self.metrics or {})
+                            f"(logged as val_accuracy), not a {type(self.metrics).__name__}") from None
         for name, metric in self.metrics.items():
             if not isinstance(name, str) or not name or name == "loss":
                 raise ValueError(f"metric name {name!r} must be a non-empty string other than 'loss', "
