@@ -2,8 +2,6 @@
 :mod:`cerebro.report._dashboard`)."""
 from __future__ import annotations
 
-import ipaddress
-
 import click
 
 
@@ -20,7 +18,7 @@ def dashboard(run_dir: str, port: int, host: str) -> None:
 
     Example: cerebro dashboard cerebro_runs/demo-20261122-101500-ab12
     """
-    from .report._http import RunServer
+    from .report._http import RunServer, is_loopback
 
     try:
         server = RunServer(run_dir, host, port)
@@ -28,7 +26,7 @@ def dashboard(run_dir: str, port: int, host: str) -> None:
         raise click.ClickException(error.strerror if isinstance(error, OSError) and error.strerror
                                    else str(error)) from None
     click.echo(f"The dashboard of {run_dir} is at {server.url} (metrics at {server.url}metrics); Ctrl-C stops it.")
-    if not _loopback(host):
+    if not is_loopback(host):
         click.echo(f"It is served to anyone who can reach {host}:{server.server_address[1]}, without a password: "
                    f"it shows the run's configs and errors. Prefer the default host and an SSH tunnel: "
                    f"ssh -L {server.server_address[1]}:127.0.0.1:{server.server_address[1]} <this machine>.",
@@ -43,9 +41,3 @@ def dashboard(run_dir: str, port: int, host: str) -> None:
     finally:
         server.server_close()
 
-
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -84,13 +84,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _host_allowed(self) -> bool:
         """A server on the loopback interface answers only requests addressed to it: a web
         page whose own name resolves to 127.0.0.1 (DNS rebinding) must not read the run."""
-        if not ipaddress.ip_address(self.server.server_address[0]).is_loopback:
+        if not is_loopback(self.server.server_address[0]):
             return True
         try:
             host = urlsplit(f"//{self.headers.get('Host', '')}").hostname or ""
         except ValueError:      # not a host name at all
             return False
-        return host == "localhost" or (_is_ip(host) and ipaddress.ip_address(host).is_loopback)
+        return is_loopback(host)
 
     def _send(self, status: int, kind: str, body: bytes) -> None:
         self.send_response(status)
@@ -106,12 +106,12 @@ class _Handler(BaseHTTPRequestHandler):
         pass     # a request a second is no news
 
 
-def _is_ip(text: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is this machine's loopback interface."""
     try:
-        ipaddress.ip_address(text)
-        return True
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
-        return False
+        return host == "localhost"
 
 
 def check_port(port: int | None) -> None:
