@@ -46,37 +46,37 @@ class LiveFile(Progress):
         self.alive: set[int] = set()
         self.traffic = {"sent": 0, "received": 0, "between_workers": 0}
         self.outcome: str | None = None
-        self._pending: dict[str, Any] | None = None    # the newest state not yet written
+        # Guards the state above (the driver's thread changes it, the writer's reads it) and
+        # wakes the writer; reentrant, as notify() hands sub-epochs on to their own methods.
+        self._wake = threading.Condition(threading.RLock())
         self._flush = self._closing = False
-        self._wake = threading.Condition()
         self._writer: threading.Thread | None = None
 
     def start(self, run_dir: str, workers: int) -> None:
-        self.alive = set(range(workers))
+        self.alive, self._flush = set(range(workers)), True
         self._writer = threading.Thread(target=self._writing, name="cerebro-live", daemon=True)
         self._writer.start()
-        self._write(force=True)
 
     def notify(self, event: Any) -> None:
-        match event:
-            case WorkerProgress() if event.worker in self.running:
-                self.running[event.worker].update(batches=event.batches, total=event.total)
-            case Traffic():
-                self.traffic = {"sent": event.sent, "received": event.received,
-                                "between_workers": event.between_workers}
-            case RunFinished():
-                self.traffic = {"sent": event.bytes_sent, "received": event.bytes_received,
-                                "between_workers": event.bytes_between_workers}
-            case WorkerLost() | WorkerNotReplaced():
-                self.alive.discard(event.worker)
-                self.running.pop(event.worker, None)
-            case WorkerReplaced():
-                self.alive.add(event.worker)
-            case WorkersRestarted():
-                self.alive = {int(w) for w in event.workers}
-            case _:
-                super().notify(event)
-        self._write()
+        with self._wake:
+            match event:
+                case WorkerProgress() if event.worker in self.running:
+                    self.running[event.worker].update(batches=event.batches, total=event.total)
+                case Traffic():
+                    self.traffic = {"sent": event.sent, "received": event.received,
+                                    "between_workers": event.between_workers}
+                case RunFinished():
+                    self.traffic = {"sent": event.bytes_sent, "received": event.bytes_received,
+                                    "between_workers": event.bytes_between_workers}
+                case WorkerLost() | WorkerNotReplaced():
+                    self.alive.discard(event.worker)
+                    self.running.pop(event.worker, None)
+                case WorkerReplaced():
+                    self.alive.add(event.worker)
+                case WorkersRestarted():
+                    self.alive = {int(w) for w in event.workers}
+                case _:
+                    super().notify(event)
 
     def sub_epoch_started(self, worker: int, trial_id: str, kind: str, epoch: int, partition: int) -> None:
         self.running[worker] = {"trial_id": trial_id, "kind": str(kind), "epoch": epoch, "partition": partition,
@@ -86,44 +86,29 @@ class LiveFile(Progress):
         self.running.pop(worker, None)
 
     def finish(self, outcome: str) -> None:
-        self.outcome, self.running, self.alive = outcome, {}, set()
-        self._write(force=True)
         with self._wake:
+            self.outcome, self.running, self.alive = outcome, {}, set()
             self._closing = True
             self._wake.notify()
         if self._writer is not None:
             self._writer.join(timeout=30)
 
-    def _write(self, force: bool = False) -> None:
-        """Hand the newest state to the writing thread (which writes it within an interval,
-        at once where ``force``)."""
-        if self._writer is None:
-            return
-        live = {"outcome": self.outcome, "alive": sorted(self.alive),
-                "running": {str(w): dict(self.running[w]) for w in sorted(self.running)}, "traffic": self.traffic}
-        with self._wake:
-            self._pending, self._flush = live, self._flush or force
-            if force:
-                self._wake.notify()
-
     def _writing(self) -> None:
-        """The writing thread: once an interval, the newest state, or the last one again with
-        a new ``updated`` (a driver with no news is alive all the same: a restart or a slow
-        launch must not read as a dead run); until the run has finished."""
-        last: dict[str, Any] | None = None
+        """The writing thread: the state as it is now, once an interval, news or not (a
+        driver with no news is alive all the same: a restart or a slow launch must not read
+        as a dead run); the driver's thread only changes the state, never serializes it."""
         while True:
             with self._wake:
                 if not (self._closing or self._flush):
                     self._wake.wait(self.interval)
-                live, self._pending, self._flush = self._pending or last, None, False
-                closing = self._closing
-            if live is not None:
-                live["updated"] = time.time()
-                try:
-                    files.write_atomic(self.path, json.dumps(live).encode(), durable=False)
-                except Exception:             # noqa: BLE001 (a store's hiccup costs the view a second, never the run)
-                    pass
-                last = live
+                self._flush, closing = False, self._closing
+                live = {"updated": time.time(), "outcome": self.outcome, "alive": sorted(self.alive),
+                        "running": {str(w): dict(self.running[w]) for w in sorted(self.running)},
+                        "traffic": self.traffic}
+            try:
+                files.write_atomic(self.path, json.dumps(live).encode(), durable=False)
+            except Exception:             # noqa: BLE001 (a store's hiccup costs the view a second, never the run)
+                pass
             if closing:
                 return
 
