@@ -3,6 +3,7 @@ non-root OS user (``postgres`` when the tests run as root), listening only on a 
 in that directory."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import os
@@ -68,8 +69,20 @@ def plpython_installed(binaries: str) -> bool:
 
 
 def server_directory() -> str:
-    """A new temporary directory the server's OS user may write (its run directories)."""
-    directory = tempfile.mkdtemp(prefix="cerebro-sql-runs-")
+    """A new temporary directory the server's OS user may write (its run directories), in one
+    parent removed as the test session ends (each full run had left some thirty run
+    directories, owned by the server's user, in /tmp)."""
+    global _SERVER_PARENT
+    if _SERVER_PARENT is None:
+        _SERVER_PARENT = _for_server(tempfile.mkdtemp(prefix="cerebro-sql-runs-"))
+        atexit.register(shutil.rmtree, _SERVER_PARENT, ignore_errors=True)
+    return _for_server(tempfile.mkdtemp(dir=_SERVER_PARENT))
+
+
+_SERVER_PARENT: str | None = None
+
+
+def _for_server(directory: str) -> str:
     if os.geteuid() == 0:
         shutil.chown(directory, "postgres")
     return directory

@@ -12,7 +12,7 @@ layout says, is read by Arrow instead: :func:`map_partition` checks the footer a
 page header, and says so by returning ``None``.
 
 Example:
-    >>> import numpy as np, pyarrow as pa, tempfile, os
+    >>> import numpy as np, pyarrow as pa, tempfile, os, shutil
     >>> from cerebro.data._partitions import write_table
     >>> directory = tempfile.mkdtemp()
     >>> table = pa.table({"features": pa.array(np.arange(6, dtype=np.float32)), "label": pa.array(np.arange(6))})
@@ -22,6 +22,7 @@ Example:
     >>> features, label = mapped.rows(np.array([1, 2, 5]))
     >>> features[np.array([2, 0])].tolist(), label[np.array([1])].tolist()
     ([5.0, 1.0], [2])
+    >>> shutil.rmtree(directory)
 """
 from __future__ import annotations
 
