@@ -20,7 +20,8 @@ from _models import build, crashing_once, digit_images, digits, image_build, png
 
 import cerebro as cb
 from cerebro.data import _partitions, read_layout, read_partition
-from cerebro.worker._protocol import Hello, Ready, Setup
+from cerebro.store import TaskKind
+from cerebro.worker._protocol import Heartbeat, Hello, Ready, RunSubEpoch, Setup
 from cerebro.worker._wire import authenticate
 
 pytestmark = pytest.mark.slow
@@ -113,10 +114,12 @@ def remote_data_dir(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize("direct_hops", [False, True])
-def test_a_worker_stopped_with_sigterm_removes_its_copy_and_its_outbox(tmp_path, remote_data_dir, direct_hops):
-    """SIGTERM, the backend's last word to a worker that did not end when told to, ends it
-    through its clean-up: its copy of a remote store's partitions goes with it (and its state
-    server and outbox close, where it serves states to its peers)."""
+@pytest.mark.parametrize("end", ["sigterm", "driver gone mid-sub-epoch"])
+def test_a_worker_that_ends_removes_its_copy_and_its_outbox(tmp_path, remote_data_dir, direct_hops, end):
+    """A worker ends through its clean-up, its copy of a remote store's partitions going with
+    it (and its state server and outbox, where it serves states to its peers): on SIGTERM,
+    the backend's last word to a worker that did not end when told to, and where the driver
+    is gone (killed: its socket closed) while the worker's training is stuck in a batch."""
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     server = socket.create_server(("127.0.0.1", 0))
@@ -128,12 +131,18 @@ def test_a_worker_stopped_with_sigterm_removes_its_copy_and_its_outbox(tmp_path,
         worker.stdin.close()
         channel = authenticate(server.accept()[0], b"key")
         assert isinstance(channel.recv(), Hello)
-        channel.send(Setup([0, 1], remote_data_dir, cloudpickle.dumps(build), 1, 1.0, in_memory=False,
+        channel.send(Setup([0, 1], remote_data_dir, cloudpickle.dumps(build), 1, 0.2, in_memory=False,
                            direct_hops=direct_hops))
         ready = channel.recv()
         assert isinstance(ready, Ready) and f"from the store to {scratch}/cerebro-worker-0-" in ready.data
         assert [name.rsplit("-", 1)[0] for name in os.listdir(scratch)] == ["cerebro-worker-0"]
-        worker.terminate()
+        if end == "sigterm":
+            worker.terminate()
+        else:
+            channel.send(RunSubEpoch(1, "t0001", {"stuck": True}, TaskKind.TRAIN, 1, 0, 1, 1, 0, None))
+            while (beat := channel.recv()).task_id != 1:       # the sub-epoch has begun
+                assert isinstance(beat, Heartbeat)
+            channel.close()
         assert worker.wait(timeout=60) == 0
     finally:
         worker.kill()

@@ -190,8 +190,8 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
             return
         ready = functools.partial(_ready, worker, device, data, server.address if server is not None else None)
         channel.send(ready())
-        threading.Thread(target=_beat, args=(channel, worker, setup.heartbeat_interval, stop),
-                         daemon=True).start()
+        threading.Thread(target=_beat, args=(channel, worker, setup.heartbeat_interval, stop,
+                                             lambda: _close(data, server, outbox)), daemon=True).start()
         _serve(channel, trainables, data, device, ready)
         # Set inside the try: a SIGTERM just before it raises here, and the finally runs whole.
         EXITING.set()
@@ -199,9 +199,14 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         EXITING.set()
         stop.set()
         channel.close()
-        for resource in (data, server, outbox):
-            if resource is not None:
-                resource.close()
+        _close(data, server, outbox)
+
+
+def _close(*resources: WorkerData | StateServer | Outbox | None) -> None:
+    """Remove this worker's copy of the partitions and its outbox's files, and stop serving."""
+    for resource in resources:
+        if resource is not None:
+            resource.close()
 
 
 def _serve(channel: Channel, trainables: _Trainables, data: WorkerData, device: torch.device,
@@ -262,8 +267,10 @@ def reply(channel: Channel, task_id: int, result: SubEpochDone | SubEpochFailed 
         return False
 
 
-def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event) -> None:
-    """A heartbeat every ``interval`` seconds, and one as each sub-epoch begins."""
+def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event,
+          clean_up: Callable[[], None]) -> None:
+    """A heartbeat every ``interval`` seconds, and one as each sub-epoch begins; where the
+    driver is gone, ``clean_up`` and end the process."""
     while not stop.is_set():
         PROGRESS.begun.wait(interval)
         PROGRESS.begun.clear()
@@ -274,7 +281,11 @@ def _beat(channel: Channel, worker: int, interval: float, stop: threading.Event)
         except OSError:
             if stop.is_set():     # the loop is closing the channel itself
                 return
-            # The driver is gone (even killed with SIGKILL): end now, not after the sub-epoch.
+            # The driver is gone (even killed with SIGKILL): end now, not after the sub-epoch,
+            # which the main thread may never finish. Nothing else will remove the copy:
+            # files it reads stay readable once unlinked, until the process is gone.
+            EXITING.set()
+            clean_up()
             os._exit(0)
 
 
