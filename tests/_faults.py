@@ -74,6 +74,35 @@ def striking(loss: Callable[..., Any], strike: Callable[[], Any], *, marker: str
     return loss_that_strikes
 
 
+def held(loss: Callable[..., Any], hold: str, store: str) -> Callable[..., Any]:
+    """``loss``, except that a worker's call waits while the file ``hold`` names a number of
+    epoch ends the run in ``store`` has reached: a test looks at a live run where it holds it,
+    however slow the machine (a browser starting), and lets it go on by changing the file
+    (:func:`hold_at`) or removing it."""
+    def held_loss(outputs, targets):
+        while not in_preflight() and _holding(hold, store):
+            time.sleep(0.05)        # polling the file the test changes
+        return loss(outputs, targets)
+    return held_loss
+
+
+def hold_at(hold: str, epochs: int) -> None:
+    """Make a :func:`held` run wait once its journal has ``epochs`` epoch ends (atomically: a
+    worker never reads half a file)."""
+    with open(f"{hold}.part", "w", encoding="utf-8") as f:
+        f.write(str(epochs))
+    os.replace(f"{hold}.part", hold)
+
+
+def _holding(hold: str, store: str) -> bool:
+    try:
+        with open(hold, encoding="utf-8") as f:
+            epochs = int(f.read())
+    except FileNotFoundError:
+        return False
+    return epochs_journaled(store) >= epochs
+
+
 def epochs_journaled(store: str) -> int:
     """How many ``epoch_end`` events the run in ``store`` has journaled (0 before its journal)."""
     return journaled(store, "epoch_end")

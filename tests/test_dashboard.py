@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from _browser import CHROMIUM_FLAGS, chromium_path
+from _faults import epochs_journaled, hold_at
 from _models import build, digits
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import cerebro as cb
 from cerebro.cli import main
 from cerebro.report._http import MetricsEndpoint, RunServer
+from cerebro.report._live import read_live
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(__file__)
@@ -34,13 +36,22 @@ TRIAL_ROW = re.compile(r'<tr class="status-[a-z]+"><td>(t\d+)</td><td>([a-z]+)</
 SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
+import os
+from _faults import held
 from _models import build, digits
 import cerebro as cb
 
+
+def held_build(config):
+    trainable = build(config)
+    trainable.loss = held(trainable.loss, {hold!r}, os.path.abspath("run"))
+    return trainable
+
+
 if __name__ == "__main__":
     space = {{"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32]), "slow": {slow}}}
-    cb.GridSearch(build, space, epochs=3).fit(digits(partitions=2), workers=2, store="run", seed=0, verbose=0,
-                                             metrics_port={port})
+    cb.GridSearch(held_build, space, epochs=3).fit(digits(partitions=2), workers=2, store="run", seed=0, verbose=0,
+                                                  metrics_port={port})
 """
 
 
@@ -58,18 +69,12 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 240) -> 
         time.sleep(0.1)
 
 
-def epochs_ended(run_dir: str) -> int:
-    try:
-        with open(os.path.join(run_dir, "journal.jsonl"), encoding="utf-8") as f:
-            return sum('"event": "epoch_end"' in line for line in f)
-    except FileNotFoundError:
-        return 0
-
-
 @contextlib.contextmanager
 def slow_run(tmp_path, metrics_port: int, slow: float = 0.25) -> Iterator[subprocess.Popen]:
-    """A grid of 4 trials x 3 epochs on 2 workers whose batches take ``slow`` seconds each."""
-    (tmp_path / "experiment.py").write_text(SCRIPT.format(tests=TESTS, slow=slow, port=metrics_port))
+    """A grid of 4 trials x 3 epochs on 2 workers whose batches take ``slow`` seconds each,
+    held where ``tmp_path / "hold"`` says (see ``_faults.held``)."""
+    (tmp_path / "experiment.py").write_text(SCRIPT.format(tests=TESTS, slow=slow, port=metrics_port,
+                                                          hold=str(tmp_path / "hold")))
     process = subprocess.Popen([sys.executable, "experiment.py"], cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
@@ -78,6 +83,11 @@ def slow_run(tmp_path, metrics_port: int, slow: float = 0.25) -> Iterator[subpro
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=60)
+
+
+def working(run_dir: str) -> bool:
+    """Whether the run's ``live.json`` shows a worker in a sub-epoch."""
+    return bool((read_live(run_dir) or {}).get("running"))
 
 
 def metrics(url: str) -> dict[str, list]:
@@ -101,9 +111,10 @@ def rendered(chromium: str, url: str, profile) -> str:
 
 def test_a_live_run_in_headless_chromium_lists_its_trials_and_changes_as_epochs_finish(tmp_path):
     chromium = chromium_path()
-    run_dir, port = str(tmp_path / "run"), free_port()
+    run_dir, port, hold = str(tmp_path / "run"), free_port(), str(tmp_path / "hold")
+    hold_at(hold, 1)        # each look at the live run is taken while it is held, not raced
     with slow_run(tmp_path, port) as process:
-        wait_for(lambda: epochs_ended(run_dir) >= 1, "the first epoch's end")
+        wait_for(lambda: epochs_journaled(run_dir) >= 1 and working(run_dir), "the first epoch's end")
         server = RunServer(run_dir, port=0)
         server.serve_in_thread()
         first = rendered(chromium, server.url, tmp_path / "profile1")
@@ -116,11 +127,13 @@ def test_a_live_run_in_headless_chromium_lists_its_trials_and_changes_as_epochs_
         assert value(live["cerebro_workers_live"], "cerebro_workers_live") == 2
         assert value(live["cerebro_trials"], "cerebro_trials", status="running") >= 1
 
-        seen = epochs_ended(run_dir)
-        wait_for(lambda: epochs_ended(run_dir) >= seen + 2, "two more epochs")
+        seen = epochs_journaled(run_dir)
+        hold_at(hold, seen + 2)
+        wait_for(lambda: epochs_journaled(run_dir) >= seen + 2 and working(run_dir), "two more epochs")
         second = rendered(chromium, server.url, tmp_path / "profile2")
         later = {trial: int(epochs) for trial, _, epochs in TRIAL_ROW.findall(second)}
         assert sum(later.values()) > sum(trials.values()), (trials, later)
+        os.remove(hold)
         assert process.wait(timeout=600) == 0, process.stderr.read()[-3000:]
 
     result = cb.load(run_dir)
@@ -226,11 +239,13 @@ def scraped(url: str) -> dict[str, list] | None:
 
 
 def test_a_resumed_run_serves_its_metrics_from_where_the_run_was(tmp_path):
-    run_dir = str(tmp_path / "run")
-    with slow_run(tmp_path, free_port(), slow=0.2) as process:
-        wait_for(lambda: epochs_ended(run_dir) >= 2, "two epochs' ends")
+    run_dir, hold = str(tmp_path / "run"), str(tmp_path / "hold")
+    hold_at(hold, 2)
+    with slow_run(tmp_path, free_port(), slow=0.05) as process:
+        wait_for(lambda: epochs_journaled(run_dir) >= 2, "two epochs' ends")
         process.kill()                                      # the driver dies: the run is resumable
-    before, port = epochs_ended(run_dir), free_port()
+    before, port = epochs_journaled(run_dir), free_port()
+    hold_at(hold, before)                                   # the resumed run waits at its first batch
     cerebro = os.path.join(os.path.dirname(sys.executable), "cerebro")
     resumed = subprocess.Popen([cerebro, "resume", "run", "--quiet", "--metrics-port", str(port)], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -242,7 +257,10 @@ def test_a_resumed_run_serves_its_metrics_from_where_the_run_was(tmp_path):
             if live is not None and value(live["cerebro_workers_live"], "cerebro_workers_live") == 2:
                 counts.append(value(live["cerebro_epochs"], "cerebro_epochs_total"))
             return len(set(counts)) >= 2 or resumed.poll() is not None
+        wait_for(lambda: counted() or bool(counts), "the resumed driver's /metrics")
+        hold_at(hold, before + 1)                           # one epoch more, then held again
         wait_for(counted, "the resumed driver's /metrics to count an epoch more")
+        os.remove(hold)
         assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-3000:]
     finally:
         resumed.kill()
