@@ -24,15 +24,16 @@ _EXPORTS = {
     **dict.fromkeys(["Result", "TrialResult", "load"], ".report"),
     **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
                      "loguniform", "quniform", "randint", "uniform"], ".search"),
-    **dict.fromkeys(["StoreInUseError", "UntrustedCodeError", "UntrustedStateError"], ".store"),
+    **dict.fromkeys(["StoreInUseError", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError"], ".store"),
     **dict.fromkeys(["KerasTrainable", "TorchTrainable", "Trainable"], ".worker"),
 }
 
 __all__ = ["ASHA", "PBT", "Backend", "DaskBackend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable",
            "LocalBackend", "RandomSearch", "RayBackend", "Result", "ResumeError", "Searcher", "SparkBackend",
            "StoreInUseError", "StoreWriteError", "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable",
-           "TrialResult", "UntrustedCodeError", "UntrustedStateError", "WorkerLostError", "add_trial", "choice",
-           "load", "loguniform", "metrics", "predict", "quniform", "randint", "resume", "sql", "stop", "uniform"]
+           "TrialResult", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError", "WorkerLostError", "add_trial",
+           "choice", "load", "loguniform", "metrics", "predict", "quniform", "randint", "resume", "sql", "stop",
+           "uniform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -78,5 +79,5 @@ if TYPE_CHECKING:
         uniform,
     )
     from .serve import predict
-    from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
+    from .store import StoreInUseError, TrustKeyError, UntrustedCodeError, UntrustedStateError
     from .worker import KerasTrainable, TorchTrainable, Trainable

@@ -31,6 +31,7 @@ from ..report._live import LiveFile
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
 from ..store._files import check_location
+from ..store._trust import check_key, new_run_id
 from ..worker import KerasTrainable, driver_keras_backend
 from ._driver import Driver
 from ._interface import SearchPolicy
@@ -86,6 +87,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
                                patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0),
                                warm_start=WarmStartFrom.of_searcher(settings), tensorboard=tensorboard, mlflow=mlflow,
                                metrics_port=metrics_port)
+    check_key()             # a bad trust key stops the run here, not once its partitions are written
     run_store = RunStore.create(store)
     lock = run_store.lock()
     try:
@@ -136,13 +138,15 @@ def _run(policy: SearchPolicy, run_store: RunStore, code: tuple[Callable[[dict],
     if settings.warm_start is not None:
         check_warm_start(settings.warm_start, {"feature_shape": list(layout.feature_shape),
                                                "feature_dtype": layout.feature_dtype})
-    run_store.write_code(build_blob, searcher_blob)
+    run_id = new_run_id()               # build.pkl's signature holds beside this run.json alone
+    run_store.write_code(build_blob, searcher_blob, run_id)
     note = reproducibility_caveat(backend)
     if settings.time_budget is not None:
         logging.getLogger("cerebro").warning("%s", settings.budget_note())
     owned = settings.run_info()
     run_store.write_run_info({
         "state_format": STATE_FORMAT,
+        "run_id": run_id,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **owned,
         "searcher": searcher_settings,

@@ -53,14 +53,15 @@ from ._state_codec import (
     write_message,
 )
 from ._state_files import read_state_file, remove_state_file, write_state_file
-from ._trust import UntrustedCodeError
+from ._trust import TrustKeyError, UntrustedCodeError
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
            "Event", "Exploited", "JournalRepaired", "Ledger", "PartitionsMoved", "RunExtended", "RunFinished",
            "RunInfoError", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError",
            "StateLost", "StoreInUseError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes",
            "Traffic", "TrialAdded", "TrialCreated", "TrialEnded", "TrialFacts", "TrialRetried", "TrialRolledBack",
-           "TrialStatus", "TrialStopAsked", "TrialTakenUp", "UntrustedCodeError", "UntrustedStateError", "WorkerLost",
-           "WorkerNotReplaced", "WorkerProgress", "WorkerReplaced", "WorkersRestarted", "improved", "frames",
-           "pack_tensors", "parse", "parse_event", "parse_view", "read_exactly", "read_message", "read_state_file",
-           "remove_state_file", "unpack_tensors", "write_message", "write_state_file"]
+           "TrialStatus", "TrialStopAsked", "TrialTakenUp", "TrustKeyError", "UntrustedCodeError",
+           "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerProgress", "WorkerReplaced",
+           "WorkersRestarted", "improved", "frames", "pack_tensors", "parse", "parse_event", "parse_view",
+           "read_exactly", "read_message", "read_state_file", "remove_state_file", "unpack_tensors", "write_message",
+           "write_state_file"]

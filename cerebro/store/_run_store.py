@@ -141,12 +141,12 @@ class RunStore:
         with files.open_file(self.file("run.json")) as f:
             return "state_format" not in json.load(f)
 
-    def write_code(self, build: bytes, searcher: bytes) -> None:
+    def write_code(self, build: bytes, searcher: bytes, run_id: str) -> None:
         """The cloudpickled ``build`` and searcher, in build.pkl: a JSON line with their sizes,
-        then the two blobs, so reading one never unpickles the other."""
+        then the two blobs, so reading one never unpickles the other; signed for ``run_id`` alone."""
         header = json.dumps({"build": len(build), "searcher": len(searcher)}).encode() + b"\n"
         content = _CODE_MAGIC + header + build + searcher
-        signed = signature(content)
+        signed = signature(content, run_id)
         if signed is not None:          # first: build.pkl is never there unsigned by its writer
             files.write_atomic(self.file("build.pkl.sig"), signed)
         files.write_atomic(self.file("build.pkl"), content)
@@ -171,7 +171,7 @@ class RunStore:
             if self.has("build.pkl.sig"):
                 with files.open_file(self.file("build.pkl.sig")) as f:
                     signed = f.read(1024)
-            if not signed_by_me(content, signed):
+            if not signed_by_me(content, signed, self.read_run_info().get("run_id")):
                 raise UntrustedCodeError(self.file("build.pkl"))
         if not content.startswith(_CODE_MAGIC):
             return content, None
