@@ -146,9 +146,10 @@ def test_a_run_without_a_driver_is_not_steered(tmp_path):
     assert json.loads(open(os.path.join(result.run_dir, "run.json")).read())["searcher"]["class"] == "GridSearch"
 
 
-def test_crafted_command_files_are_answered_with_an_error_and_removed_never_crashing_the_driver(tmp_path):
+def test_crafted_command_files_are_answered_once_with_an_error_never_crashing_the_driver(tmp_path):
     """What anyone who can write the run directory can put in commands/: deep JSON, a
-    directory, a FIFO, links, a huge file, a command past its expiry."""
+    directory, a FIFO, links, a huge file. Each is answered with an error once; the regular
+    files the driver read are removed, and nothing else (never a directory's contents)."""
     from cerebro.engine._control import take_commands
     from cerebro.store import RunStore
     result = fit(str(tmp_path / "run"), [1e-2])
@@ -161,10 +162,13 @@ def test_crafted_command_files_are_answered_with_an_error_and_removed_never_cras
         f.write("[" * 200_000)
     with open(os.path.join(commands, "h.json"), "w") as f:
         f.write('{"kind": "add_trial", "config": "' + "x" * (2 << 20) + '"}')
-    taken = take_commands(RunStore.open(result.run_dir))
+    refused: set[str] = set()
+    taken = take_commands(RunStore.open(result.run_dir), refused)
     assert [name for name, _ in taken] == ["a", "d", "f", "h", "l", "m"]
     assert all(isinstance(command, ValueError) for _, command in taken)
-    assert os.listdir(commands) == []
+    assert sorted(os.listdir(commands)) == ["d.json", "f.json", "l.json", "m.json"]
+    assert os.listdir(os.path.join(commands, "d.json")) == ["inside"]
+    assert take_commands(RunStore.open(result.run_dir), refused) == []     # answered once
 
 
 @pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), None, "5", True])

@@ -166,6 +166,19 @@ def test_cli_report_export_and_resume(run, tmp_path):
     assert json.loads(json.dumps(run.best.config)) == run.best.config
 
 
+def test_a_report_html_linked_to_another_file_is_replaced_never_written_through(run, tmp_path):
+    canary = tmp_path / "canary"
+    canary.write_bytes(b"the canary\n")
+    report = os.path.join(run.run_dir, "report.html")
+    if os.path.lexists(report):
+        os.unlink(report)
+    os.symlink(canary, report)
+    done = CliRunner().invoke(main, ["report", run.run_dir])
+    assert done.exit_code == 0, done.output
+    assert canary.read_bytes() == b"the canary\n"
+    assert not os.path.islink(report) and os.path.getsize(report) > 100_000
+
+
 def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, tmp_path):
     """Only build.pkl is code; only TrialResult.model() (and resume, predict) unpickle it, and
     only where a run of this user signed it or the caller trusts the directory."""

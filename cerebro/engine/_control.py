@@ -12,9 +12,9 @@ leaves the run untouched.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-import shutil
 import stat
 import time
 import uuid
@@ -103,7 +103,8 @@ def _ask(store: RunStore, command: dict[str, Any], timeout: float) -> dict[str, 
     this ends (an answer, the timeout, the run ending, Ctrl-C), no command of it is left for
     a later driver: one not taken yet is withdrawn, and one past its expiry is refused."""
     name = f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
-    asked, answered = store.file(COMMANDS, f"{name}.json"), store.file(COMMANDS, f"{name}{_ANSWER}")
+    asked = files.refuse_links(store.path, store.file(COMMANDS, f"{name}.json"))
+    answered = store.file(COMMANDS, f"{name}{_ANSWER}")
     files.write_atomic(asked, json.dumps({**command, "expires": time.time() + timeout}).encode())
     deadline, taken = time.monotonic() + timeout, False
     try:
@@ -114,8 +115,7 @@ def _ask(store: RunStore, command: dict[str, Any], timeout: float) -> dict[str, 
                     "took the command but did not answer; its journal says what became of it" if taken else
                     f"did not take the command within {timeout:g} s (or the run ended); nothing was done"))
             time.sleep(_POLL_SECONDS)       # another process answers: a file is all we share
-        with files.open_file(answered) as f:
-            answer = json.loads(f.read(_MAX_COMMAND_BYTES))
+        answer = json.loads(files.read_regular(answered, _MAX_COMMAND_BYTES))
         files.remove(answered)
     finally:
         if not taken:
@@ -137,7 +137,7 @@ def _withdraw(asked: str) -> bool:
 def _run_ended(store: RunStore) -> bool:
     """Whether the run's last journal line says its driver ended (read from the tail only)."""
     try:
-        with files.open_file(store.file("journal.jsonl")) as f:
+        with files.open_regular(store.file("journal.jsonl")) as f:
             size = getattr(f, "size", None)
             f.seek(max(0, (os.fstat(f.fileno()).st_size if size is None else size) - 4096))
             tail = f.read().strip().rsplit(b"\n", 1)[-1]
@@ -146,55 +146,81 @@ def _run_ended(store: RunStore) -> bool:
     return b'"event": "run_finished"' in tail or b'"event": "run_interrupted"' in tail
 
 
-def take_commands(store: RunStore) -> list[tuple[str, Any]]:
+def take_commands(store: RunStore, refused: set[str]) -> list[tuple[str, Any]]:
     """The driver's side: the commands waiting, oldest first, each removed as it is read,
-    whatever it is (anything but a small regular file of JSON is answered with an error)."""
+    whatever it is in it (anything but a small regular file of JSON is answered with an
+    error). An entry that is not a regular file (a link, a FIFO, a directory) is answered once
+    and left where it is, its name kept in ``refused``: the driver deletes only the files it
+    answered. A ``commands`` that is not a directory of the run's own is warned of once and
+    not read."""
+    try:
+        files.refuse_links(store.path, store.file(COMMANDS, "-"))
+    except files.UnsafeFileError as error:
+        _warn_once(refused, COMMANDS, f"commands are not taken: {error}")
+        return []
     taken = []
     for name in files.listdir(store.file(COMMANDS)):
-        if not name.endswith(".json") or name.endswith(_ANSWER):
+        if not name.endswith(".json") or name.endswith(_ANSWER) or name in refused:
             continue
         path = store.file(COMMANDS, name)
         try:
-            command: Any = json.loads(_read_small(path))
+            command: Any = json.loads(files.read_regular(path, _MAX_COMMAND_BYTES))
         except Exception as error:      # noqa: BLE001  (a deep nesting's RecursionError too)
             command = ValueError(f"{type(error).__name__}: {error}"[:500])
-        _discard(path)
+        if not _discard(path):
+            refused.add(name)
         taken.append((name[:-len(".json")], command))
     return taken
 
 
-def _read_small(path: str) -> bytes:
-    """A command file's bytes: a regular file (not a link, a FIFO or a directory) of at most
-    :data:`_MAX_COMMAND_BYTES`, opened without blocking."""
-    if "://" in path:
-        with files.open_file(path) as f:
-            content = f.read(_MAX_COMMAND_BYTES + 1)
-    else:
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            raise ValueError("a command must be a regular file")
-        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(handle, "rb") as f:
-            content = f.read(_MAX_COMMAND_BYTES + 1)
-    if len(content) > _MAX_COMMAND_BYTES:
-        raise ValueError(f"a command must be at most {_MAX_COMMAND_BYTES} bytes")
-    return content
-
-
-def _discard(path: str) -> None:
-    """Remove a command entry, whatever it is, so it is never read again."""
+def stop_asked(store: RunStore, refused: set[str]) -> bool:
+    """Whether ``cb.stop`` asked the run to stop: a regular ``stop`` file, removed as it is
+    taken. Anything else of that name (a directory, a link) is warned of once and ignored."""
+    path = store.file(STOP_FILE)
     try:
-        if "://" not in path and os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        elif "://" not in path:
-            os.unlink(path)
-        else:
+        if "://" in path:
+            if not files.exists(path):
+                return False
             files.remove(path)
+        else:
+            _remove_regular(path)
+    except FileNotFoundError:
+        return False
+    except files.UnsafeFileError as error:
+        _warn_once(refused, STOP_FILE, f"{error}; it is not a stop request cerebro stop wrote, and is ignored")
+        return False
+    return True
+
+
+def _remove_regular(path: str) -> None:
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise files.UnsafeFileError(f"{path} is not a regular file")
+    os.unlink(path)
+
+
+def _warn_once(refused: set[str], key: str, message: str) -> None:
+    if key not in refused:
+        refused.add(key)
+        logging.getLogger("cerebro").warning("%s", message)
+
+
+def _discard(path: str) -> bool:
+    """Remove a command file Cerebro read; False where it is no regular file (left as it is)."""
+    try:
+        if "://" in path:
+            files.remove(path)
+        else:
+            _remove_regular(path)
     except FileNotFoundError:
         pass
+    except files.UnsafeFileError:
+        return False
+    return True
 
 
 def answer(store: RunStore, name: str, reply: dict[str, Any]) -> None:
-    files.write_atomic(store.file(COMMANDS, f"{name}{_ANSWER}"), json.dumps(reply).encode())
+    answered = files.refuse_links(store.path, store.file(COMMANDS, f"{name}{_ANSWER}"))
+    files.write_atomic(answered, json.dumps(reply).encode())
 
 
 def obey(book: TrialBook, command: Any) -> dict[str, Any] | None:

@@ -18,7 +18,6 @@ from ..backends import Backend, Hops
 from ..data import PartitionFileError
 from ..report import Progress
 from ..store import (
-    STOP_FILE,
     PartitionsMoved,
     RunFinished,
     RunInterrupted,
@@ -36,7 +35,7 @@ from ..store import (
 )
 from ..worker._exact import ExactMetrics
 from ..worker._protocol import Heartbeat, RunSubEpoch, SetupFailed, StateMissing, SubEpochDone, SubEpochFailed
-from ._control import answer, obey, take_commands
+from ._control import answer, obey, stop_asked, take_commands
 from ._errors import InterruptedRun, WorkerLostError
 from ._hangs import HangWatch, Running
 from ._interface import SearchPolicy
@@ -81,6 +80,7 @@ class Driver(DirectHops):
         self._traffic = (0, 0, 0)
         self.hangs = HangWatch(settings.limits.hang_after)
         self.outboxes = Outboxes()
+        self._refused: set[str] = set()    # entries of commands/ (and stop) not Cerebro's, warned of once
         self.direct = backend.hops is Hops.DIRECT      # until the workers turn out not to reach each other
 
     def _now(self) -> float:
@@ -173,7 +173,7 @@ class Driver(DirectHops):
         """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file in the run
         directory), the run stops at its trials' next epoch boundaries; the commands waiting
         (``cb.stop(run_dir, trial=...)``, ``cb.add_trial``) are carried out and answered."""
-        for name, command in take_commands(self.store):
+        for name, command in take_commands(self.store, self._refused):
             reply = obey(self.book, command)
             if reply is not None:       # answered once what it did is journaled: never told of what is lost
                 self.recorder.then(answer, self.store, name, reply)
@@ -182,9 +182,8 @@ class Driver(DirectHops):
         budget = self.settings.time_budget
         if budget is not None and self._now() >= budget:
             why = f"its time_budget of {budget:g} s has passed"
-        elif self.store.has(STOP_FILE):
+        elif stop_asked(self.store, self._refused):
             why = "cerebro stop asked it to"
-            self.store.remove(STOP_FILE)
         else:
             return
         self.book.draining = True

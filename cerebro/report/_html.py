@@ -30,9 +30,9 @@ def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = Non
     path = None if out is None else files.check_output(out, "out")
     result = load(run_dir)
     path = path or os.path.join(result.run_dir, "report.html")
-    page = render(result)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+    # In place of whatever is there, never through it: a report.html someone made a link must
+    # not turn `cerebro report` into a write to the file it names.
+    files.write_atomic(path, render(result).encode("utf-8"))
     return path
 
 

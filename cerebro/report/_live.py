@@ -33,6 +33,7 @@ from ._progress import Progress
 LIVE_FILE = "live.json"
 INTERVAL = 1.0      # seconds between rewrites (REMOTE_INTERVAL on a store at a URL)
 REMOTE_INTERVAL = 5.0
+MAX_LIVE_BYTES = 16 << 20   # ~200 bytes a worker: room for tens of thousands
 STALE_AFTER = 15.0  # seconds without a rewrite after which no driver is taken to be running
 
 
@@ -123,10 +124,10 @@ def read_live(run_dir: str) -> dict[str, Any] | None:
     """``run_dir``'s ``live.json``, or None where the run has none (written before it, or
     by a driver that has not started yet) or it cannot be read as one. What it holds is
     for :func:`well_formed` to check."""
-    try:
-        with files.open_file(files.join(str(run_dir), LIVE_FILE)) as f:
-            live = json.load(f, parse_constant=_no_constant)
-    except (OSError, ValueError):
+    try:       # a regular file of a bounded size: a FIFO or a link to /dev/zero must not hang or fill a reader
+        content = files.read_regular(files.join(str(run_dir), LIVE_FILE), MAX_LIVE_BYTES)
+        live = json.loads(content, parse_constant=_no_constant)
+    except (OSError, ValueError, RecursionError):
         return None
     return live if isinstance(live, dict) else None
 

@@ -35,11 +35,12 @@ from ._events import (
     improved,
     parse_event,
 )
+from ._journal_lines import DamagedLine
 from ._ledger import Ledger, TrialFacts
 from ._legacy_pickle import UntrustedStateError
 from ._lock import StoreInUseError
 from ._run_info import RunInfoError
-from ._run_store import BEST, STATE_FORMAT, STOP_FILE, DamagedLine, RunStore
+from ._run_store import BEST, STATE_FORMAT, STOP_FILE, RunStore
 from ._state_codec import (
     StateFormatError,
     TensorBytes,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import reprlib
+import stat
 import urllib.parse
 from typing import IO, Any
 
@@ -41,6 +42,104 @@ def join(location: str, *parts: str) -> str:
 
 def _fs(location: str) -> tuple[Any, str]:
     return fsspec.core.url_to_fs(location)
+
+
+class UnsafeFileError(ValueError):
+    """A path in a run directory that is not what Cerebro writes there: a symbolic link, a
+    FIFO, a device or a directory where a regular file of its own belongs, a file with a
+    second name, or one larger than any of its kind Cerebro writes. Anyone who could write
+    the directory (a shared store, a received tarball) may have put it there: it is named,
+    and never followed, blocked on or read without bound (DESIGN invariant 10)."""
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link",
+          stat.S_IFREG: "a regular file"}
+_REMEDY = "remove it, or restore the run directory from its source"
+
+
+def _not_regular(location: str, mode: int) -> UnsafeFileError:
+    what = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return UnsafeFileError(f"{location} is {what}, not a regular file Cerebro wrote; it is not followed or read "
+                           f"({_REMEDY})")
+
+
+def open_regular(location: str) -> IO:
+    """``location`` opened for reading where it is a regular file: a local one without
+    following a symbolic link or blocking on a FIFO, its kind checked on the open descriptor
+    (so a file swapped after a check is not what is read)."""
+    if "://" in location:
+        return open_file(location)
+    try:
+        handle = os.open(location, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _not_regular(location, stat.S_IFLNK) from None
+        raise
+    mode = os.fstat(handle).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(handle)
+        raise _not_regular(location, mode)
+    return os.fdopen(handle, "rb")
+
+
+def read_regular(location: str, limit: int | None = None) -> bytes:
+    """The bytes of the regular file ``location`` (see :func:`open_regular`); an
+    :class:`UnsafeFileError` where it holds more than ``limit`` bytes (it is then read no
+    further: a huge file costs no memory)."""
+    with open_regular(location) as f:
+        content = f.read(-1 if limit is None else limit + 1)
+    if limit is not None and len(content) > limit:
+        raise UnsafeFileError(f"{location} holds more than {limit:,} bytes, more than any file of its kind "
+                              f"Cerebro writes; it is not read")
+    return content
+
+
+def open_append(location: str) -> IO:
+    """``location`` opened to append to, made if need be: on a local disk never through a
+    symbolic link, and only where it is a regular file with no other name (a hard link to
+    another file would be appended to)."""
+    if "://" in location:
+        return open_file(location, "ab")
+    os.makedirs(os.path.dirname(location), exist_ok=True)
+    try:
+        handle = os.open(location, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _not_regular(location, stat.S_IFLNK) from None
+        raise
+    found = os.fstat(handle)
+    if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+        os.close(handle)
+        if not stat.S_ISREG(found.st_mode):
+            raise _not_regular(location, found.st_mode)
+        raise UnsafeFileError(f"{location} has {found.st_nlink} names (hard links): appending to it would change "
+                              f"another file; it is not written ({_REMEDY})")
+    return os.fdopen(handle, "ab")
+
+
+def refuse_links(root: str, location: str) -> str:
+    """``location``, after checking that each directory between ``root`` (a run directory,
+    itself perhaps a link the user made) and it is a plain directory, not a symbolic link:
+    Cerebro never writes into a directory someone pointed elsewhere. URLs are returned as
+    they are (object stores have no links)."""
+    if "://" in location:
+        return location
+    relative = os.path.relpath(location, root)
+    if relative == os.curdir or relative.startswith(os.pardir):
+        raise ValueError(f"{location} is not inside the run directory {root}")
+    here = root
+    for part in relative.split(os.sep)[:-1]:
+        here = os.path.join(here, part)
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            return location         # made below as a plain directory
+        if not stat.S_ISDIR(mode):
+            raise UnsafeFileError(f"{here} is {_KINDS.get(stat.S_IFMT(mode), 'no directory')}, where Cerebro keeps "
+                                  f"a directory of its own; nothing is written through it ({_REMEDY})")
+    return location
 
 
 def open_file(location: str, mode: str = "rb") -> IO:
@@ -99,7 +198,10 @@ def write_atomic(location: str, blob: bytes | None = None, writer: Any = None, d
             f.write(blob)
         if durable:
             sync(f)
-    fs.mv(path + ".tmp", path)
+    if "://" in location:
+        fs.mv(path + ".tmp", path)
+    else:        # not fsspec's mv (shutil.move): it moves into a directory, or one a link names
+        os.replace(location + ".tmp", location)
 
 
 def _new_file(location: str) -> IO:
@@ -123,6 +225,11 @@ def sync(file: IO) -> None:
 
 
 def move(source: str, target: str) -> None:
+    """Rename ``source`` to ``target``, replacing whatever is there (a symbolic link itself,
+    never what it names)."""
+    if "://" not in source and "://" not in target:
+        os.replace(source, target)      # not shutil.move: it moves into a directory a link names
+        return
     fs, path = _fs(source)
     fs.mv(path, _fs(target)[1])
 
@@ -146,9 +253,20 @@ def link_atomic(source: str, target: str) -> None:
 
 
 def remove(location: str) -> None:
-    fs, path = _fs(location)
-    if fs.exists(path):
-        fs.rm(path)
+    """Remove the file ``location`` if it is there: on a local disk the name itself (a
+    symbolic link, never what it names); a directory is no file Cerebro wrote, and is left."""
+    if "://" in location:
+        fs, path = _fs(location)
+        if fs.exists(path):
+            fs.rm(path)
+        return
+    try:
+        mode = os.lstat(location).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        raise _not_regular(location, mode)
+    os.unlink(location)
 
 
 def remove_tree(location: str) -> None:

@@ -11,9 +11,11 @@ and only the one whose lease is there goes on.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -39,14 +41,14 @@ def held_locally(path: str) -> bool:
     while it holds its exclusive one); nothing is written."""
     import fcntl
     try:
-        with open(path) as handle:
+        with files.open_regular(path) as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return True
             fcntl.flock(handle, fcntl.LOCK_UN)
             return False
-    except OSError:
+    except (OSError, files.UnsafeFileError):
         return False
 
 
@@ -54,7 +56,7 @@ def lock_local(store: str, path: str) -> IO:
     """Hold ``store`` until the returned file is closed or this process ends."""
     import fcntl
     try:
-        handle = open(path, "a+")
+        handle = _open_lock_file(path)
     except OSError as error:
         raise OSError(error.errno, f"store {store!r} cannot be written ({error.strerror}: {path}); "
                                    f"choose a writable directory") from None
@@ -71,6 +73,25 @@ def lock_local(store: str, path: str) -> IO:
     handle.write(holder())
     handle.flush()
     return handle
+
+
+def _open_lock_file(path: str) -> IO:
+    """The lock file, made if need be, never through a symbolic link and only where it is a
+    regular file with one name: it is truncated and written once locked, which must not reach
+    a file someone pointed it to (DESIGN invariant 10)."""
+    try:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise files.UnsafeFileError(f"{path} is a symbolic link, not the lock file Cerebro makes; it is not "
+                                        f"followed (remove it)") from None
+        raise
+    found = os.fstat(handle)
+    if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:
+        os.close(handle)
+        raise files.UnsafeFileError(f"{path} is not the lock file Cerebro makes (a regular file with one name); it "
+                                    f"is not written (remove it)")
+    return os.fdopen(handle, "a+")
 
 
 class Lease:

@@ -31,20 +31,19 @@ import functools
 import io
 import json
 import os
-import re
-import zlib
+import stat
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any
 
 from . import _files as files
 from . import _unstarted as unstarted
 from ._events import Event
+from ._journal_lines import SEEMS, DamagedLine, parse_record, record
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
 from ._run_info import checked_run_info
 from ._state_codec import read_message
-from ._state_files import STATE_FORMAT, check_state_header, split_state_file, write_state_file
+from ._state_files import STATE_FORMAT, check_state_header, read_state_content, split_state_file, write_state_file
 from ._trust import UntrustedCodeError, signature, signed_by_me
 
 if TYPE_CHECKING:
@@ -54,6 +53,7 @@ _CODE_MAGIC = b"CEREBRO-CODE 1\n"
 STAGED = "staged"           # epoch-end states written by workers, taken as checkpoints
 BEST = "checkpoint.best.state"
 STOP_FILE = "stop"
+MAX_RUN_INFO_BYTES = 64 << 20   # run.json holds settings: ~10 kB, a big space's a few MB
 
 
 class RunStore:
@@ -132,14 +132,13 @@ class RunStore:
 
     def read_run_info(self) -> dict[str, Any]:
         """run.json, checked for the entries every reader needs (anyone may have edited it)."""
-        with files.open_file(self.file("run.json")) as f:
-            return checked_run_info(f, self.file("run.json"))
+        content = files.read_regular(self.file("run.json"), MAX_RUN_INFO_BYTES)
+        return checked_run_info(io.BytesIO(content), self.file("run.json"))
 
     @functools.cached_property
     def pickled_states(self) -> bool:
         """Whether an older version wrote this run, with its states pickled (run.json unchecked)."""
-        with files.open_file(self.file("run.json")) as f:
-            return "state_format" not in json.load(f)
+        return "state_format" not in json.loads(files.read_regular(self.file("run.json"), MAX_RUN_INFO_BYTES))
 
     def write_code(self, build: bytes, searcher: bytes, run_id: str) -> None:
         """The cloudpickled ``build`` and searcher, in build.pkl: a JSON line with their sizes,
@@ -198,8 +197,8 @@ class RunStore:
         """Add one event to the journal, flushed at once so a crash of the driver loses at most
         this line; events that resume relies on are also synced to the disk."""
         body = json.dumps({"event": event, **fields}, default=float).encode()
-        with files.open_file(self.file("journal.jsonl"), "ab") as f:
-            f.write(body[:-1] + b', "crc": "%08x"}\n' % zlib.crc32(body))
+        with files.open_append(self.file("journal.jsonl")) as f:
+            f.write(record(body))
             if event in _DURABLE:
                 files.sync(f)
 
@@ -223,15 +222,14 @@ class RunStore:
         path = self.file("journal.jsonl")
         if not files.exists(path):
             return [], []
-        with files.open_file(path) as f:
-            lines = f.read().splitlines(keepends=True)
+        lines = files.read_regular(path).splitlines(keepends=True)
         events, damaged, offset = [], [], 0
         for number, line in enumerate(lines, start=1):
-            event = _parse_record(line)
+            event = parse_record(line)
             if event is not None:
                 events.append(event)
             else:
-                seems = _SEEMS.match(line)
+                seems = SEEMS.match(line)
                 damaged.append(DamagedLine(path, number, offset, len(events), seems and seems[1].decode(),
                                            torn=number == len(lines) and not line.endswith(b"\n")))
             offset += len(line)
@@ -239,14 +237,18 @@ class RunStore:
 
     def truncate_journal(self, size: int) -> int:
         """Drop the journal from byte ``size`` on (a torn or damaged tail); the bytes dropped."""
-        with files.open_file(self.file("journal.jsonl")) as f:
-            content = f.read()
+        content = files.read_regular(self.file("journal.jsonl"))
         files.write_atomic(self.file("journal.jsonl"), content[:size])
         return len(content) - size
 
     # --- trials -------------------------------------------------------------------------
+    def trial_file(self, trial_id: str, name: str) -> str:
+        """Where a trial's file ``name`` is written: ``trials/<id>/`` must be a directory of
+        the run's own, not a link to another (:class:`files.UnsafeFileError` names it)."""
+        return files.refuse_links(self.path, self.file("trials", trial_id, name))
+
     def write_config(self, trial_id: str, config: dict[str, Any]) -> None:
-        files.write_atomic(self.file("trials", trial_id, "config.json"), json.dumps(config, indent=1).encode())
+        files.write_atomic(self.trial_file(trial_id, "config.json"), json.dumps(config, indent=1).encode())
 
     def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False,
                          best: bool = False) -> None:
@@ -272,22 +274,31 @@ class RunStore:
 
     def clear_staged(self, recreate: bool = False) -> None:
         """Remove the states workers wrote (at a start, what a crash left, the directory made
-        anew: ``recreate``; at the end, names the checkpoints no longer need). A symlink in
-        their place is removed, never followed."""
+        anew: ``recreate``; at the end, names the checkpoints no longer need). Only the state
+        files are removed, never what Cerebro did not write there; a ``staged`` that is not a
+        directory of the run's own (a link elsewhere) is refused, naming it."""
         staged = self.file(STAGED)
-        if "://" not in staged and os.path.islink(staged):
-            os.remove(staged)
-        elif files.exists(staged):
+        if "://" in staged:
             files.remove_tree(staged)
-        if recreate:      # by the driver: a worker on another host then finds it (NFS caches lookups)
-            files.makedirs(staged)
+            if recreate:      # by the driver: a worker on another host then finds it (NFS caches lookups)
+                files.makedirs(staged)
+            return
+        files.refuse_links(self.path, os.path.join(staged, "-"))
+        for name in files.listdir(staged):
+            path = os.path.join(staged, name)
+            if name.endswith((".state", ".state.tmp")) and stat.S_ISREG(os.lstat(path).st_mode):
+                os.unlink(path)
+        if recreate:
+            os.makedirs(staged, exist_ok=True)
+        elif os.path.isdir(staged) and not os.listdir(staged):
+            os.rmdir(staged)
 
     def _put_checkpoint(self, trial_id: str, best: bool, put: Callable[[str], None]) -> None:
-        current, kept = self.file("trials", trial_id, "checkpoint.state"), self.file("trials", trial_id, BEST)
+        current, kept = self.trial_file(trial_id, "checkpoint.state"), self.trial_file(trial_id, BEST)
         if best:
             put(kept)
         if files.exists(current):
-            files.move(current, self.file("trials", trial_id, "checkpoint.prev.state"))
+            files.move(current, self.trial_file(trial_id, "checkpoint.prev.state"))
         if best:
             files.link_atomic(kept, current)
         else:
@@ -307,10 +318,8 @@ class RunStore:
             path = self.file("trials", trial_id, name)
             if not files.exists(path):
                 continue
-            with files.open_file(path) as f:
-                content = f.read()
             try:
-                header, body = split_state_file(content)
+                header, body = split_state_file(read_state_content(path))
                 if header.get("format") == STATE_FORMAT:
                     state = read_message(io.BytesIO(body))
                 elif self.pickled_states and "format" not in header:
@@ -352,7 +361,7 @@ class RunStore:
                          + "; ".join(f"{c['path']}: {c['problem']}" for c in found))
 
     def write_error(self, trial_id: str, error: str) -> None:
-        files.write_atomic(self.file("trials", trial_id, "error.txt"), error.encode())
+        files.write_atomic(self.trial_file(trial_id, "error.txt"), error.encode())
 
     def remove_error(self, trial_id: str) -> None:
         """Remove a failed trial's traceback: it is retried (the journal keeps the reason)."""
@@ -366,35 +375,3 @@ class RunStore:
 
 # Resume rebuilds the run from these; losing one to a crash of the machine would lose work.
 _DURABLE = frozenset({"epoch_end", "decision", "decide", "exploit", "trial_ended", "run_finished"})
-
-
-@dataclass(frozen=True)
-class DamagedLine:
-    """A journal line that fails its check."""
-
-    path: str
-    number: int              # from 1
-    offset: int              # bytes before it
-    events_before: int       # good events before it
-    seems: str | None        # the event name it seems to hold: a guess, since the line is damaged
-    torn: bool               # the last line, cut short by a crash while it was written
-
-    def __str__(self) -> str:
-        return f"{self.path} line {self.number} is damaged (it fails its CRC-32) and was skipped"
-
-
-_SEEMS = re.compile(rb'^\{"event": "([a-z_]+)", ')
-
-
-def _parse_record(line: bytes) -> dict[str, Any] | None:
-    """One journal line, or None if it is torn or fails its CRC-32."""
-    cut = line.rfind(b', "crc": "')
-    if not line.endswith(b'"}\n') or cut < 0 or len(line) - cut != len(b', "crc": "00000000"}\n'):
-        return None
-    body = line[:cut] + b"}"
-    try:
-        if zlib.crc32(body) != int(line[cut + 10:cut + 18], 16):
-            return None
-        return json.loads(body)
-    except ValueError:
-        return None

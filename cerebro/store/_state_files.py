@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import zlib
 from typing import Any
 
@@ -27,6 +28,10 @@ def write_state_file(location: str, trial_id: str, epoch: int, state: Any, explo
         crc, size = zlib.crc32(frame, crc), size + memoryview(frame).nbytes
     header = json.dumps({"trial_id": trial_id, "epoch": epoch, "exploit": exploit, "size": size,
                          "crc": crc, "format": STATE_FORMAT}).encode() + b"\n"
+    parent = os.path.dirname(location)
+    if "://" not in location and os.path.islink(parent):     # staged/ or trials/<id>/: the run's own
+        raise files.UnsafeFileError(f"{parent} is a symbolic link, where Cerebro keeps a directory of its own; "
+                                    f"no state is written through it (remove it)")
     files.write_atomic(location, writer=lambda f: [f.write(part) for part in (header, *parts)])
 
 
@@ -49,14 +54,35 @@ def split_state_file(content: bytes) -> tuple[dict[str, Any], bytes]:
     return header, body
 
 
+def read_state_content(location: str) -> bytes:
+    """A state file's bytes, where it is a regular file whose size is the one its header
+    says: the header is read first, so a file that is no state file, or one far longer than
+    its header says (a link to /dev/zero, a giant), is refused before its body is read."""
+    with files.open_regular(location) as f:
+        head = f.readline(_MAX_HEADER)
+        try:
+            size = json.loads(head)["size"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError("its first line is not a state file's header") from None
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise ValueError(f"its header's size {size!r} is not a number of bytes")
+        total = _size_of(f)
+        if total != len(head) + size:
+            raise ValueError(f"it is {total} bytes; its header says {len(head) + size}")
+        return head + f.read(size)
+
+
+def _size_of(file: Any) -> int:
+    size = getattr(file, "size", None)       # fsspec's files know theirs
+    return int(size) if isinstance(size, int) else os.fstat(file.fileno()).st_size
+
+
 def read_state_file(location: str, trial_id: str, epoch: int) -> Any:
     """The packed state of ``trial_id`` after ``epoch`` in the data-only state file at
     ``location``; raises ``ValueError`` (naming the file) where it is missing, torn, changed,
     of another format, or another trial's or epoch's."""
     try:
-        with files.open_file(location) as f:
-            content = f.read()
-        header, body = split_state_file(content)
+        header, body = split_state_file(read_state_content(location))
         expected = {"trial_id": trial_id, "epoch": epoch, "format": STATE_FORMAT}
         if {key: header.get(key) for key in expected} != expected:
             raise ValueError(f"its header says {header}, not {expected}")
@@ -69,16 +95,16 @@ def check_state_header(location: str, trial_id: str, epoch: int) -> None:
     """Check, without reading the state, that the file at ``location`` holds ``trial_id``'s
     state after ``epoch`` whole (its header's size against the file's); raises ``ValueError``
     naming the file. Its CRC-32 is checked where it is read (resume, ``cb.load``)."""
-    fs, path = files._fs(location)
     try:
-        with fs.open(path, "rb") as f:
+        with files.open_regular(location) as f:
             head = f.readline(_MAX_HEADER)
+            total = _size_of(f)
         header = json.loads(head)
         expected = {"trial_id": trial_id, "epoch": epoch, "format": STATE_FORMAT}
         if {key: header.get(key) for key in expected} != expected:
             raise ValueError(f"its header says {header}, not {expected}")
-        if fs.size(path) != len(head) + header["size"]:
-            raise ValueError(f"it is {fs.size(path)} bytes; its header says {len(head) + header['size']}")
+        if total != len(head) + header["size"]:
+            raise ValueError(f"it is {total} bytes; its header says {len(head) + header['size']}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise ValueError(f"the state file {location} is not the one written: {error}") from None
 

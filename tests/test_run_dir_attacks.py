@@ -1,0 +1,234 @@
+"""A run directory is untrusted ground (DESIGN invariant 10): it may sit on a shared store or
+come as a tarball. Each test plants what an attacker who can write the directory would: a
+symbolic link (or a hard link) to a canary file or directory that must stay intact, a FIFO
+that would hang a reader, a link to /dev/zero that would be read until memory runs out, a
+directory where a file belongs. Cerebro refuses each, naming the path, and writes, deletes
+and blocks on nothing it should not."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import cerebro as cb
+from cerebro.engine._control import _ask, answer, stop_asked, take_commands
+from cerebro.report._live import read_live
+from cerebro.store import STATE_FORMAT, RunStore
+from cerebro.store._files import UnsafeFileError
+from cerebro.store._lock import held_locally
+
+CANARY = b"the canary: nothing Cerebro does may change this file\n"
+COMMAND = {"kind": "add_trial", "config": {"lr": 0.1}, "expires": 4e9}
+
+
+@pytest.fixture
+def canary(tmp_path: Path):
+    """A file outside the run directory, checked intact after the test."""
+    path = tmp_path / "canary"
+    path.write_bytes(CANARY)
+    yield path
+    assert path.read_bytes() == CANARY and not path.is_symlink()
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path):
+    """A directory outside the run, with a file and a directory named like Cerebro's
+    entries, checked intact after the test."""
+    path = tmp_path / "elsewhere"
+    (path / "sub.json").mkdir(parents=True)
+    (path / "sub.json" / "keep").write_bytes(CANARY)
+    (path / "x.json").write_text(json.dumps(COMMAND))
+    yield path
+    assert sorted(os.listdir(path)) == ["sub.json", "x.json"]
+    assert (path / "sub.json" / "keep").read_bytes() == CANARY
+    assert json.loads((path / "x.json").read_text()) == COMMAND
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> str:
+    """A run directory as a driver starts one: run.json and a journal line."""
+    path = tmp_path / "run"
+    path.mkdir()
+    info = {"state_format": STATE_FORMAT, "seed": 0, "workers": 1, "data": {"partitions": 1},
+            "searcher": {"class": "GridSearch", "metric": "val_loss", "mode": "min"}}
+    (path / "run.json").write_text(json.dumps(info))
+    RunStore.open(path).append("run_started", time=0.0)
+    return str(path)
+
+
+def finishes(call: Callable[[], object], seconds: float = 20.0) -> object:
+    """What ``call()`` returned or raised, failing the test where it blocks (on a FIFO)."""
+    outcome: list[object] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call())
+        except Exception as error:   # noqa: BLE001  (the test looks at it)
+            outcome.append(error)
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{call} blocked"
+    return outcome[0]
+
+
+# --- writes ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard link"])
+def test_a_lock_file_linked_to_another_file_is_refused_by_every_writer_and_the_file_is_untouched(run, canary, link):
+    link(canary, os.path.join(run, ".lock"))
+    with pytest.raises(UnsafeFileError, match=r"\.lock is (a symbolic link|not the lock file Cerebro makes)"):
+        RunStore.open(run).lock()
+    with pytest.raises(UnsafeFileError):
+        cb.stop(run)
+    with pytest.raises(UnsafeFileError):
+        cb.add_trial(run, {"lr": 0.1})
+    done = subprocess.run([sys.executable, "-m", "cerebro", "stop", run], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and ".lock" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(os.path.join(run, "stop"))
+
+
+def test_a_lock_file_that_is_a_fifo_does_not_block_the_check_for_a_live_driver(run):
+    os.mkfifo(os.path.join(run, ".lock"))
+    assert finishes(lambda: held_locally(os.path.join(run, ".lock"))) is False
+
+
+@pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard link"])
+def test_a_journal_linked_to_another_file_is_not_appended_to(tmp_path, canary, link):
+    store = tmp_path / "run"
+    store.mkdir()
+    link(canary, store / "journal.jsonl")
+    with pytest.raises(UnsafeFileError, match=r"journal\.jsonl (is a symbolic link|has 2 names)"):
+        RunStore(store).append("run_started", time=0.0)
+
+
+@pytest.mark.parametrize("linked", ["trials", "trials/t0000"])
+def test_a_trial_directory_linked_elsewhere_gets_no_config_checkpoint_or_error(run, elsewhere, linked):
+    os.makedirs(os.path.dirname(os.path.join(run, linked)), exist_ok=True)
+    os.symlink(elsewhere, os.path.join(run, linked))
+    store = RunStore.open(run)
+    expected = rf"{os.path.join(run, linked)} is a symbolic link, where Cerebro keeps a directory of its own"
+    for write in (lambda: store.write_config("t0000", {"lr": 0.1}),
+                  lambda: store.write_checkpoint("t0000", {"weights": []}, epoch=1, best=True),
+                  lambda: store.write_error("t0000", "Traceback")):
+        with pytest.raises(UnsafeFileError, match=expected):
+            write()
+
+
+def test_a_staged_directory_linked_elsewhere_is_refused_and_only_state_files_are_ever_removed(run, elsewhere):
+    store = RunStore.open(run)
+    os.symlink(elsewhere, os.path.join(run, "staged"))
+    for recreate in (True, False):
+        with pytest.raises(UnsafeFileError, match=r"staged is a symbolic link"):
+            store.clear_staged(recreate=recreate)
+    os.unlink(os.path.join(run, "staged"))
+    store.clear_staged(recreate=True)
+    staged = Path(run, "staged")
+    (staged / "t0000.3.0.state").write_bytes(b"a state a worker wrote")
+    (staged / "notes.txt").write_bytes(CANARY)
+    (staged / "d.state").mkdir()
+    store.clear_staged()
+    assert sorted(os.listdir(staged)) == ["d.state", "notes.txt"]
+
+
+def test_a_commands_directory_linked_elsewhere_is_neither_read_nor_written(run, elsewhere, caplog):
+    os.symlink(elsewhere, os.path.join(run, "commands"))
+    store, refused = RunStore.open(run), set()
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        assert take_commands(store, refused) == [] and take_commands(store, refused) == []
+    warned = [r.getMessage() for r in caplog.records if "commands are not taken" in r.getMessage()]
+    assert len(warned) == 1 and f"{run}/commands is a symbolic link" in warned[0]
+    with pytest.raises(UnsafeFileError, match=r"commands is a symbolic link"):
+        answer(store, "x", {"trial_id": "t0001"})
+    with pytest.raises(UnsafeFileError, match=r"commands is a symbolic link"):
+        _ask(store, {"kind": "stop_trial", "trial": "t0000"}, timeout=1)
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
+def test_a_stop_that_is_no_regular_file_is_reported_once_and_left_not_fatal(run, canary, kind, caplog):
+    stop = os.path.join(run, "stop")
+    {"directory": lambda: os.makedirs(os.path.join(stop, "inside")), "symlink": lambda: os.symlink(canary, stop),
+     "fifo": lambda: os.mkfifo(stop)}[kind]()
+    store, refused = RunStore.open(run), set()
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        assert finishes(lambda: stop_asked(store, refused)) is False
+        assert stop_asked(store, refused) is False
+    warned = [r.getMessage() for r in caplog.records if "is not a stop request" in r.getMessage()]
+    assert len(warned) == 1 and stop in warned[0]
+    assert os.path.lexists(stop)
+
+
+def test_a_stop_file_cerebro_stop_wrote_is_taken_and_removed(run):
+    Path(run, "stop").write_text("{}")
+    assert stop_asked(RunStore.open(run), set()) is True
+    assert not os.path.lexists(os.path.join(run, "stop"))
+
+
+# --- reads ----------------------------------------------------------------------------------
+def test_a_journal_or_live_file_that_is_a_fifo_is_refused_at_once(run):
+    os.unlink(os.path.join(run, "journal.jsonl"))
+    os.mkfifo(os.path.join(run, "journal.jsonl"))
+    os.mkfifo(os.path.join(run, "live.json"))
+    error = finishes(lambda: RunStore.open(run).read_journal())
+    assert isinstance(error, UnsafeFileError) and "journal.jsonl is a FIFO, not a regular file" in str(error)
+    assert finishes(lambda: read_live(run)) is None
+    assert isinstance(finishes(lambda: cb.load(run)), UnsafeFileError)
+
+
+@pytest.mark.parametrize("name", ["run.json", "live.json", "trials/t0000/checkpoint.state", "commands/c.json"])
+def test_a_file_linked_to_dev_zero_is_not_read_under_a_memory_cap(run, name):
+    """In a process whose address space allows 512 MB more than it uses: reading /dev/zero
+    would end it with a MemoryError, or the kernel's kill."""
+    path = os.path.join(run, name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path):
+        os.unlink(path)
+    os.symlink("/dev/zero", path)
+    script = textwrap.dedent(f"""
+        import resource, cerebro
+        from cerebro.store import RunStore
+        from cerebro.report._live import read_live
+        from cerebro.engine._control import take_commands
+        size = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
+        store = RunStore({run!r})
+        try:
+            print({{"run.json": store.read_run_info, "live.json": lambda: read_live({run!r}),
+                   "trials/t0000/checkpoint.state": lambda: store.checkpoints("t0000"),
+                   "commands/c.json": lambda: take_commands(store, set())}}[{name!r}]())
+        except ValueError as error:
+            print("refused:", error)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    said = {"run.json": f"refused: {path} is a symbolic link, not a regular file Cerebro wrote",
+            "live.json": "None",
+            "trials/t0000/checkpoint.state": f"'problem': 'UnsafeFileError: {path} is a symbolic link",
+            "commands/c.json": "[('c', ValueError('UnsafeFileError: "}[name]
+    assert said in done.stdout
+
+
+def test_a_checkpoint_whose_header_understates_its_size_is_refused_before_its_body_is_read(run):
+    path = Path(run, "trials", "t0000", "checkpoint.state")
+    path.parent.mkdir(parents=True)
+    header = {"trial_id": "t0000", "epoch": 1, "exploit": False, "size": 4, "crc": 0, "format": STATE_FORMAT}
+    with open(path, "wb") as f:
+        f.write(json.dumps(header).encode() + b"\n")
+        f.truncate(f.tell() + (64 << 20))       # sparse: a big file that costs no disk
+    [found] = RunStore.open(run).checkpoints("t0000")
+    assert found["problem"].startswith("ValueError: it is ") and "its header says" in found["problem"]
+
+
+def test_a_run_json_bigger_than_any_cerebro_writes_is_refused_unread(run):
+    with open(os.path.join(run, "run.json"), "r+b") as f:
+        f.truncate(65 << 20)
+    with pytest.raises(UnsafeFileError, match=r"run\.json holds more than 67,108,864 bytes"):
+        RunStore.open(run).read_run_info()
