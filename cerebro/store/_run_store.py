@@ -156,20 +156,17 @@ class RunStore:
     def read_searcher(self) -> bytes:
         _, searcher = self._read_code()
         if searcher is None:                         # written before build.pkl held both
-            with files.open_file(self.file("searcher.pkl")) as f:
-                return f.read()
+            return files.read_regular(self.file("searcher.pkl"))
         return searcher
 
     def _read_code(self) -> tuple[bytes, bytes | None]:
         """build.pkl's build and searcher; an older version's holds the build alone (None).
         Refused unless this user's run signed it or the store was opened with ``trust``."""
-        with files.open_file(self.file("build.pkl")) as f:
-            content = f.read()
+        content = files.read_regular(self.file("build.pkl"))
         if not self.trust:
             signed = None
             if self.has("build.pkl.sig"):
-                with files.open_file(self.file("build.pkl.sig")) as f:
-                    signed = f.read(1024)
+                signed = files.read_regular(self.file("build.pkl.sig"), 1024)
             if not signed_by_me(content, signed, self.read_run_info().get("run_id")):
                 raise UntrustedCodeError(self.file("build.pkl"))
         if not content.startswith(_CODE_MAGIC):
