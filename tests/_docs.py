@@ -13,7 +13,8 @@ import os
 import re
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
-DOCS = ("README.md", "docs/guide.md", "docs/spark.md", "docs/ray.md", "docs/dask.md", "docs/sql.md")
+DOCS = ("README.md", "docs/guide.md", "docs/spark.md", "docs/ray.md", "docs/dask.md", "docs/sql.md",
+        "docs/security.md")
 FRAGMENT = "# fragment"
 
 
