@@ -118,9 +118,23 @@ def test_a_trial_directory_linked_elsewhere_gets_no_config_checkpoint_or_error(r
     expected = rf"{os.path.join(run, linked)} is a symbolic link, where Cerebro keeps a directory of its own"
     for write in (lambda: store.write_config("t0000", {"lr": 0.1}),
                   lambda: store.write_checkpoint("t0000", {"weights": []}, epoch=1, best=True),
-                  lambda: store.write_error("t0000", "Traceback")):
+                  lambda: store.write_error("t0000", "Traceback"), lambda: store.remove_error("t0000"),
+                  lambda: store.remove_checkpoints("t0000")):
         with pytest.raises(UnsafeFileError, match=expected):
             write()
+
+
+def test_a_tensorboard_directory_linked_elsewhere_gets_no_logs_and_the_run_goes_on(run, elsewhere, caplog):
+    from cerebro.report._tensorboard import TensorBoardLog
+    os.symlink(elsewhere, os.path.join(run, "tensorboard"))
+    log = TensorBoardLog(run)
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        for trial in ("t0000", "t0001"):
+            log.epoch_end(trial, 1, {"val_loss": 0.5})
+            log.trial_ended(trial, "completed", None)
+        log.finish("finished")
+    warned = [r.getMessage() for r in caplog.records if "no TensorBoard logs are written" in r.getMessage()]
+    assert len(warned) == 1 and f"{run}/tensorboard is a symbolic link" in warned[0]
 
 
 def test_a_staged_directory_linked_elsewhere_is_refused_and_only_state_files_are_ever_removed(run, elsewhere):

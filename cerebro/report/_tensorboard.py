@@ -8,6 +8,7 @@ are given to HParams as text, so that its table shows ``64``, not ``64.000``."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -15,6 +16,7 @@ import types
 from typing import Any
 
 from ..store import Event
+from ..store import _files as files
 from ._progress import Progress
 from ._trial_result import flat_config
 
@@ -23,13 +25,24 @@ class TensorBoardLog(Progress):
     """Writes ``RUN_DIR/tensorboard/<trial_id>/`` event files as the run goes (local stores)."""
 
     def __init__(self, run_dir: str) -> None:
-        self.directory = os.path.join(run_dir, "tensorboard")
+        self.run_dir, self.directory = run_dir, os.path.join(run_dir, "tensorboard")
+        self.refused: str | None = None      # why nothing is written: a linked directory in the way
         self._writers: dict[str, Any] = {}
         self._configs: dict[str, dict[str, Any]] = {}
         self._last: dict[str, dict[str, float]] = {}
 
     def _writer(self, trial_id: str) -> Any:
+        """The trial's writer; None where its directory is a link someone put in the run
+        directory (said once: TensorBoard's files are not worth a write elsewhere, nor the run)."""
+        if self.refused is not None:
+            return None
         if trial_id not in self._writers:
+            try:
+                files.refuse_links(self.run_dir, os.path.join(self.directory, trial_id, "events"))
+            except files.UnsafeFileError as error:
+                self.refused = str(error)
+                logging.getLogger("cerebro").warning("no TensorBoard logs are written: %s", error)
+                return None
             _without_tensorflow()
             from torch.utils.tensorboard import SummaryWriter
             self._writers[trial_id] = SummaryWriter(os.path.join(self.directory, trial_id))
@@ -40,17 +53,21 @@ class TensorBoardLog(Progress):
 
     def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
         writer = self._writer(trial_id)
+        if writer is None:
+            return
         for name, value in metrics.items():
             writer.add_scalar(name, value, epoch)
         self._last[trial_id] = metrics
 
     def trial_ended(self, trial_id: str, status: str, reason: str | None) -> None:
+        writer = self._writer(trial_id)
+        if writer is None:
+            return
         _without_tensorflow()       # a trial may end before any epoch: this is the first import then
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         shown = {key: _shown(value) for key, value in flat_config(self._configs.get(trial_id, {})).items()}
         final = {name: value for name, value in self._last.get(trial_id, {}).items() if math.isfinite(value)}
-        writer = self._writer(trial_id)
         for summary in hparams_summaries({**shown, "status": status}, final):
             writer.file_writer.add_summary(summary)
         writer.close()

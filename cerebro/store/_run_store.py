@@ -337,7 +337,7 @@ class RunStore:
         names = {"last": "checkpoint.state", "prev": "checkpoint.prev.state", "best": BEST}
         for which, name in names.items():
             if which not in keep:
-                files.remove(self.file("trials", trial_id, name))
+                files.remove(self.trial_file(trial_id, name))
 
     def read_checkpoint(self, trial_id: str) -> Any:
         """A trial's latest packed state that passes its check; :func:`unpack_tensors` turns
@@ -362,9 +362,7 @@ class RunStore:
 
     def remove_error(self, trial_id: str) -> None:
         """Remove a failed trial's traceback: it is retried (the journal keeps the reason)."""
-        path = self.file("trials", trial_id, "error.txt")
-        if files.exists(path):
-            files.remove(path)
+        files.remove(self.trial_file(trial_id, "error.txt"))
 
     def write_table(self, name: str, table: pd.DataFrame) -> None:
         files.write_atomic(self.file(f"{name}.csv"), table.to_csv(index=False).encode())
