@@ -105,6 +105,25 @@ class DirectHops:
                 "every hop goes through the driver from now on (set the backend's hops=\"driver\" to start "
                 "so)", worker.describe(), peer, why)
 
+    def _blame_peer(self, worker: Worker, peer: int, trial_id: str, version: int, why: str) -> str:
+        """``peer`` sent ``worker`` a state that is not the model's (``why``): a worker with a bug,
+        or worse. The trial is not to blame: its state is taken from elsewhere, or recomputed
+        from the last checkpoint. No state is fetched from a peer again (as where the workers
+        cannot reach each other), so a peer that goes on sending such states cannot make the
+        run recompute forever. Returns the reason, naming the peer."""
+        blamed = self.pool.workers[peer].describe() if peer in self.pool.workers else f"worker {peer}"
+        reason = f"{blamed} sent {trial_id}'s state {version}, which is not its model's: {why}"
+        if peer in self.pool.workers:       # that copy is of no use to anyone
+            self.pool.send(self.pool.workers[peer], Forget(trial_id, version))
+        self.pool.check_health()
+        self._handle_pool_events()
+        if self.direct:
+            self.direct = False
+            logging.getLogger("cerebro").warning(
+                "%s refused a state: %s. Every hop goes through the driver from now on; that state is taken "
+                "from elsewhere or recomputed from the last checkpoint", worker.describe(), reason)
+        return reason
+
     def _available(self, trial: Trial, holding: Trial | Evaluation) -> bool:
         """Whether any worker could get ``holding``'s state: built anew, from the driver, or
         from a live peer's outbox (a worker's own cache serves only that worker)."""
@@ -161,12 +180,17 @@ class DirectHops:
             worker.running = None
             return
         source, peer = trial.evaluations.get(task.epoch, trial), worker.running.fetch_from
-        if peer is not None:   # it no longer holds that state, or cannot be reached
+        why = missing.unreachable or "not there"
+        if peer is not None:   # it no longer holds that state, sent a wrong one, or cannot be reached
             self.outboxes.drop(peer, trial.trial_id, source.version)
-            if missing.unreachable is not None:
+            if missing.refused is not None:
+                why = self._blame_peer(worker, peer, trial.trial_id, source.version, missing.refused)
+            elif missing.unreachable is not None:
                 self._unreachable(worker, peer, missing.unreachable)
-                if self.pool.workers.get(worker.index) is not worker or worker.running is None:
-                    return     # lost meanwhile: its task runs again elsewhere
+            if self.pool.workers.get(worker.index) is not worker or worker.running is None:
+                return     # lost meanwhile: its task runs again elsewhere
+            if not self.direct:    # the states only outboxes hold are out of reach now: recomputed
+                self._recover_states(f"{worker.describe()} could not fetch a state: {why}")
         for holding in trial.holdings():
             holding.holders.discard(worker.index)
         if task.partition not in self.scheduler.partitions_of(worker.index) or not self._available(trial, source):
@@ -174,6 +198,6 @@ class DirectHops:
             self.scheduler.abort(task)
             worker.running = None
             self.recorder.emit(task.told(SubEpochAborted))
-            self._recover_states(f"{worker.describe()} could not fetch it: {missing.unreachable or 'not there'}")
+            self._recover_states(f"{worker.describe()} could not fetch it: {why}")
             return
         self._send_task(worker, worker.running.task_id, task, trial)

@@ -14,9 +14,11 @@ import numpy as np
 import torch
 
 from ..data import FeatureSpec, prediction_rows
-from ..store import BEST, RunStore, TrialStatus, unpack_tensors
+from ..store import BEST, RunStore, TrialStatus, UntrustedCodeError, unpack_tensors
 from ..store import _files as files
-from ..worker import Trainable, predict_rows
+from ..worker import StateMismatchError, Trainable, predict_rows
+from ..worker._state_check import check_tensors, model_part
+from ..worker._trainable import positive_batch_size
 
 if TYPE_CHECKING:
     from ._result import Result
@@ -59,7 +61,12 @@ class TrialResult:
         with the best metric, kept apart as it happened), ``"last"`` (the last finished one;
         where its checkpoint is damaged, the newest sound one's, with a warning naming the
         file and the epoch the weights are really from) or an epoch number whose weights were
-        kept (a finished trial's best and last; a live one's last two too)."""
+        kept (a finished trial's best and last; a live one's last two too). A checkpoint
+        whose weights are not all tensors raises :class:`StateMismatchError`, naming it."""
+        return self._weights(epoch)[0]
+
+    def _weights(self, epoch: int | str) -> tuple[dict[str, torch.Tensor], str]:
+        """:meth:`state_dict` of ``epoch``, and the checkpoint file it is from."""
         store = self._require_result().store
         limit = self._require_result().keep_checkpoints
         kept = (BEST, "checkpoint.state", "checkpoint.prev.state")     # checked by name: reading them is later
@@ -72,8 +79,8 @@ class TrialResult:
             if sound["epoch"] < self.epochs:
                 damaged = "; ".join(f"{c['path']}: {c['problem']}" for c in found if "problem" in c)
                 warnings.warn(f"{self.trial_id}'s checkpoint of epoch {self.epochs} is damaged ({damaged}); these "
-                              f"weights are from epoch {sound['epoch']}", stacklevel=2)
-            return unpack_tensors(sound["state"]["model"])
+                              f"weights are from epoch {sound['epoch']}", stacklevel=3)
+            return _unpacked_weights(self.trial_id, sound)
         wanted = self.best_epoch if epoch == "best" else epoch
         if isinstance(wanted, bool) or not isinstance(wanted, int):
             raise ValueError(f"epoch={epoch!r} must be 'best', 'last' or an epoch number")
@@ -83,12 +90,12 @@ class TrialResult:
         match = next((c for c in sound if c["epoch"] == wanted), None)
         if match is None and epoch == "best":     # a run from before best epochs were kept, or damaged
             warnings.warn(f"{self.trial_id} kept no sound weights of its best epoch {wanted}; these are its last "
-                          f"epoch's", stacklevel=2)
-            return self.state_dict("last")
+                          f"epoch's", stacklevel=3)
+            return self._weights("last")
         if match is None:
             raise ValueError(f"{self.trial_id} kept no weights of epoch {wanted}; it kept epochs "
                              f"{sorted({c['epoch'] for c in sound})}")
-        return unpack_tensors(match["state"]["model"])
+        return _unpacked_weights(self.trial_id, match)
 
     def _newest_sound(self, store: RunStore) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The kept checkpoint of the latest epoch that passes its check (a finished trial's
@@ -106,7 +113,14 @@ class TrialResult:
         from safetensors.torch import save_file
         path = files.check_output(path, "path")
         number = self.epoch_number(epoch)
-        save_file(self.state_dict(epoch), path,
+        weights, source = self._weights(epoch)
+        try:
+            built = self._build()
+        except UntrustedCodeError:      # a run not signed by you: its weights are data, written as they are
+            built = None
+        if built is not None:
+            _check_fit(built, weights, source, self.trial_id)
+        save_file(weights, path,
                   metadata={"trial_id": self.trial_id, "epoch": str(number), "config": json.dumps(self.config)})
 
     def model(self, epoch: int | str = "best") -> Any:
@@ -115,12 +129,20 @@ class TrialResult:
         return self.trainable(epoch).trained_model()
 
     def trainable(self, epoch: int | str = "best") -> Trainable:
-        """What ``build(config)`` returns, with the weights of ``epoch`` loaded."""
+        """What ``build(config)`` returns, with the weights of ``epoch`` loaded; weights that
+        are not that model's (a key missing or unknown, another shape or dtype) raise
+        :class:`StateMismatchError`, naming the checkpoint file and the first difference."""
+        trainable = self._build()
+        weights, source = self._weights(epoch)
+        _check_fit(trainable, weights, source, self.trial_id)
+        trainable.load_weights(weights)
+        return trainable
+
+    def _build(self) -> Trainable:
         trainable = self._require_result().build(self.config)
         if not isinstance(trainable, Trainable):
             raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
                             f"got {type(trainable).__name__}")
-        trainable.load_weights(self.state_dict(epoch))
         return trainable
 
     def predict(self, data: Any, *, epoch: int | str = "best", batch_size: int | None = None) -> np.ndarray:
@@ -134,6 +156,8 @@ class TrialResult:
         Example (a fragment: ``result`` is a finished run's):
             >>> outputs = result.best.predict(X_test)          # (rows, outputs), e.g. logits  # doctest: +SKIP
         """
+        if batch_size is not None:      # before the model is built and the rows read
+            positive_batch_size(batch_size)
         spec = FeatureSpec.of_run(self._require_result().store.read_run_info()["data"])
         features, _ = prediction_rows(data, spec)
         return predict_rows(self.trainable(epoch), features, batch_size)
@@ -163,6 +187,29 @@ class TrialResult:
         if self._result is None:
             raise RuntimeError(f"trial {self.trial_id} is not attached to a run directory")
         return self._result
+
+
+def _unpacked_weights(trial_id: str, checkpoint: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
+    """The weights of a checkpoint read by :meth:`RunStore.checkpoints`, and its file. Its CRC
+    says its bytes are those written, not that they are weights: they are checked to be."""
+    try:
+        weights = unpack_tensors(model_part(checkpoint["state"]))
+        check_tensors(weights)
+    except StateMismatchError as error:
+        raise StateMismatchError(f"the checkpoint {checkpoint['path']} does not hold {trial_id}'s weights: "
+                                 f"{error}") from None
+    return weights, checkpoint["path"]
+
+
+def _check_fit(trainable: Trainable, weights: dict[str, torch.Tensor], source: str, trial_id: str) -> None:
+    """Raise :class:`StateMismatchError` naming ``source`` where ``weights`` are not the
+    model ``build(config)`` makes: loaded, they would fail in the framework, or not fail
+    (another dtype is cast) and an export would write a tensor that is no model's."""
+    try:
+        trainable.check_weights(weights)
+    except StateMismatchError as error:
+        raise StateMismatchError(f"the checkpoint {source} does not fit {trial_id}'s model as build(config) "
+                                 f"makes it: {error}") from None
 
 
 def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -11,6 +11,7 @@ from ..backends import Backend, SparkBackend
 from ..data import FeatureSpec, prediction_rows
 from ..report import Result, TrialResult, load
 from ..store import _files as files
+from ..worker._trainable import positive_batch_size
 from ._local import predict_over_workers
 from ._outputs import output_frame, top_k_classes
 from ._spark import spark_predict
@@ -46,6 +47,8 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
     spark, workers = _spark_of(backend, workers)
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ValueError(f"workers={workers!r} must be a positive integer")
+    if batch_size is not None:       # else 0 (falsy) would quietly mean the trainable's own
+        positive_batch_size(batch_size)
     if spark is not None and out is not None and os.path.exists(out):
         raise FileExistsError(f"out={str(out)!r} exists; Spark writes a directory of Parquet files there: "
                               f"remove it or choose another path")
@@ -62,7 +65,7 @@ def predict(run_or_result: str | os.PathLike | Result, data: Any, *, trial: str 
     if spark is not None:
         return _on_spark(spark, chosen, epoch, data, spec, workers, top_k, out, batch_size)
     features, ids = prediction_rows(data, spec)
-    count = min(workers or info.get("workers", 1), os.cpu_count() or 1, len(features))
+    count = max(1, min(workers or info.get("workers", 1), os.cpu_count() or 1, len(features)))    # 0 rows: 1
     outputs = predict_over_workers(result, chosen, epoch, features, count, batch_size)
     table = top_k_classes(outputs, top_k) if top_k is not None else output_frame(outputs)
     if ids is not None:

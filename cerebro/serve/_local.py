@@ -44,7 +44,7 @@ def predict_over_workers(result: Result, trial: TrialResult, epoch: int | str, f
     """The outputs for ``features`` over ``count`` workers: this process and ``count - 1``
     forked or started processes."""
     trainable = trial.trainable(epoch)
-    size = batch_size or trainable.batch_size
+    size = trainable.batch_size if batch_size is None else batch_size
     chunks = _chunks(len(features), count, size)
     if count <= 1 or len(chunks) == 1:
         return predict_rows(trainable, features, size)

@@ -41,5 +41,5 @@ def output_frame(outputs: np.ndarray) -> pd.DataFrame:
     """One column per output (``output_0``, ...), or ``output`` where each row is one value."""
     if outputs.ndim == 1 or (outputs.ndim == 2 and outputs.shape[1] == 1):
         return pd.DataFrame({"output": outputs.reshape(len(outputs))})
-    flat = outputs.reshape(len(outputs), -1)
+    flat = outputs.reshape(len(outputs), int(np.prod(outputs.shape[1:])))    # -1 cannot size zero rows
     return pd.DataFrame({f"output_{i}": flat[:, i] for i in range(flat.shape[1])})

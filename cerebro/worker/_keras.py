@@ -28,6 +28,7 @@ import torch
 from ._exact import is_metric, merges, sub_epoch_state
 from ._keras_callbacks import history_name, load_plateau_state, plateau_of, plateau_state, step_plateau
 from ._protocol import Sums
+from ._state_check import Spec, check_weights, dtype_name
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, positive_batch_size
 
 # Keras backends that train; Keras also knows "numpy" and "openvino", which only infer.
@@ -197,6 +198,13 @@ class KerasTrainable(Trainable):
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(variable.shape) for name, variable in self._weights().items()}
 
+    def weight_specs(self) -> dict[str, Spec]:
+        return _specs(self._weights())
+
+    def check_state(self, state: Any) -> None:
+        super().check_state(state)
+        check_weights(_specs(self._optimizer_variables()), state.get("optimizer"), "optimizer variable")
+
     def nbytes(self) -> int:
         variables = [*self.model.weights, *self.model.optimizer.variables]
         return sum(math.prod(v.shape) * np.dtype(v.dtype).itemsize for v in variables)
@@ -349,6 +357,11 @@ def _metric_name(metric: Any) -> str:
     if isinstance(metric, str):
         return metric       # Keras 3 logs a named metric under the name given ("acc" stays "acc")
     return getattr(metric, "name", None) or metric.__name__
+
+
+def _specs(variables: Mapping[str, Any]) -> dict[str, Spec]:
+    """Each variable's shape and dtype name, as its hopping tensor has them."""
+    return {name: (tuple(v.shape), dtype_name(v.dtype)) for name, v in variables.items()}
 
 
 def _tensor(variable: Any) -> torch.Tensor:

@@ -39,6 +39,7 @@ from ._protocol import (
     SubEpochFailed,
     TakeOver,
 )
+from ._state_check import StateMismatchError
 from ._trainable import SubEpochTimeout, Trainable, seed_build
 from ._wire import Channel, connect
 
@@ -129,7 +130,15 @@ class _Trainables:
                 return StateMissing(task.task_id, f"{task.fetch[0]}:{task.fetch[1]}: {type(error).__name__}: {error}")
             if state is None:
                 return StateMissing(task.task_id)
-        trainable.load_state(unpack_tensors(state), keep_hyperparameters=task.retune)
+        state = unpack_tensors(state)
+        try:
+            trainable.check_state(state)
+        except StateMismatchError as error:
+            if task.state is not None:     # the driver's copy: the trial fails, saying what differs
+                raise
+            # A peer's well-formed state that is not the model's: the peer's fault, not the trial's.
+            return StateMissing(task.task_id, refused=str(error))
+        trainable.load_state(state, keep_hyperparameters=task.retune)
         return trainable
 
     def _build(self, config: dict) -> Trainable:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._trainable import Trainable
+from ._trainable import Trainable, positive_batch_size
 
 
 def inference_device(index: int = 0) -> torch.device:
@@ -26,14 +26,22 @@ def predict_rows(trainable: Trainable, features: np.ndarray, batch_size: int | N
     """``trainable``'s outputs for ``features`` (rows as the run stored them), ``batch_size``
     rows at a time (default: the trainable's own)."""
     size = trainable.batch_size if batch_size is None else batch_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
-    if len(features) == 0:
-        raise ValueError("there are no rows to predict")
+    positive_batch_size(size)
     device = inference_device() if device is None else device
     trainable.place(device)
     rng = np.random.default_rng(0)        # an eval_transform that takes one gets the same each time
+    if len(features) == 0:
+        return _no_rows(trainable, features, rng, device)
     no_label = np.zeros(len(features), dtype=np.int64)
     batches = (trainable.batch(features[i:i + size], no_label[i:i + size], rng, train=False, device=device)
                for i in range(0, len(features), size))
     return trainable.predict_batches(batches)
+
+
+def _no_rows(trainable: Trainable, features: np.ndarray, rng: np.random.Generator, device: torch.device) -> np.ndarray:
+    """The outputs of no rows: of shape (0, outputs...), as many rows would have. The model
+    says what one row's outputs are: it runs on a row of zeros (numbers), or on the empty
+    batch (encoded bytes, which a row of zeros is not)."""
+    one = features[:0] if features.dtype == object else np.zeros((1, *features.shape[1:]), features.dtype)
+    batch = trainable.batch(one, np.zeros(len(one), dtype=np.int64), rng, train=False, device=device)
+    return trainable.predict_batches([batch])[:0]

@@ -148,6 +148,7 @@ class SubEpochDone:
 class StateMissing:
     task_id: int
     unreachable: str | None = None   # the peer to fetch it from could not be reached: why
+    refused: str | None = None       # the peer sent a state that is not the model's: what differs
 
 
 @dataclass

@@ -17,6 +17,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from ._exact import is_metric, merges, sub_epoch_state
 from ._protocol import Sums
+from ._state_check import Spec, check_torch_optimizer, dtype_name
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, describe, positive_batch_size
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -187,6 +188,14 @@ class TorchTrainable(Trainable):
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(tensor.shape) for name, tensor in self.model.state_dict().items()}
+
+    def weight_specs(self) -> dict[str, Spec]:
+        return {name: (tuple(t.shape), dtype_name(t.dtype)) if isinstance(t, torch.Tensor) else None
+                for name, t in self.model.state_dict().items()}
+
+    def check_state(self, state: Any) -> None:
+        super().check_state(state)
+        check_torch_optimizer(self.optimizer, state.get("optimizer"))
 
     def place(self, device: torch.device) -> None:
         self.model.to(device)

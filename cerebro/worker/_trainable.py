@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from .._checks import Integer
 from ._protocol import Sums
+from ._state_check import Spec, check_weights, model_part
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
 _preflight = threading.local()
@@ -159,6 +161,21 @@ class Trainable(abc.ABC):
         """Everything the next sub-epoch continues from, as a tree of CPU torch tensors and
         plain data: the weights under ``"model"``, the optimizer's state, schedules, ..."""
 
+    def weight_specs(self) -> dict[str, Spec]:
+        """Each weight's shape and dtype name, by the name :meth:`state` gives it under
+        ``"model"`` (a dtype left empty is not checked)."""
+        return {name: (shape, "") for name, shape in self.weight_shapes().items()}
+
+    def check_weights(self, weights: Any) -> None:
+        """Raise :class:`StateMismatchError` unless ``weights`` are this model's: every weight,
+        none other, each a tensor of its shape and dtype."""
+        check_weights(self.weight_specs(), weights)
+
+    def check_state(self, state: Any) -> None:
+        """Raise :class:`StateMismatchError` unless ``state`` (unpacked) is one this trainable
+        can continue from: checked before a state from elsewhere (a peer) is loaded."""
+        self.check_weights(model_part(state))
+
     @abc.abstractmethod
     def load_state(self, state: Mapping[str, Any], *, keep_hyperparameters: bool = False) -> None:
         """Continue from ``state``; with ``keep_hyperparameters`` the optimizer keeps the
@@ -200,9 +217,13 @@ def describe(value: object) -> str:
     return type(value).__name__
 
 
+_BATCH_SIZE = Integer(low=1, description="a positive integer")
+
+
 def positive_batch_size(batch_size: object) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} must be a positive integer")
+    """Refuse a ``batch_size`` that is not a whole number of rows >= 1 (0, negatives, bools,
+    floats): a batch of 0 rows never ends an epoch, and a float cuts no rows."""
+    _BATCH_SIZE.check("batch_size", batch_size)
 
 
 def callable_transforms(trainable: Trainable) -> None:
