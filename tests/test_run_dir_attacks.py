@@ -246,3 +246,19 @@ def test_a_run_json_bigger_than_any_cerebro_writes_is_refused_unread(run):
         f.truncate(65 << 20)
     with pytest.raises(UnsafeFileError, match=r"run\.json holds more than 67,108,864 bytes"):
         RunStore.open(run).read_run_info()
+
+
+def test_a_run_directorys_mlflow_store_that_is_not_its_own_is_refused(run, canary, elsewhere):
+    """A linked mlflow.db would be written through; a planted one whose experiment keeps its
+    artifacts elsewhere would have MLflow write models there."""
+    from mlflow.tracking import MlflowClient
+
+    from cerebro.report._mlflow import EXPERIMENT, MLflowLog, tracking_uri
+    uri = tracking_uri(True, run)
+    os.symlink(canary, os.path.join(run, "mlflow.db"))
+    with pytest.raises(UnsafeFileError, match=r"mlflow\.db is a symbolic link, not the MLflow store Cerebro makes"):
+        MLflowLog(uri, run, "val_loss", "min", resumed=True)
+    os.unlink(os.path.join(run, "mlflow.db"))
+    MlflowClient(uri).create_experiment(EXPERIMENT, artifact_location=f"file://{elsewhere}")
+    with pytest.raises(ValueError, match=rf"mlflow\.db keeps its artifacts at 'file://{elsewhere}', not in the run"):
+        MLflowLog(uri, run, "val_loss", "min", resumed=True)

@@ -10,6 +10,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..store import _files as files
 from ._progress import Progress
 from ._pyfunc import save_pyfunc
 from ._trial_result import flat_config
@@ -39,20 +40,37 @@ def tracking_uri(setting: bool | str, run_dir: str) -> str:
     return f"sqlite:///{os.path.join(run_dir, 'mlflow.db')}" if setting is True else setting
 
 
+def _check_own_files(run_dir: str) -> None:
+    """The run directory's MLflow store must be its own: a ``mlflow.db`` or ``mlartifacts``
+    that is a link (someone else's database, a directory elsewhere) is refused, not written."""
+    for name in ("mlflow.db", "mlartifacts"):
+        if os.path.islink(os.path.join(run_dir, name)):
+            raise files.UnsafeFileError(f"{os.path.join(run_dir, name)} is a symbolic link, not the MLflow store "
+                                        f"Cerebro makes in a run directory; nothing is written through it "
+                                        f"(remove it, or give mlflow= a tracking URI)")
+
+
 class MLflowLog(Progress):
     """Logs trials to MLflow as the run goes (``MlflowClient``: no global active run). A
     resumed run carries on the MLflow runs it started, found by their ``cerebro.run_dir`` tag."""
 
     def __init__(self, uri: str, run_dir: str, metric: str, mode: str, resumed: bool = False) -> None:
         from mlflow.tracking import MlflowClient
+        if uri == tracking_uri(True, run_dir):
+            _check_own_files(run_dir)
         self.client, self.run_dir, self.metric, self.mode = MlflowClient(uri), run_dir, metric, mode
         self.resumed = resumed
+        location = None if "://" in uri and not uri.startswith("sqlite") else \
+            f"file://{os.path.join(run_dir, 'mlartifacts')}"
         experiment = self.client.get_experiment_by_name(EXPERIMENT)
         if experiment is not None:
+            if location is not None and uri == tracking_uri(True, run_dir) and \
+                    experiment.artifact_location != location:
+                raise ValueError(f"{run_dir}/mlflow.db keeps its artifacts at {experiment.artifact_location!r}, "
+                                 f"not in the run directory ({location}): it is not the one Cerebro made, and "
+                                 f"nothing is written there; remove it, or give mlflow= another tracking URI")
             self.experiment_id = experiment.experiment_id
         else:
-            location = None if "://" in uri and not uri.startswith("sqlite") else \
-                f"file://{os.path.join(run_dir, 'mlartifacts')}"
             self.experiment_id = self.client.create_experiment(EXPERIMENT, artifact_location=location)
         self.parent = ""
         self._children: dict[str, str] = {}     # trial -> its MLflow run
