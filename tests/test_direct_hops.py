@@ -260,20 +260,24 @@ def test_a_symlink_planted_where_states_are_written_or_linked_is_never_followed(
         read_state_file(staged, "t0002", 1)
     planted = store.staged_state("t0001.8")
     os.symlink(staged, planted)               # a valid state behind it: still not linked as a checkpoint
-    with pytest.raises(OSError, match=rf"{planted} is a symlink, not a file Cerebro wrote"):
+    with pytest.raises(ValueError, match=rf"^the state file {planted} is not the one written: {planted} is a "
+                                         r"symbolic link, not a regular file Cerebro wrote"):
         store.promote_checkpoint("t0001", planted, 1)
     assert not os.path.lexists(os.path.join(store.path, "trials", "t0001", "checkpoint.state"))
 
 
-def test_clearing_the_staged_states_removes_a_symlink_in_their_place_and_nothing_it_points_to(tmp_path):
+def test_clearing_the_staged_states_refuses_a_symlink_in_their_place_and_touches_nothing_it_points_to(tmp_path):
     store = RunStore(tmp_path / "run")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "precious").write_text("keep")
+    (elsewhere / "t0000.1.0.state").write_text("keep too")
     os.makedirs(store.path)
     os.symlink(elsewhere, os.path.join(store.path, "staged"))
-    store.clear_staged()
-    assert not os.path.lexists(os.path.join(store.path, "staged")) and (elsewhere / "precious").read_text() == "keep"
+    with pytest.raises(ValueError, match=r"staged is a symbolic link, where Cerebro keeps a directory of its own"):
+        store.clear_staged()
+    assert os.path.islink(os.path.join(store.path, "staged"))
+    assert sorted(os.listdir(elsewhere)) == ["precious", "t0000.1.0.state"]
 
 
 def killing_the_holder(marker_dir: str):
