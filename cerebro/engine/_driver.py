@@ -262,7 +262,8 @@ class Driver(DirectHops):
             if not self.direct and message.state is None and task.kind == TRAIN:
                 # Sent before the run fell back to hops through the driver: its state is where
                 # the others cannot fetch it.
-                self._recover_states(f"{worker.describe()} cannot be reached by the other workers")
+                self._recover_states(f"{worker.describe()} sent its state before the run fell back to hops "
+                                     f"through the driver")
         elif message.data_error is not None:
             raise PartitionFileError(f"{worker.describe()}: {message.data_error}")
         elif message.timed_out:
