@@ -2,7 +2,20 @@
 :mod:`cerebro.report._dashboard`)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
+
+
+def metrics_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--metrics-port`` and ``--metrics-host``, as ``cerebro run`` and ``cerebro resume`` take them."""
+    port = click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
+                        help="serve the run's Prometheus /metrics from here on this port while it runs")
+    host = click.option("--metrics-host", default="127.0.0.1", show_default=True,
+                        help="the address --metrics-port listens on; the default serves this machine alone, "
+                             "0.0.0.0 every interface (the run's metrics to anyone who reaches the port)")
+    return port(host(command))
 
 
 @click.command()

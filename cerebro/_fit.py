@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
         store: str | os.PathLike | None, seed: int | None, verbose: int, limits: Limits,
-        time_budget: float | None, tensorboard: bool, mlflow: bool | str, metrics_port: int | None = None) -> Result:
+        time_budget: float | None, tensorboard: bool, mlflow: bool | str, metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1") -> Result:
     """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
     return execute(searcher, build=searcher.build,
@@ -31,5 +32,5 @@ def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: i
                    metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
                    backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                    limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow,
-                   metrics_port=metrics_port)
+                   metrics_port=metrics_port, metrics_host=metrics_host)
 

@@ -13,7 +13,7 @@ import warnings
 import click
 from rich.console import Console
 
-from ._cli_dashboard import dashboard
+from ._cli_dashboard import dashboard, metrics_options
 from ._cli_sql import sql
 from ._cli_tables import print_summary, print_trial, show_warning
 from .report import Result, load
@@ -68,7 +68,7 @@ def entry() -> None:
     """The ``cerebro`` command: ``main`` with the exit codes of its help."""
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
     from .report import NoBestTrialError
-    from .store import StoreInUseError, UntrustedCodeError, UntrustedStateError
+    from .store import StoreInUseError, TrustKeyError, UntrustedCodeError, UntrustedStateError
     warnings.showwarning = show_warning
     try:
         main(standalone_mode=False)
@@ -86,7 +86,7 @@ def entry() -> None:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
-            UntrustedCodeError) as error:
+            UntrustedCodeError, TrustKeyError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
 
@@ -138,12 +138,12 @@ def demo(workers: int, epochs: int, store: str | None, seed: int, framework: str
 @click.option("--mlflow", default=None, help="'local' for RUN_DIR/mlflow.db, or a tracking URI")
 @click.option("--time-budget", default=None, type=float,
               help="seconds; then the run stops at its trials' next epoch boundaries, resumable")
-@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
-              help="serve the run's Prometheus /metrics from here on this port while it runs")
+@metrics_options
 @click.option("--quiet", is_flag=True, help="no live progress")
 def run(experiment: str, workers: int, backend: str, store: str | None, seed: int | None,
         trial_timeout: float | None, hang_after: float, max_failures: int | None, max_trial_losses: int,
-        mlflow: str | None, time_budget: float | None, metrics_port: int | None, quiet: bool) -> None:
+        mlflow: str | None, time_budget: float | None, metrics_port: int | None, metrics_host: str,
+        quiet: bool) -> None:
     """Run the searcher that EXPERIMENT (a Python file) defines.
 
     The file defines ``data`` (a cb.Dataset) and ``search`` (a searcher such as
@@ -192,6 +192,7 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
     result = search.fit(data, backend=chosen, workers=workers_arg, store=store, seed=seed, verbose=0 if quiet else 1,
                         trial_timeout=trial_timeout, max_failures=max_failures, max_trial_losses=max_trial_losses,
                         time_budget=time_budget, hang_after=hang_after or None, metrics_port=metrics_port,
+                        metrics_host=metrics_host,
                         mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
     print_summary(result, Console())
     exit_if_failed(result)
@@ -267,10 +268,9 @@ def add(run_dir: str, config_json: str) -> None:
 @click.option("--retry-failed", is_flag=True, help="run the trials that failed again, from their last good epoch")
 @click.option("--epochs", default=None, type=click.IntRange(min=1),
               help="train a grid, random or PBT run on to this many epochs (as if it had had them from the start)")
-@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
-              help="serve the run's Prometheus /metrics from here on this port while it runs")
+@metrics_options
 def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_failed: bool,
-           epochs: int | None, metrics_port: int | None) -> None:
+           epochs: int | None, metrics_port: int | None, metrics_host: str) -> None:
     """Finish a run whose driver died (killed, crashed, Ctrl-C), from its journal and
     checkpoints; the results are those the run would have had without the crash. With
     --epochs, extend a finished grid, random or PBT run: its trials train on to that many
@@ -280,7 +280,7 @@ def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_fa
     """
     from . import resume as resume_run
     result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust, retry_failed=retry_failed,
-                        epochs=epochs, metrics_port=metrics_port)
+                        epochs=epochs, metrics_port=metrics_port, metrics_host=metrics_host)
     print_summary(result, Console())
     exit_if_failed(result)
 

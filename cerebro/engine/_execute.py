@@ -46,7 +46,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
             backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
             seed: int | None, verbose: int, limits: Limits | None = None,
             time_budget: float | None = None, tensorboard: bool = True,
-            mlflow: bool | str = False, metrics_port: int | None = None) -> Result:
+            mlflow: bool | str = False, metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Result:
     """Run ``policy`` with MOP; every argument is checked before any worker starts.
 
     ``build`` is checked on the driver (see :mod:`._preflight`) with the first trials the
@@ -74,7 +74,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
              ).check("time_budget", time_budget)
     Boolean().check("tensorboard", tensorboard)
     check_mlflow(mlflow)
-    check_metrics_port(metrics_port)
+    check_metrics_port(metrics_port, metrics_host)
     build_blob = pickle_build(build)
     trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None
@@ -86,7 +86,7 @@ def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_confi
                                keras_backend=keras_backend, metric=metric, mode=mode, time_budget=time_budget,
                                patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0),
                                warm_start=WarmStartFrom.of_searcher(settings), tensorboard=tensorboard, mlflow=mlflow,
-                               metrics_port=metrics_port)
+                               metrics_port=metrics_port, metrics_host=metrics_host)
     check_key()             # a bad trust key stops the run here, not once its partitions are written
     run_store = RunStore.create(store)
     lock = run_store.lock()
@@ -201,7 +201,8 @@ def observers(store: RunStore, settings: RunSettings, verbose: int,
     metric, mode = settings.metric, settings.mode
     chosen: list[Progress] = [ConsoleProgress(metric, mode) if verbose else NoProgress(), LiveFile(store)]
     if settings.metrics_port is not None:
-        chosen.append(MetricsEndpoint(store.path, settings.metrics_port, announce=bool(verbose)))
+        chosen.append(MetricsEndpoint(store.path, settings.metrics_port, announce=bool(verbose),
+                                      host=settings.metrics_host))
     if settings.tensorboard and "://" not in store.path:
         chosen.append(TensorBoardLog(store.path))
     mlflow_log = MLflowLog(tracking_uri(settings.mlflow, store.path), store.path, metric, mode, resumed) \
@@ -211,10 +212,11 @@ def observers(store: RunStore, settings: RunSettings, verbose: int,
     return Fanout(*chosen), mlflow_log
 
 
-def check_metrics_port(port: int | None) -> None:
-    """A port ``fit`` or ``resume`` can serve ``/metrics`` on (or None), checked before any work."""
+def check_metrics_port(port: int | None, host: str = "127.0.0.1") -> None:
+    """A port (or None) and an address ``fit`` or ``resume`` can serve ``/metrics`` on,
+    checked before any work."""
     Optional(Integer(0, 65535, description="a port number (0: any free port) or None")).check("metrics_port", port)
-    check_port(port)
+    check_port(port, host)
 
 
 def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:

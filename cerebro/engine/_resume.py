@@ -70,7 +70,7 @@ class _Plan:
 def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
            backend: str | Backend = "local", workers: int | None = None, verbose: int = 1,
            trust: bool = False, retry_failed: bool = False, epochs: int | None = None,
-           metrics_port: int | None = None) -> Result:
+           metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Result:
     """Finish the run in ``run_dir`` whose driver died, and return its :class:`Result`.
 
     The result is the one the run would have had without the crash, bitwise. A finished run
@@ -85,7 +85,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     from the start (see :mod:`._extend`; ASHA, Hyperband and TPE runs are refused, saying
     why). ``trust=True`` reads the pickled states of a run written by an older version,
     which could run code: only for run directories you trust. ``metrics_port``: serve the
-    resumed run's Prometheus ``/metrics`` on that port, as ``fit(metrics_port=)`` does.
+    resumed run's Prometheus ``/metrics`` on that port and ``metrics_host``, as
+    ``fit(metrics_port=, metrics_host=)`` does.
 
     Everything is checked before anything is written: a ``build`` that cannot make the
     run's model, a damaged journal line that resume cannot do without (the run goes on from
@@ -98,7 +99,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     """
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    check_metrics_port(metrics_port)
+    check_metrics_port(metrics_port, metrics_host)
     store = RunStore.open(run_dir, trust)
     lock = store.lock()
     try:
@@ -115,7 +116,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             store.emit(replace(plan.extended, time=plan.recovered.last_time))
             info["searcher"]["epochs"] = plan.extended.epochs
             store.write_run_info(info)
-        settings = replace(plan.settings, metrics_port=metrics_port)
+        settings = replace(plan.settings, metrics_port=metrics_port, metrics_host=metrics_host)
         progress, mlflow_log = observers(store, settings, verbose, resumed=True)
         driver = Driver(plan.policy, store, backend, settings, build_blob=plan.build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, plan.recovered, plan.retry),

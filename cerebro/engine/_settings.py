@@ -83,6 +83,7 @@ class RunSettings:
         warm_start: the finished run whose trials start the ones of equal configs (see ``_warm``).
         tensorboard, mlflow: what observes the run besides the console (see ``observers``).
         metrics_port: where the driver serves the run's Prometheus ``/metrics`` (None: nowhere).
+        metrics_host: the address it serves on ("127.0.0.1": this machine alone; "0.0.0.0": every interface).
     """
 
     seed: int
@@ -103,6 +104,7 @@ class RunSettings:
     tensorboard: bool = True
     mlflow: bool | str = False
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def budget_note(self) -> str | None:
         """Why a run with a time budget is not reproducible as it stands; None without one."""

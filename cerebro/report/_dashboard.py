@@ -17,14 +17,13 @@ import hashlib
 import html
 import json
 import os
-import threading
 import time
 from typing import Any
 
-from ..store import _files as files
 from . import _figures
 from ._html import _CSS, headline, trial_table
 from ._live import LIVE_FILE, is_stale, read_live, well_formed
+from ._prometheus import Reread
 from ._result import Result, load
 
 FIGURES = (("Learning curves", "curves"), ("Workers over time", "gantt"), ("Best so far", "best-so-far"),
@@ -37,32 +36,40 @@ class RunView:
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.run_dir = os.fspath(run_dir)
-        self._lock = threading.Lock()
-        self._journal_key: Any = None
-        self._done: dict[str, Any] = {}
-        load(self.run_dir)          # fails here, before serving, where it is no run
+        self._journal = Reread(self.run_dir, self._render)
+        self._journal.get()          # fails here, before serving, where it is no run
 
     def state(self, figures_seen: str = "") -> dict[str, Any]:
         """``version`` (changes with anything shown), ``sections`` (id -> HTML), and
         ``figures`` (id -> plotly JSON, or None where a chart has nothing to draw yet) with
         their ``figures_version``; ``figures`` is None where the caller has that version
-        (``figures_seen``): the workers change each second, the charts only with the journal."""
-        with self._lock:
-            key = files.signature(files.join(self.run_dir, "journal.jsonl"))
-            if key != self._journal_key or key is None:
-                result = load(self.run_dir)
-                sections, figures = _done_sections(result), _figures_of(result)
-                digest = hashlib.sha256(json.dumps([sections, figures]).encode()).hexdigest()
-                self._done = {"sections": sections, "figures": figures, "digest": digest}
-                self._journal_key = key
-            done = self._done
-        live = read_live(self.run_dir)
-        workers = _workers_section(live) if live is None or well_formed(live) else \
-            f"<p>{LIVE_FILE} is not one a driver wrote; nothing is shown from it.</p>"
+        (``figures_seen``): the workers change each second, the charts only with the journal.
+        Raises where the journal cannot be read (the server answers 503, saying why)."""
+        done = self._journal.get()
+        workers = _workers_now(self.run_dir)
         version = hashlib.sha256((done["digest"] + workers).encode()).hexdigest()[:16]
         return {"version": version, "sections": {**done["sections"], "workers": workers},
                 "figures": None if figures_seen == done["digest"] else done["figures"],
                 "figures_version": done["digest"]}
+
+    def _render(self) -> dict[str, Any]:
+        result = load(self.run_dir)
+        sections, figures = _done_sections(result), _figures_of(result)
+        digest = hashlib.sha256(json.dumps([sections, figures]).encode()).hexdigest()
+        return {"sections": sections, "figures": figures, "digest": digest}
+
+
+def _workers_now(run_dir: str) -> str:
+    """The workers' section from ``live.json`` as it is now; what cannot be shown says why,
+    in this section alone: a run directory is data that anyone may have written."""
+    try:
+        live = read_live(run_dir)
+        if live is not None and not well_formed(live):
+            return f"<p>{LIVE_FILE} is not one a driver wrote; nothing is shown from it.</p>"
+        return _workers_section(live)
+    except Exception as error:     # noqa: BLE001 (whatever the file holds or its read raises: this section says so)
+        why = " ".join(f"{type(error).__name__}: {error}".split())[:500]
+        return f"<p>{LIVE_FILE} cannot be shown: {html.escape(why)}</p>"
 
 
 def _done_sections(result: Result) -> dict[str, str]:

@@ -1,14 +1,27 @@
 """The HTTP server of ``cerebro dashboard`` and of ``fit(metrics_port=...)``: a standard
 library ``ThreadingHTTPServer`` answering GET on three fixed routes (see
-:mod:`._dashboard`), one thread per request, nothing written, nothing else read."""
+:mod:`._dashboard`), one thread per request, nothing written, nothing else read.
+
+A port is untrusted ground (DESIGN, invariant 10): no client may end or stall the run it
+serves. So the server holds at most :func:`connection_cap` connections at once (a small
+share of the process's descriptors: the run's own files never starve for them); one more
+is answered 503 and closed by the accepting thread, with no thread of its own. A request
+has :data:`DEADLINE` seconds from its connection to its answer, whatever its client sends
+(each read waits only for the time left), and a request whose run cannot be read is
+answered 503 with one line saying why, never a traceback or a hung thread.
+"""
 from __future__ import annotations
 
+import errno
+import io
 import ipaddress
 import logging
 import os
 import socket
 import sys
 import threading
+import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -18,21 +31,53 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from ._progress import Progress
 from ._prometheus import RunCollector
 
+LOOPBACK = "127.0.0.1"
+MAX_CONNECTIONS = 32    # served at once; more are refused at once
+DEADLINE = 10.0         # seconds from a connection to its answer
+FD_SHARE = 16           # the connections may take at most 1/16th of the process's descriptors
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
+         b"too many connections; try again\n")
+_Answer = tuple[int, str, bytes]
+
+
+def connection_cap(most: int = MAX_CONNECTIONS) -> int:
+    """How many connections a server may hold at once in this process: ``most``, or fewer
+    where the open-file limit (``ulimit -n``) is low, so the run keeps nearly all of it."""
+    try:
+        import resource
+    except ImportError:         # no such limit to share (Windows)
+        return most
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return most
+    cap = min(most, soft // FD_SHARE)
+    if cap < 2:
+        raise ValueError(f"the open-file limit (ulimit -n) is {soft}, too low to serve HTTP beside the run, whose "
+                         f"files need it; raise it to {2 * FD_SHARE} or more")
+    return cap
+
 
 class RunServer(ThreadingHTTPServer):
     """Serves the run in ``run_dir`` on ``host:port`` (0: a free port): the dashboard and
-    ``/metrics``, or ``/metrics`` alone. Binds at once, so a port in use fails here."""
+    ``/metrics``, or ``/metrics`` alone. Binds at once, so a port in use fails here.
+    ``max_connections`` (capped by :func:`connection_cap`) and ``deadline`` (seconds a
+    request may take, from its connection to its answer) bound what clients can hold."""
 
     daemon_threads = True
+    request_queue_size = 128   # connections the kernel queues before refusing; they hold no descriptor of ours
 
-    def __init__(self, run_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8265,
-                 dashboard: bool = True) -> None:
+    def __init__(self, run_dir: str | os.PathLike, host: str = LOOPBACK, port: int = 8265,
+                 dashboard: bool = True, *, max_connections: int = MAX_CONNECTIONS,
+                 deadline: float = DEADLINE) -> None:
         from ._dashboard import RunView
 
+        self.cap, self.deadline = connection_cap(max_connections), deadline
+        self._slots = threading.BoundedSemaphore(self.cap)
         self.view = RunView(run_dir) if dashboard else None
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(RunCollector(run_dir))
         self._page: bytes | None = None
+        self.address_family = family(host)
         try:
             super().__init__((host, port), _Handler)
         except OSError as error:
@@ -41,7 +86,7 @@ class RunServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{shown_host(host)}:{port}/"
 
     def page(self) -> bytes:
         from ._dashboard import page
@@ -55,31 +100,120 @@ class RunServer(ThreadingHTTPServer):
         thread.start()
         return thread
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as error:
+            if error.errno in (errno.EMFILE, errno.ENFILE):
+                # The process is out of descriptors (the run's: ours are capped). The connection
+                # stays queued; pausing keeps the accepting loop from spinning on it meanwhile.
+                time.sleep(0.1)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            refuse(request)      # no thread, and its descriptor closed at once
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:     # no thread took the slot: nothing else would give it back
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)    # closes the connection
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up or misbehaves is no news worth a traceback on the run's stderr.
+        logging.getLogger("cerebro").debug("HTTP client %s: %r", client_address, sys.exc_info()[1])
+
+
+def refuse(request: socket.socket) -> None:
+    """Say 503 to a connection beyond the cap, without waiting on it: a client that does not
+    read gets nothing, and the connection is closed all the same."""
+    try:
+        request.setblocking(False)
+        request.send(_BUSY)
+        request.recv(65536)     # what the client sent already: closed unread, it would reset the answer away
+    except OSError:
+        pass
+
+
+class _Deadline:
+    """The time left to a request: each read or write on its socket may wait that long only."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self.sock, self.end = sock, time.monotonic() + seconds
+
+    def arm(self) -> socket.socket:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        self.sock.settimeout(left)
+        return self.sock
+
+
+class _Reader(io.RawIOBase):
+    def __init__(self, deadline: _Deadline) -> None:
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self.deadline.arm().recv_into(buffer)
+
+
+class _Writer(io.RawIOBase):
+    def __init__(self, deadline: _Deadline) -> None:
+        self.deadline = deadline
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.deadline.arm().sendall(data)
+        return len(data)
+
 
 class _Handler(BaseHTTPRequestHandler):
     server: RunServer
-    timeout = 10     # seconds a connection may stay silent: idle ones do not pile up threads
+
+    def setup(self) -> None:
+        # One deadline for the whole request, not StreamRequestHandler's timeout per read: a
+        # client sending a byte a second would keep a timeout per read from ever firing.
+        deadline = _Deadline(self.request, self.server.deadline)
+        self.connection = self.request
+        self.rfile = io.BufferedReader(_Reader(deadline))
+        self.wfile = _Writer(deadline)
 
     def do_GET(self) -> None:   # noqa: N802 (http.server's name)
         path = urlsplit(self.path).path
         if not self._host_allowed():
             self._send(403, "text/plain", b"this server answers requests for 127.0.0.1 or localhost only\n")
         elif path == "/metrics":
-            self._send(200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+            self._send(*answered(lambda: (200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))))
         elif self.server.view is None:
             self._send(404, "text/plain", b"only /metrics is served here\n")
         elif path == "/":
             self._send(200, "text/html; charset=utf-8", self.server.page())
         elif path == "/state":
-            import json
-            asked = parse_qs(urlsplit(self.path).query)
-            state = self.server.view.state(asked.get("figures", [""])[0])
-            if asked.get("since", [""])[0] == state["version"]:
-                self._send(204, "text/plain", b"")
-            else:
-                self._send(200, "application/json", json.dumps(state).encode())
+            self._send(*answered(self._state))
         else:
             self._send(404, "text/plain", b"not found: / (the page), /state, /metrics\n")
+
+    def _state(self) -> _Answer:
+        import json
+        assert self.server.view is not None
+        asked = parse_qs(urlsplit(self.path).query)
+        state = self.server.view.state(asked.get("figures", [""])[0])
+        if asked.get("since", [""])[0] == state["version"]:
+            return 204, "text/plain", b""
+        return 200, "application/json", json.dumps(state).encode()
 
     def _host_allowed(self) -> bool:
         """A server on the loopback interface answers only requests addressed to it: a web
@@ -106,6 +240,15 @@ class _Handler(BaseHTTPRequestHandler):
         pass     # a request a second is no news
 
 
+def answered(make: Callable[[], _Answer]) -> _Answer:
+    """What ``make`` answers, or 503 and one line naming why the run could not be read."""
+    try:
+        return make()
+    except Exception as error:      # noqa: BLE001 (a run directory may hold anything: the server answers all the same)
+        why = " ".join(f"{type(error).__name__}: {error}".split())[:500]
+        return 503, "text/plain; charset=utf-8", f"the run cannot be read now: {why}\n".encode()
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address or a name) is this machine's loopback interface."""
     try:
@@ -114,38 +257,62 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def check_port(port: int | None) -> None:
-    """Fail now, before any work, where ``fit(metrics_port=port)`` could not listen."""
-    if not port:
+def family(host: str) -> socket.AddressFamily:
+    """The address family a server on ``host`` listens with."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def shown_host(host: str) -> str:
+    """``host`` as a URL names it."""
+    return f"[{host}]" if ":" in host else host
+
+
+def check_port(port: int | None, host: str = LOOPBACK) -> None:
+    """Fail now, before any work, where ``fit(metrics_port=port, metrics_host=host)`` could
+    not listen: ``host`` no address of this machine, ``port`` taken, or too few descriptors."""
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"metrics_host={host!r} must be an address of this machine: '127.0.0.1' (this machine "
+                         f"alone) or '0.0.0.0' (every interface)")
+    if port is None:
         return
-    with socket.socket() as probe:
+    _probe(host, 0, f"metrics_host={host!r}", "give an address of this machine: '127.0.0.1' (this machine alone) "
+                                              "or '0.0.0.0' (every interface)")
+    connection_cap()
+    if port:
+        _probe(host, port, f"metrics_port={port}", "give a free port, or 0 for any")
+
+
+def _probe(host: str, port: int, what: str, hint: str) -> None:
+    with socket.socket(family(host)) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as the server will
         try:
-            probe.bind(("0.0.0.0", port))      # noqa: S104 (where the endpoint will listen)
-        except OSError as error:
-            raise ValueError(f"metrics_port={port} cannot be listened on: {error.strerror}; give a free port, or "
-                             f"0 for any") from None
+            probe.bind((host, port))
+        except (OSError, OverflowError) as error:
+            raise ValueError(f"{what} cannot be listened on: {getattr(error, 'strerror', None) or error}; "
+                             f"{hint}") from None
 
 
 class MetricsEndpoint(Progress):
-    """``fit(metrics_port=P)``: the driver serves the run's ``/metrics`` on every interface
-    of this machine, port ``P``, while the run goes (for scrapers that cannot reach the run
-    directory). :func:`check_port` fails a port in use before the run; the server binds as
-    the run starts, so a run that fails before leaves no socket open. ``announce``: say
-    where, on stderr (a run with progress shown does)."""
+    """``fit(metrics_port=P)``: the driver serves the run's ``/metrics`` on ``host`` (this
+    machine alone by default; ``"0.0.0.0"``: every interface), port ``P``, while the run
+    goes (for scrapers that cannot reach the run directory). :func:`check_port` fails a port
+    in use before the run; the server binds as the run starts, so a run that fails before
+    leaves no socket open. ``announce``: say where, on stderr (a run with progress shown does)."""
 
-    def __init__(self, run_dir: str, port: int, announce: bool = False) -> None:
-        self.run_dir, self.port, self.announce = run_dir, port, announce
+    def __init__(self, run_dir: str, port: int, announce: bool = False, host: str = LOOPBACK) -> None:
+        self.run_dir, self.port, self.announce, self.host = run_dir, port, announce, host
         self.server: RunServer | None = None
 
     def start(self, run_dir: str, workers: int) -> None:
         try:
-            self.server = RunServer(self.run_dir, "0.0.0.0", self.port, dashboard=False)  # noqa: S104 (scrapers)
+            self.server = RunServer(self.run_dir, self.host, self.port, dashboard=False)
         except OSError as error:      # taken since fit checked it
             raise ValueError(f"metrics_port={self.port} cannot be listened on: {error.strerror}; it was free when "
                              f"the run was checked, and another process took it since") from None
         self.server.serve_in_thread()
-        url = f"http://{socket.gethostname()}:{self.server.server_address[1]}/metrics"
+        everywhere = self.host in ("0.0.0.0", "::")      # noqa: S104 (the name of every interface)
+        url = (f"http://{socket.gethostname() if everywhere else shown_host(self.host)}:"
+               f"{self.server.server_address[1]}/metrics")
         if self.announce:       # port 0 took a free port: this line is where to find it
             print(f"The run's Prometheus metrics are at {url}", file=sys.stderr)
         logging.getLogger("cerebro").info("the run's Prometheus metrics are at %s", url)

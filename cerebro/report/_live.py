@@ -13,6 +13,7 @@ run no driver is running.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from typing import Any
@@ -35,6 +36,7 @@ INTERVAL = 1.0      # seconds between rewrites (REMOTE_INTERVAL on a store at a 
 REMOTE_INTERVAL = 5.0
 MAX_LIVE_BYTES = 16 << 20   # ~200 bytes a worker: room for tens of thousands
 STALE_AFTER = 15.0  # seconds without a rewrite after which no driver is taken to be running
+LARGEST = 2**53     # no count or time a driver writes is larger; a float holds every int up to it
 
 
 class LiveFile(Progress):
@@ -134,29 +136,37 @@ def read_live(run_dir: str) -> dict[str, Any] | None:
 
 def well_formed(live: dict[str, Any]) -> bool:
     """Whether ``live`` has the fields and types a driver writes, and no others a reader
-    would trip on: a run directory is data that anyone may have written."""
+    would trip on: a run directory is data that anyone may have written. Types are checked
+    in full, so a reader may use each field as what it is: workers are short decimal ASCII
+    digits (``int("²")`` raises), numbers are finite and no larger than a driver writes."""
     running = live.get("running")
     traffic = live.get("traffic", {})
     return (_number(live.get("updated")) and (live.get("outcome") is None or isinstance(live["outcome"], str))
             and isinstance(live.get("alive"), list) and all(_integer(w) for w in live["alive"])
-            and isinstance(traffic, dict) and all(_number(v) for v in traffic.values())
+            and isinstance(traffic, dict) and all(isinstance(k, str) and _number(v) for k, v in traffic.items())
             and isinstance(running, dict) and all(_doing(k, v) for k, v in running.items()))
 
 
 def _doing(worker: Any, doing: Any) -> bool:
     """One entry of ``running``: a worker's sub-epoch under way."""
-    return (isinstance(worker, str) and worker.isdigit() and isinstance(doing, dict)
+    return (_worker(worker) and isinstance(doing, dict)
             and isinstance(doing.get("trial_id"), str) and isinstance(doing.get("kind"), str)
             and all(_integer(doing.get(k)) for k in ("epoch", "partition", "batches")) and _number(doing.get("since"))
             and (doing.get("total") is None or _integer(doing["total"])))
 
 
+def _worker(key: Any) -> bool:
+    """A worker's number as ``running`` keys it: ``str.isdigit`` alone passes "²" and "٣"."""
+    return isinstance(key, str) and 0 < len(key) <= 9 and key.isascii() and key.isdigit()
+
+
 def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and -LARGEST <= value <= LARGEST
 
 
 def _number(value: Any) -> bool:
-    return _integer(value) or isinstance(value, float)     # finite: read_live refuses the constants
+    # json reads 1e999 as inf without asking parse_constant: finiteness is checked here
+    return _integer(value) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _no_constant(name: str) -> float:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,41 @@ from ._result import Result, load
 
 SUB_EPOCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+STUCK_AFTER = 10.0   # seconds after which a read of the journal under way is taken never to end
+
+
+class Reread:
+    """What ``make`` makes of a run's journal, made again only once the journal changed.
+
+    No lock is held while ``make`` reads: a read that blocks or fails holds up or fails its
+    own request only. The result is swapped in under the lock; while one read is under way
+    the others get the result before it, so requests at once read the journal once (a read
+    under way for longer than :data:`STUCK_AFTER` seconds no longer counts: it may never end)."""
+
+    def __init__(self, run_dir: str, make: Callable[[], Any]) -> None:
+        self.journal, self.make = files.join(run_dir, "journal.jsonl"), make
+        self._lock = threading.Lock()
+        self._key: Any = None
+        self._made: Any = None
+        self._reading: tuple[object, float] | None = None      # the read under way: its token, its start
+
+    def get(self) -> Any:
+        key = files.signature(self.journal)
+        token, now = object(), time.monotonic()
+        with self._lock:
+            busy = self._reading is not None and now - self._reading[1] < STUCK_AFTER
+            if self._made is not None and (key is not None and key == self._key or busy):
+                return self._made
+            self._reading = token, now
+        try:
+            made = self.make()
+        finally:
+            with self._lock:
+                if self._reading is not None and self._reading[0] is token:
+                    self._reading = None
+        with self._lock:
+            self._made, self._key = made, key
+        return made
 
 
 class RunCollector(Collector):
@@ -37,24 +73,21 @@ class RunCollector(Collector):
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.run_dir = os.fspath(run_dir)
         self.run = os.path.basename(os.path.normpath(self.run_dir.rstrip("/")))
-        self._lock = threading.Lock()     # scrapes at once read the journal once
-        self._key: Any = None
-        self._read: tuple[Result, pd.DataFrame] | None = None
+        self._journal = Reread(self.run_dir, self._read)
+
+    def _read(self) -> tuple[Result, pd.DataFrame]:
+        result = load(self.run_dir)
+        return result, result.schedule()
 
     def collect(self) -> Iterator[Metric]:
-        with self._lock:       # the journal is read again only once it changed
-            key = files.signature(files.join(self.run_dir, "journal.jsonl"))
-            if self._read is None or key is None or key != self._key:
-                result = load(self.run_dir)
-                self._read, self._key = (result, result.schedule()), key
-            result, schedule = self._read
-        live = read_live(self.run_dir)
-        if live is None or not well_formed(live):     # none yet, or not one a driver wrote
-            live = {}
-        if is_stale(live):      # what was under way is no more: the traffic stays, the workers go
-            live = {"traffic": live.get("traffic", {})}
+        result, schedule = self._journal.get()      # raises where the run cannot be read: /metrics says why
+        live = _live(self.run_dir)
+        try:
+            workers = list(self._workers(result, schedule, live))
+        except (TypeError, ValueError, KeyError, OverflowError):   # live.json's part only: shown as none
+            workers = list(self._workers(result, schedule, {}))
         yield from self._progress(result, schedule)
-        yield from self._workers(result, schedule, live)
+        yield from workers
         yield from _durations(self.run, schedule)
 
     def _progress(self, result: Result, schedule: pd.DataFrame) -> Iterator[Metric]:
@@ -109,6 +142,20 @@ class RunCollector(Collector):
                 total.add_metric([run, worker, doing["trial_id"]], doing["total"])
         yield batches
         yield total
+
+
+def _live(run_dir: str) -> dict[str, Any]:
+    """What ``live.json`` says, as far as /metrics shows it: nothing where it is missing, not
+    one a driver wrote or cannot be read (a scrape answers all the same)."""
+    try:
+        live = read_live(run_dir)
+    except Exception:       # noqa: BLE001 (whatever the file makes its read raise: none shown)
+        return {}
+    if live is None or not well_formed(live):
+        return {}
+    if is_stale(live):      # what was under way is no more: the traffic stays, the workers go
+        return {"traffic": live.get("traffic", {})}
+    return live
 
 
 def _one(family: Any, labels: list[str], value: float) -> Any:

@@ -234,7 +234,7 @@ class Searcher(metaclass=_CheckedOnConstruction):
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
             max_trial_losses: int = 3, keep_checkpoints: int | None = None, time_budget: float | None = None,
             tensorboard: bool = True, mlflow: bool | str = False, hang_after: float | None = 300.0,
-            metrics_port: int | None = None) -> Result:
+            metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -271,16 +271,19 @@ class Searcher(metaclass=_CheckedOnConstruction):
                 the longest its trial waited for one before), before it is taken to hang: its
                 trial ends as ``timeout``, its worker is replaced, the others go on. Give more
                 where a first batch compiles for long (``torch.compile``). ``None``: never.
-            metrics_port: serve the run's Prometheus metrics at ``http://<this machine>:<port>/metrics``
-                from the driver while it runs, on every interface (for scrapers that cannot
-                read the run directory; ``cerebro dashboard`` serves the same from it).
-                ``None``: not served.
+            metrics_port: serve the run's Prometheus metrics at ``http://<metrics_host>:<port>/metrics``
+                from the driver while it runs (for scrapers that cannot read the run
+                directory; ``cerebro dashboard`` serves the same from it). ``None``: not served.
+            metrics_host: the address ``metrics_port`` listens on: ``"127.0.0.1"`` (the
+                default) serves this machine alone; a scraper on another machine needs
+                ``"0.0.0.0"`` (every interface), which shows the run's metrics (no configs,
+                no code) to anyone who can reach the port.
         """
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
         limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints, hang_after)
         return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                    limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow,
-                   metrics_port=metrics_port)
+                   metrics_port=metrics_port, metrics_host=metrics_host)
 
 
 def _shown(value: Any) -> str:
