@@ -18,6 +18,7 @@ build that fails) fails that trial alone, at its first sub-epoch.
 from __future__ import annotations
 
 import copy
+import logging
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +29,8 @@ import torch
 from ..data import Dataset
 from ..report import flat_config
 from ..worker import Trainable, preflight
-from ..worker._torch import CLASS_INDEX_FIX
+from ..worker._frozen import draws
+from ..worker._torch_checks import CLASS_INDEX_FIX
 from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from", "warm_started_from")
@@ -138,6 +140,11 @@ def _one_step(build: Callable[[dict], Any], config: dict[str, Any], sample: tupl
     trainable.train_batches([trainable.batch(features, label, rng, train=True, device=cpu)], 0, 1)
     if data.has_validation:
         trainable.evaluate_batches(evaluated)
+    if trainable.frozen_part() is not None and draws(trainable.transform, features):
+        logging.getLogger("cerebro").warning(
+            "the training transform of build(%s) draws from its rng (augmentation), so its frozen layers' outputs "
+            "differ every epoch: they run on every training batch; evaluation uses their outputs computed once per "
+            "partition", config)
 
 
 def _check_classes(outputs: np.ndarray, label_range: tuple[int, int] | None) -> None:

@@ -109,7 +109,9 @@ class TrialResult:
     def save_weights(self, path: str | os.PathLike, epoch: int | str = "best") -> None:
         """Write :meth:`state_dict` of ``epoch`` to ``path`` as safetensors, data only, with the
         trial id, epoch and config (JSON) as metadata; ``safetensors.torch.load_file`` reads
-        it back."""
+        it back. A trial with frozen layers (``TorchTrainable(frozen=...)``) writes the weights
+        of :meth:`model` (``torch.nn.Sequential(frozen, model)``: ``0.*`` the frozen layers',
+        ``1.*`` the trained ones'), so the file alone serves it."""
         from safetensors.torch import save_file
         path = files.check_output(path, "path")
         number = self.epoch_number(epoch)
@@ -120,6 +122,9 @@ class TrialResult:
             built = None
         if built is not None:
             _check_fit(built, weights, source, self.trial_id)
+            if built.frozen_part() is not None:
+                built.load_weights(weights)
+                weights = built.trained_weights()
         save_file(weights, path,
                   metadata={"trial_id": self.trial_id, "epoch": str(number), "config": json.dumps(self.config)})
 

@@ -34,7 +34,7 @@ def export_onnx(trial: TrialResult, path: str | os.PathLike, epoch: int | str = 
     if rows is None:
         raise ValueError("the run's features are encoded bytes; ONNX takes the decoded tensors: export the torch "
                          "module with cerebro export --torchscript instead")
-    inputs, _ = trainable.batch(rows, np.zeros(3, np.int64), rng, train=False, device=torch.device("cpu"))
+    inputs = trainable.module_inputs(rows, rng)
     module = trainable.trained_model().cpu()
     with tempfile.TemporaryDirectory(prefix="cerebro-onnx-") as scratch:
         written = os.path.join(scratch, "model.onnx")

@@ -19,6 +19,7 @@ import torch
 from ..data import PartitionFileError, PartitionSource, StreamedPartition, transform_rng
 from ..store import StateFormatError, TaskKind, frames, pack_tensors, unpack_tensors, write_state_file
 from ._data import WorkerData
+from ._frozen import Materialized
 from ._keras import prepare_keras
 from ._outbox import Outbox
 from ._peers import StateServer, fetch
@@ -109,6 +110,7 @@ class _Trainables:
         self.outbox: Outbox | None = None    # direct hops: the states it trained, for its peers
         self.fetched = 0                     # bytes the last take fetched from a peer
         self._unfilled: tuple[str, int, list] | None = None    # reserved in the outbox, to copy there
+        self.materialized = Materialized()   # frozen layers' outputs, shared by the trials that have them
 
     def take(self, task: RunSubEpoch) -> Trainable | StateMissing:
         """``task``'s trainable at the task's state version, or why that state is not here."""
@@ -146,6 +148,7 @@ class _Trainables:
         if not isinstance(trainable, Trainable):
             raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
                             f"got {type(trainable).__name__}")
+        self.materialized.share(trainable)
         trainable.place(self.device)
         trainable.steps_per_epoch(sum(-(-rows // trainable.batch_size) for rows in self.train_rows))
         return trainable
@@ -306,10 +309,15 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
             return trainable
         train = task.kind is TaskKind.TRAIN
         source = sources[task.partition]["train" if train else "val"]
+        # Its frozen layers' outputs, computed once per partition (see _frozen), where it has some.
+        frozen = trainables.materialized.for_trial(trainable, task.partition, "train" if train else "val",
+                                                   source, device)
+        source = frozen or source
         rng = transform_rng(task.seed, train)
         stored = source.train_batches(task.seed, trainable.batch_size) if train else \
             source.eval_batches(trainable.batch_size)
-        batches = (trainable.batch(features, label, rng, train=train, device=device) for features, label in stored)
+        batches = (trainable.stored_batch(features, label, device) if frozen is not None else
+                   trainable.batch(features, label, rng, train=train, device=device) for features, label in stored)
         started = time.perf_counter()
         deadline = None if task.timeout is None else time.monotonic() + task.timeout
         # A thread makes batches ahead where that costs more than a few microseconds.

@@ -4,10 +4,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import functools
 import math
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +15,10 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from ._exact import is_metric, merges, sub_epoch_state
+from ._frozen import FrozenPart
 from ._protocol import Sums
 from ._state_check import Spec, check_torch_optimizer, dtype_name
+from ._torch_checks import broadcast_refused, check_loss
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, describe, positive_batch_size
 
 Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -72,6 +73,13 @@ class TorchTrainable(Trainable):
             (``torch.nn.utils.clip_grad_norm_``); default none.
         mixed_precision: on a GPU, run forward passes under ``torch.autocast`` (float16) with
             a ``GradScaler`` whose state hops with the model; on a CPU it changes nothing.
+        frozen: layers applied before ``model``, after the transform, in eval mode without
+            gradients, never trained (a pretrained backbone; ``backbone[:k]`` with
+            ``model=Sequential(backbone[k:], head)`` makes the freeze depth a hyperparameter).
+            Their outputs for a partition are computed once on its worker and shared by every
+            trial with the same frozen layers (see :mod:`cerebro.worker._frozen`); only
+            ``model``'s state hops and is checkpointed. ``model()`` and every export compose
+            the two.
 
     Example:
         >>> def build(config):
@@ -99,6 +107,7 @@ class TorchTrainable(Trainable):
     lr_scheduler_metric: str = "val_loss"
     clip_grad_norm: float | None = None
     mixed_precision: bool = False
+    frozen: torch.nn.Module | None = None
 
     builds_on_meta_device = True
     checks_a_step_on_the_driver = True
@@ -149,6 +158,7 @@ class TorchTrainable(Trainable):
         # Epoch steps the schedule took: not every scheduler counts them (ChainedScheduler).
         self._stepped_epochs = 0
         self._shapes_checked = False     # the first batch's loss is watched for broadcasting
+        self._frozen = None if self.frozen is None else FrozenPart(self.frozen)
 
     def _check_scheduler(self) -> None:
         if self.lr_scheduler is None:
@@ -184,7 +194,7 @@ class TorchTrainable(Trainable):
         return float(self.optimizer.param_groups[0]["lr"])
 
     def check_label(self, label: np.ndarray) -> None:
-        _check_loss(self.loss, label)
+        check_loss(self.loss, label)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(tensor.shape) for name, tensor in self.model.state_dict().items()}
@@ -199,6 +209,8 @@ class TorchTrainable(Trainable):
 
     def place(self, device: torch.device) -> None:
         self.model.to(device)
+        if self._frozen is not None:
+            self._frozen.module.to(device)
         for metric in self._exact.values():
             metric.to(device)
         self._scaler = torch.amp.GradScaler("cuda", enabled=self.mixed_precision and device.type == "cuda")
@@ -239,7 +251,27 @@ class TorchTrainable(Trainable):
         self.model.load_state_dict(weights)
 
     def trained_model(self) -> torch.nn.Module:
-        return self.model.eval()
+        if self._frozen is None:
+            return self.model.eval()
+        return torch.nn.Sequential(self._frozen.module, self.model).eval()
+
+    def frozen_part(self) -> FrozenPart | None:
+        return self._frozen
+
+    def module_inputs(self, features: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+        """``features`` as :meth:`trained_model` takes them, on the CPU: through the
+        ``eval_transform``, before the frozen layers (which the trained model holds)."""
+        no_label = np.zeros(len(features), np.int64)
+        return Trainable.batch(self, features, no_label, rng, train=False, device=torch.device("cpu"))[0]
+
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        """The weights of :meth:`trained_model`, frozen layers too, by its own names."""
+        return {name: tensor.detach().cpu() for name, tensor in self.trained_model().state_dict().items()}
+
+    def batch(self, features: np.ndarray, label: np.ndarray, rng: np.random.Generator, *, train: bool,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = super().batch(features, label, rng, train=train, device=device)
+        return (inputs if self._frozen is None else self._frozen(inputs)), targets
 
     # --- sub-epochs ---------------------------------------------------------------------
     def _to_batch(self, inputs: Any, label: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,7 +365,7 @@ class TorchTrainable(Trainable):
         outputs = None
         autocast = torch.autocast("cuda", torch.float16) if self._scaler.is_enabled() else contextlib.nullcontext()
         try:
-            with autocast, _broadcast_refused(not self._shapes_checked):
+            with autocast, broadcast_refused(not self._shapes_checked):
                 outputs = self.model(inputs)
                 loss = self.loss(outputs, targets)
         except Exception as error:
@@ -347,50 +379,9 @@ class TorchTrainable(Trainable):
         return outputs, loss
 
 
-@contextlib.contextmanager
-def _broadcast_refused(watch: bool) -> Iterator[None]:
-    """Where ``watch``: torch's losses warn, then broadcast, when the outputs' shape is not the
-    labels' (a regression model's (B, 1) against labels (B,) becomes (B, B) pairs, and it
-    trains on them): that is an error instead. Other warnings are given on as they came."""
-    if not watch:
-        yield
-        return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield
-    for warning in caught:
-        if str(warning.message).startswith("Using a target size"):
-            raise ValueError(f"the model's outputs and the labels differ in shape ({warning.message}); the loss "
-                             f"would pair every output with every label. Make them equal: e.g. return "
-                             f"model(x).squeeze(-1) for labels of shape (rows,), or give labels of shape (rows, 1)")
-        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-
-
 @torch.no_grad()
 def _batch_sums(loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
                 metrics: Mapping[str, Metric]) -> Sums:
     n = len(targets)
     return Sums(n, float(loss.detach()) * n, {name: float(metric(outputs, targets)) * n
                                               for name, metric in metrics.items()})
-
-
-# How to make labels class indices, from numpy or from Spark ML (the driver's preflight says it too).
-CLASS_INDEX_FIX = ("y.astype(int), or for Spark ML's double labels (StringIndexer's), "
-                   "df.withColumn('label', df['label'].cast('int')) before from_spark")
-
-
-def _check_loss(loss: Callable, label: np.ndarray) -> None:
-    """What can be told from the loss object itself, without running user code: torch's
-    classification losses need integer class indices, and every loss must average the batch."""
-    function = loss.func if isinstance(loss, functools.partial) else loss
-    reduction = getattr(loss, "reduction", None) or (loss.keywords.get("reduction")
-                                                     if isinstance(loss, functools.partial) else None)
-    name = getattr(function, "__name__", type(function).__name__)
-    if reduction == "none":
-        raise ValueError(f"loss={name} with reduction='none' returns one value per row; the loss must return "
-                         f"the batch's mean (reduction='mean')")
-    classification = function in (torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss) or \
-        isinstance(function, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
-    if classification and np.issubdtype(label.dtype, np.floating) and label.ndim == 1:
-        raise ValueError(f"the label is {label.dtype} but loss={name} takes class indices; encode the classes as "
-                         f"integers 0..K-1: {CLASS_INDEX_FIX}")

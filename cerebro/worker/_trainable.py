@@ -120,6 +120,16 @@ class Trainable(abc.ABC):
                              f"return one row per row")
         return self._to_batch(inputs, label, device)
 
+    def stored_batch(self, features: np.ndarray, label: np.ndarray, device: torch.device) -> Any:
+        """A batch of the frozen layers' outputs (see :mod:`._frozen`), as :meth:`train_batches`
+        takes it: no transform and no frozen layers again."""
+        return self._to_batch(features, label, device)
+
+    def frozen_part(self) -> Any:
+        """The frozen layers (a :class:`._frozen.FrozenPart`) whose outputs a worker computes
+        once per partition, or None."""
+        return None
+
     @abc.abstractmethod
     def _to_batch(self, inputs: Any, label: np.ndarray, device: torch.device) -> Any:
         """``(inputs, targets)`` as the framework takes them; ``inputs`` is an array or a tensor."""

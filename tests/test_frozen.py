@@ -1,0 +1,235 @@
+"""Frozen layers computed once per partition (``TorchTrainable(frozen=...)``, DESIGN invariant
+11): the same results as the plain model with those layers frozen inside it, the frozen
+layers run once per row of each partition instead of once per batch of every epoch of every
+trial, freeze depth as a hyperparameter (a deeper prefix computed from a shallower one's
+outputs), heads-only checkpoints, and every way out (model(), predict, safetensors,
+TorchScript, ONNX) composing the frozen layers and the head."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+import torch
+from _models import digits
+from safetensors.torch import load_file
+
+import cerebro as cb
+from cerebro.data import InMemoryPartition, open_partition, read_layout
+from cerebro.worker import in_preflight
+from cerebro.worker._frozen import FrozenPart, Materialized, _Kept, draws
+
+SPACE = {"lr": cb.choice([1e-2, 3e-3]), "depth": cb.choice([2, 4])}
+
+
+class Counted(torch.nn.Module):
+    """An identity that writes each batch's rows to ``path`` where a worker runs it: how
+    many rows the frozen layers saw."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not in_preflight():
+            with open(self.path, "a") as f:
+                f.write(f"{len(x)}\n")
+        return x
+
+
+class KeptInEval(torch.nn.Module):
+    """The plain model's frozen part: no gradients, eval mode kept in training."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner.eval().requires_grad_(False)
+
+    def train(self, mode: bool = True) -> KeptInEval:
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def backbone(count: str | None = None) -> torch.nn.Sequential:
+    torch.manual_seed(11)        # "pretrained": the same weights in every build
+    first = [Counted(count)] if count else []
+    return torch.nn.Sequential(*first, torch.nn.Linear(64, 48), torch.nn.BatchNorm1d(48), torch.nn.ReLU(),
+                               torch.nn.Linear(48, 32), torch.nn.ReLU()).eval()
+
+
+def builds(count: str | None = None, transform=None):
+    """(frozen build, plain build) of the same models: freeze ``depth`` layers of the backbone."""
+    def parts(config: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
+        layers = backbone(count)
+        cut = config["depth"] + (1 if count else 0)
+        torch.manual_seed(5)
+        head = torch.nn.Sequential(*layers[cut:], torch.nn.Linear(32, 10))
+        return layers[:cut], head
+
+    def made(model: torch.nn.Module, head: torch.nn.Module, config: dict, **frozen) -> cb.TorchTrainable:
+        trained = [p for p in head.parameters() if p.requires_grad]
+        return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(trained, lr=config["lr"]),
+                                 loss=torch.nn.functional.cross_entropy, batch_size=32, transform=transform,
+                                 metrics={"accuracy": cb.metrics.accuracy}, **frozen)
+
+    def frozen_build(config: dict) -> cb.TorchTrainable:
+        frozen, head = parts(config)
+        return made(head, head, config, frozen=frozen)
+
+    def plain_build(config: dict) -> cb.TorchTrainable:
+        frozen, head = parts(config)
+        return made(torch.nn.Sequential(KeptInEval(frozen), head), head, config)
+    return frozen_build, plain_build
+
+
+def rows_seen(path: str) -> int:
+    with open(path) as f:
+        return sum(int(line) for line in f)
+
+
+# --- the parts ------------------------------------------------------------------------------
+def test_a_frozen_prefix_has_a_digest_per_layer_chained_equal_only_for_equal_weights():
+    one, two = backbone(), backbone()
+    assert FrozenPart(one).digests() == FrozenPart(two).digests()
+    assert FrozenPart(one[:2]).digests() == FrozenPart(one).digests()[:2]
+    with torch.no_grad():
+        two[3].weight[0, 0] += 1e-6
+    assert FrozenPart(two).digests()[:3] == FrozenPart(one).digests()[:3]
+    assert FrozenPart(two).digests()[3] != FrozenPart(one).digests()[3]
+
+
+def test_frozen_must_be_a_module_and_is_kept_out_of_the_state_that_hops():
+    head = torch.nn.Linear(32, 10)
+    with pytest.raises(TypeError, match=r"^frozen must be a torch.nn.Module \(the layers to keep frozen\), or None; "
+                                        r"got str$"):
+        cb.TorchTrainable(head, torch.optim.SGD(head.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
+                          batch_size=8, frozen="resnet18")
+    frozen = backbone()
+    trainable = cb.TorchTrainable(head, torch.optim.SGD(head.parameters(), lr=0.1),
+                                  torch.nn.functional.cross_entropy, batch_size=8, frozen=frozen)
+    assert set(trainable.state()["model"]) == {"weight", "bias"}
+    assert not any(p.requires_grad for p in frozen.parameters()) and not frozen.training
+    features = np.random.default_rng(0).random((5, 64), dtype=np.float32)
+    composed = trainable.trained_model()
+    assert torch.equal(composed(torch.from_numpy(features)), head(frozen(torch.from_numpy(features))))
+    assert set(trainable.trained_weights()) == {f"0.{k}" for k in frozen.state_dict()} | {"1.weight", "1.bias"}
+
+
+def test_a_transform_that_draws_from_its_rng_is_told_from_one_that_does_not():
+    features = np.random.default_rng(0).random((8, 64), dtype=np.float32)
+    assert not draws(None, features)
+    assert not draws(lambda x, rng: x * 2, features)
+    assert draws(lambda x, rng: x + rng.normal(size=x.shape).astype(np.float32), features)
+
+
+@pytest.fixture
+def partition(tmp_path) -> InMemoryPartition:
+    """One partition of the digits, held in memory as a worker holds it."""
+    data_dir = str(tmp_path / "data")
+    digits(partitions=1, rows=300).write(data_dir, 1)
+    return open_partition(read_layout(data_dir), data_dir, "train", 0, True)
+
+
+def test_outputs_are_computed_once_and_a_deeper_prefix_from_a_shallower_ones(partition, tmp_path):
+    count = str(tmp_path / "count")
+    layers = backbone(count)
+    kept, cpu = Materialized(budget=1 << 30), torch.device("cpu")
+    shallow = kept.source(FrozenPart(layers[:3]), None, 0, "train", partition, cpu)
+    assert rows_seen(count) == partition.rows
+    expected = backbone()[:2](torch.from_numpy(partition.features.astype(np.float32))).detach().numpy()
+    assert np.allclose(shallow.features, expected, rtol=0, atol=1e-6)
+    assert np.array_equal(shallow.label, partition.label)
+    again = kept.source(FrozenPart(backbone(count)[:3]), None, 0, "train", partition, cpu)
+    assert again.features is shallow.features and kept.computed == 1 and rows_seen(count) == partition.rows
+    deep = kept.source(FrozenPart(backbone(count)), None, 0, "train", partition, cpu)
+    assert kept.computed == 2 and rows_seen(count) == partition.rows        # from the kept prefix
+    full = backbone()(torch.from_numpy(partition.features.astype(np.float32))).detach().numpy()
+    assert np.allclose(deep.features, full, rtol=0, atol=1e-6)
+    for seed in (1, 2):        # the sample order of the stored partition, row for row
+        ours = [label for _, label in deep.train_batches(seed, 32)]
+        stored = [label for _, label in partition.train_batches(seed, 32)]
+        assert all(np.array_equal(a, b) for a, b in zip(ours, stored, strict=True))
+
+
+def test_what_is_kept_within_the_budget_is_what_saves_most_compute_per_byte():
+    def entry(seconds: float, rows: int) -> _Kept:
+        return _Kept(np.zeros((rows, 10), np.float32), np.zeros(rows, np.int64), seconds)
+    kept = Materialized(budget=entry(0, 300).nbytes)      # room for 300 rows
+    assert kept.keep(("a", "", 0, "train"), entry(1.0, 100))
+    assert kept.keep(("b", "", 0, "train"), entry(9.0, 100))
+    assert kept.keep(("c", "", 0, "train"), entry(5.0, 150))        # a, the cheapest per byte, goes
+    assert set(kept._kept) == {("b", "", 0, "train"), ("c", "", 0, "train")}
+    assert not kept.keep(("d", "", 0, "train"), entry(0.1, 200))    # worth less than all: not kept
+    assert set(kept._kept) == {("b", "", 0, "train"), ("c", "", 0, "train")}
+
+
+# --- whole runs -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    scratch = tmp_path_factory.mktemp("frozen")
+    frozen_build, plain_build = builds(str(scratch / "frozen-rows"))
+    _, plain_counted = builds(str(scratch / "plain-rows"))
+    search = {"space": SPACE, "epochs": 3, "metric": "val_accuracy", "mode": "max"}
+    frozen = cb.GridSearch(frozen_build, **search).fit(digits(partitions=2), workers=2, store=scratch / "frozen",
+                                                       seed=0, verbose=0)
+    plain = cb.GridSearch(plain_counted, **search).fit(digits(partitions=2), workers=2, store=scratch / "plain",
+                                                       seed=0, verbose=0)
+    return frozen, plain, scratch
+
+
+@pytest.mark.slow
+def test_a_run_with_frozen_layers_equals_the_plain_run_bitwise_running_them_once_per_row(runs):
+    frozen, plain, scratch = runs
+    assert frozen.history().equals(plain.history())
+    for ours, theirs in zip(frozen.trials, plain.trials, strict=True):
+        heads = ours.state_dict()
+        assert all(torch.equal(v, theirs.state_dict()[f"1.{k}"]) for k, v in heads.items())
+    rows = 600        # digits(rows=600): train and validation, every row of both partitions
+    # Each partition once through the first layer for each depth there (a deeper one may come
+    # from a shallower one's outputs), against every batch of every epoch of every trial.
+    assert rows <= rows_seen(str(scratch / "frozen-rows")) <= 2 * rows
+    assert rows_seen(str(scratch / "plain-rows")) >= 4 * 3 * rows
+
+
+@pytest.mark.slow
+def test_the_winner_is_served_composed_from_its_frozen_layers_and_its_head(runs, tmp_path):
+    frozen, plain, _ = runs
+    features = digits(partitions=1).validation_arrays()[0][:50]
+    ours, theirs = frozen.best.predict(features), plain.best.predict(features)
+    assert np.array_equal(ours, theirs)
+    module = frozen.best.model()
+    assert torch.equal(module(torch.from_numpy(features)), torch.from_numpy(theirs))
+    frozen.best.save_weights(tmp_path / "best.safetensors")
+    saved = load_file(tmp_path / "best.safetensors")
+    assert saved.keys() == module.state_dict().keys() and any(k.startswith("0.") for k in saved)
+    module[0][0] = torch.nn.Identity()       # the test's row counter is no TorchScript
+    scripted = torch.jit.script(module)
+    assert torch.equal(scripted(torch.from_numpy(features)), torch.from_numpy(ours))
+    table = cb.predict(frozen.run_dir, features, workers=1)
+    assert np.array_equal(table[[f"output_{i}" for i in range(10)]].to_numpy(), ours)
+
+
+@pytest.mark.slow
+def test_an_augmenting_transform_runs_the_frozen_layers_per_training_batch_said_once(tmp_path, caplog):
+    def jitter(features: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return (features + rng.normal(0, 0.01, features.shape)).astype(np.float32)
+    frozen_build, plain_build = builds(transform=jitter)
+    search = {"space": {"lr": cb.choice([1e-2]), "depth": cb.choice([2])}, "epochs": 2}
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        frozen = cb.GridSearch(frozen_build, **search).fit(digits(partitions=2), workers=2,
+                                                           store=tmp_path / "frozen", seed=0, verbose=0)
+    plain = cb.GridSearch(plain_build, **search).fit(digits(partitions=2), workers=2, store=tmp_path / "plain",
+                                                     seed=0, verbose=0)
+    assert frozen.history().equals(plain.history())
+    said = [r.getMessage() for r in caplog.records if "draws from its rng (augmentation)" in r.getMessage()]
+    assert len(said) == 1 and "they run on every training batch" in said[0]
+    assert os.path.exists(os.path.join(frozen.run_dir, "trials", "t0000", "checkpoint.state"))
+    import onnxruntime
+
+    from cerebro.serve._export import export_onnx
+    export_onnx(frozen.best, tmp_path / "best.onnx")       # composed: the features in, the outputs out
+    features = digits(partitions=1).validation_arrays()[0][:20]
+    session = onnxruntime.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
+    assert np.allclose(session.run(None, {"features": features})[0], frozen.best.predict(features), atol=1e-5)
