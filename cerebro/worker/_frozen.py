@@ -75,6 +75,16 @@ class FrozenPart:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
 
+    def run_from(self, depth: int, inputs: Any, device: torch.device) -> np.ndarray:
+        """``layers[depth:]`` applied to ``inputs`` (a batch of the transformed features, or
+        of prefix ``depth``'s outputs) in eval mode without gradients, on the CPU after."""
+        x = inputs if isinstance(inputs, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(inputs))
+        with torch.no_grad():
+            x = x.to(device)
+            for layer in self.layers[depth:]:
+                x = layer.eval()(x)
+        return x.cpu().numpy()
+
 
 def _layer_digest(layer: torch.nn.Module) -> bytes:
     described = hashlib.sha256(f"{type(layer).__module__}.{type(layer).__qualname__}\n{layer!r}".encode())
@@ -132,7 +142,7 @@ class Materialized:
         if kept is None:
             started = time.perf_counter()
             depth, start = self._deepest_kept(digests, made_by, partition, split)
-            outputs, label = _compute(frozen.layers[depth:], start, stored, transform, device)
+            outputs, label = _compute(frozen, depth, start, stored, transform, device)
             kept = _Kept(outputs, label, time.perf_counter() - started)
             self.computed += 1
             self.keep(key, kept)
@@ -181,7 +191,7 @@ class Materialized:
         equal to ones here (by digest) uses those, and its own copy is freed (a backbone per
         trial would fill the worker's memory, or its GPU's)."""
         frozen = trainable.frozen_part()
-        if frozen is None:
+        if frozen is None or not isinstance(getattr(trainable, "frozen", None), torch.nn.Module):
             return
         known = self._modules.setdefault(frozen.digests()[-1], frozen.module)
         frozen.module = trainable.frozen = known
@@ -204,22 +214,16 @@ class Materialized:
         return self.source(frozen, transform, partition, split, stored, device)
 
 
-def _compute(layers: list[torch.nn.Module], start: tuple[np.ndarray, np.ndarray] | None, stored: PartitionSource,
+def _compute(frozen: FrozenPart, depth: int, start: tuple[np.ndarray, np.ndarray] | None, stored: PartitionSource,
              transform: Callable | None, device: torch.device) -> tuple[np.ndarray, np.ndarray]:
-    """``layers`` applied, in eval mode without gradients, to every row of ``stored`` in its
-    stored order: to ``start``'s outputs where a prefix is kept, else to the (transformed)
-    features."""
+    """The frozen layers from ``depth`` on, applied to every row of ``stored`` in its stored
+    order: to ``start``'s outputs where a prefix is kept, else to the (transformed) features."""
     chunks = _chunks(start) if start is not None else \
         ((_inputs(features, transform), label) for features, label in stored.eval_batches(_CHUNK_ROWS))
     outputs, labels = [], []
-    with torch.no_grad():
-        for inputs, label in chunks:
-            x = (inputs if isinstance(inputs, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(inputs)))
-            x = x.to(device)
-            for layer in layers:
-                x = layer.eval()(x)
-            outputs.append(x.cpu().numpy())
-            labels.append(label)
+    for inputs, label in chunks:
+        outputs.append(frozen.run_from(depth, inputs, device))
+        labels.append(label)
     if not outputs:
         return np.zeros((0,), np.float32), np.zeros((0,), stored.layout.label_dtype)
     return np.concatenate(outputs), np.concatenate(labels)
@@ -228,7 +232,7 @@ def _compute(layers: list[torch.nn.Module], start: tuple[np.ndarray, np.ndarray]
 def _chunks(start: tuple[np.ndarray, np.ndarray]) -> Any:
     outputs, label = start
     for begin in range(0, len(label), _CHUNK_ROWS):
-        yield torch.from_numpy(outputs[begin:begin + _CHUNK_ROWS]), label[begin:begin + _CHUNK_ROWS]
+        yield outputs[begin:begin + _CHUNK_ROWS], label[begin:begin + _CHUNK_ROWS]
 
 
 def _inputs(features: np.ndarray, transform: Callable | None) -> Any:
