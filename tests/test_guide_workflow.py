@@ -74,3 +74,15 @@ def test_the_metrics_section_runs_as_written(tmp_path, monkeypatch):
         assert [t.status for t in result.trials] == ["completed"] * 2
         assert result.best.best_metrics["val_f1"] == max(t.best_metrics["val_f1"] for t in result.trials)
     assert out.count("best_val_f1") == 2 and "train_f1" not in namespace["keras_result"].history()
+
+
+def test_the_transfer_learning_section_runs_as_written_and_equals_the_plain_run(tmp_path, monkeypatch):
+    """The backbone's weights come from a file; the history and the winner's outputs are the
+    plain run's, as the section says."""
+    monkeypatch.chdir(tmp_path)
+    namespace, out = run_section(GUIDE, "Transfer learning", 2)
+    assert out.splitlines()[-2:] == ["True", "True"]
+    result = namespace["result"]
+    assert {t.config["fine_tune"] for t in result.trials} == {0, 1}
+    frozen, head = namespace["parts"](result.best.config)      # the checkpoint holds the head alone
+    assert result.best.state_dict().keys() == head.state_dict().keys() and len(frozen.state_dict()) > 0

@@ -17,10 +17,12 @@ build that fails) fails that trial alone, at its first sub-epoch.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import traceback
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -123,7 +125,7 @@ def _too_large(build: Callable[[dict], Any], config: dict[str, Any]) -> bool:
     """Whether ``config``'s model, sized by its meta build, is over PREFLIGHT_MAX_BYTES: then
     the step does not build it for real on the driver."""
     try:
-        with preflight(), torch.device("meta"):
+        with preflight(), on_meta():
             return build(config).nbytes() > PREFLIGHT_MAX_BYTES
     except Exception:
         return False      # it cannot be built on meta: build_cheaply built such ones for real already
@@ -206,10 +208,20 @@ def build_cheaply(build: Callable[[dict], Any], config: dict[str, Any]) -> Any:
     allows that, else as it is; a check on the driver, so :func:`cerebro.worker.in_preflight`."""
     with preflight():
         try:
-            with torch.device("meta"):
+            with on_meta():
                 trainable = build(config)
             if getattr(trainable, "builds_on_meta_device", False):
                 return trainable
         except Exception:
             pass
         return build(config)
+
+
+@contextlib.contextmanager
+def on_meta() -> Iterator[None]:
+    """Build on torch's meta device, quietly: a build that loads pretrained weights
+    (``load_state_dict``) would warn once per tensor that copying into a meta tensor does
+    nothing, which is all the driver's sizing build wants."""
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "for .*: copying from a non-meta parameter", UserWarning)
+        yield
