@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 import cerebro as cb
+from cerebro.data import read_layout
 from cerebro.engine._control import _ask, answer, stop_asked, take_commands
 from cerebro.report._live import read_live
 from cerebro.store import STATE_FORMAT, RunStore
-from cerebro.store._files import UnsafeFileError
+from cerebro.store._files import UnsafeFileError, write_atomic
 from cerebro.store._lock import held_locally
 
 CANARY = b"the canary: nothing Cerebro does may change this file\n"
@@ -262,3 +263,118 @@ def test_a_run_directorys_mlflow_store_that_is_not_its_own_is_refused(run, canar
     MlflowClient(uri).create_experiment(EXPERIMENT, artifact_location=f"file://{elsewhere}")
     with pytest.raises(ValueError, match=rf"mlflow\.db keeps its artifacts at 'file://{elsewhere}', not in the run"):
         MLflowLog(uri, run, "val_loss", "min", resumed=True)
+
+
+# --- crafted content with valid checksums ---------------------------------------------------
+def _journal_line(record: dict) -> bytes:
+    from cerebro.store._journal_lines import record as line
+    return line(json.dumps(record).encode())
+
+
+@pytest.mark.parametrize("event", [
+    {"event": "epoch_end", "trial_id": "t0000", "epoch": 1, "metrics": "x", "time": 1.0},
+    {"event": "run_started", "workers": [1], "time": 0.0},
+    {"event": "trial_ended", "trial_id": ["t0000"], "status": "weird", "time": 1.0}],
+    ids=["metrics a string", "workers a list", "status unknown"])
+def test_a_journal_line_with_its_crc_but_fields_of_other_types_is_named_and_skipped(run, event):
+    with open(os.path.join(run, "journal.jsonl"), "ab") as f:
+        f.write(_journal_line(event))
+    events, damaged = RunStore.open(run).read_journal()
+    assert [e["event"] for e in events] == ["run_started"]
+    assert len(damaged) == 1 and damaged[0].number == 2 and f"its {event['event']} field" in str(damaged[0])
+
+
+def test_json_nested_past_any_readers_depth_is_damage_never_a_recursion_error(run):
+    deep = "[" * 5000 + "]" * 5000
+    with open(os.path.join(run, "journal.jsonl"), "ab") as f:
+        f.write(_journal_line({"event": "epoch_end", "metrics": "@"}).replace(b'"@"', deep.encode()))
+    [damaged] = RunStore.open(run).read_journal()[1]
+    assert "fails its CRC-32" in str(damaged)
+    Path(run, "trials", "t0000").mkdir(parents=True)
+    Path(run, "trials", "t0000", "checkpoint.state").write_text(deep + "\n")
+    [found] = RunStore.open(run).checkpoints("t0000")
+    assert found["problem"].startswith("ValueError: its first line is not a state file's header")
+    Path(run, "data").mkdir()
+    Path(run, "data", "meta.json").write_text(deep)
+    with pytest.raises(ValueError, match=r"meta\.json is damaged: RecursionError"):
+        read_layout(os.path.join(run, "data"))
+    Path(run, "run.json").write_text(deep)
+    with pytest.raises(ValueError, match=r"run\.json is damaged: it is not JSON"):
+        RunStore.open(run).read_run_info()
+
+
+@pytest.mark.parametrize("plant", ["fifo", "dev zero", "empty object"])
+def test_a_partition_layout_that_is_no_file_cerebro_wrote_is_refused_at_once(run, plant):
+    meta = Path(run, "data", "meta.json")
+    meta.parent.mkdir()
+    {"fifo": lambda: os.mkfifo(meta), "dev zero": lambda: os.symlink("/dev/zero", meta),
+     "empty object": lambda: meta.write_text("{}")}[plant]()
+    error = finishes(lambda: read_layout(os.path.join(run, "data")))
+    assert isinstance(error, ValueError) and str(error).startswith(f"{meta} is damaged: ")
+
+
+@pytest.mark.parametrize("name", ["report.html", "report.html.tmp", "history.csv.tmp"])
+def test_a_directory_where_a_file_is_written_is_named_in_one_error(run, name):
+    os.makedirs(os.path.join(run, name, "inside"))
+    target = os.path.join(run, name.removesuffix(".tmp"))
+    with pytest.raises(UnsafeFileError, match=rf"^{os.path.join(run, name)} is a directory, not a regular file"):
+        write_atomic(target, b"page")
+    assert os.listdir(os.path.join(run, name)) == ["inside"]
+
+
+@pytest.mark.parametrize("kind", ["directory", "socket"])
+def test_a_lock_that_is_a_directory_or_a_socket_is_named_not_taken_for_an_unwritable_store(run, kind):
+    lock = os.path.join(run, ".lock")
+    if kind == "directory":
+        os.mkdir(lock)
+    else:
+        import socket
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(lock)
+        server.close()
+    with pytest.raises(UnsafeFileError, match=r"\.lock is not the lock file Cerebro makes"):
+        RunStore.open(run).lock()
+
+
+def test_a_stop_or_a_command_hard_linked_to_another_file_is_neither_obeyed_nor_deleted(run, tmp_path):
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(COMMAND))
+    os.link(outside, os.path.join(run, "stop"))
+    os.makedirs(os.path.join(run, "commands"))
+    os.link(outside, os.path.join(run, "commands", "c.json"))
+    store, refused = RunStore.open(run), set()
+    assert stop_asked(store, refused) is False
+    [(name, command)] = take_commands(store, refused)
+    assert name == "c" and isinstance(command, ValueError) and "hard link" in str(command)
+    assert os.path.exists(os.path.join(run, "stop")) and os.path.exists(os.path.join(run, "commands", "c.json"))
+    assert os.stat(outside).st_nlink == 3
+
+
+def test_a_run_json_does_not_point_a_resume_elsewhere_unless_the_directory_is_trusted(run):
+    from cerebro.engine._settings import RunSettings
+    info = RunStore.open(run).read_run_info()
+    info["data"].update(val_rows=[1], cache_dir="/tmp/elsewhere")
+    info["mlflow"] = "http://127.0.0.1:1/"
+    with pytest.warns(UserWarning, match=r"run\.json's mlflow is 'http://127\.0\.0\.1:1/'.*trust=True") as said:
+        settings = RunSettings.from_run_info(info)
+    assert settings.mlflow is False and settings.storage.cache_dir is None
+    assert any("data.cache_dir is '/tmp/elsewhere'" in str(w.message) for w in said)
+    trusted = RunSettings.from_run_info(info, trusted=True)
+    assert trusted.mlflow == "http://127.0.0.1:1/" and trusted.storage.cache_dir == "/tmp/elsewhere"
+
+
+def test_a_run_json_that_asks_for_a_million_workers_or_other_partitions_is_refused(run):
+    from cerebro.engine._resume import _check_partitions, _recorded_workers
+    from cerebro.store import RunInfoError
+    meta = {"num_partitions": 2, "feature_shape": [64], "label_shape": [], "label_dtype": "int64",
+            "rows": {"train": [5, 5], "val": [1, 1]}}
+    Path(run, "data").mkdir()
+    Path(run, "data", "meta.json").write_text(json.dumps(meta))
+    store = RunStore.open(run)
+    info = {**store.read_run_info(), "workers": 1_000_000}
+    info["data"] = {"partitions": 2}
+    with pytest.raises(RunInfoError, match=r"its workers=1000000 must be between 1 and the run's 2 partitions"):
+        _recorded_workers(store, info)
+    info["data"] = {"partitions": 10**12}
+    with pytest.raises(RunInfoError, match=r"its data\.partitions is 1000000000000, but the run wrote 2 partitions"):
+        _check_partitions(store, info)

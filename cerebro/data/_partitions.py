@@ -116,9 +116,27 @@ def write_layout(data_dir: str, layout: PartitionLayout) -> None:
     files.write_atomic(files.join(data_dir, "meta.json"), json.dumps(meta, indent=1).encode())
 
 
+MAX_META_BYTES = 64 << 20     # meta.json: shapes, dtypes and per-partition counts
+
+
 def read_layout(data_dir: str) -> PartitionLayout:
-    with files.open_file(files.join(data_dir, "meta.json")) as f:
-        meta = json.load(f)
+    """The partitions' layout from ``meta.json``: a regular file of a bounded size (a run
+    directory is anyone's to write), with every entry readers need, or a ValueError naming it."""
+    path = files.join(data_dir, "meta.json")
+    try:
+        meta = json.loads(files.read_regular(path, MAX_META_BYTES))
+        return _layout(meta)
+    except (KeyError, TypeError, AttributeError, RecursionError) as error:
+        raise ValueError(f"{path} is damaged: {type(error).__name__}: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{path} is damaged: {error}") from None
+
+
+def _layout(meta: dict) -> PartitionLayout:
+    if not isinstance(meta.get("num_partitions"), int) or not isinstance(meta.get("rows"), dict):
+        raise TypeError("its num_partitions must be a whole number and its rows an object of the splits' counts")
+    if any(not isinstance(r, list) or len(r) != meta["num_partitions"] for r in meta["rows"].values()):
+        raise TypeError("its rows must list one count per partition for each split")
     return PartitionLayout(meta["num_partitions"], tuple(meta["feature_shape"]), tuple(meta["label_shape"]),
                            meta["label_dtype"], meta["rows"], meta.get("feature_dtype", "float32"),
                            meta.get("row_group_rows"), meta.get("window", 1),

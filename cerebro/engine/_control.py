@@ -164,6 +164,8 @@ def take_commands(store: RunStore, refused: set[str]) -> list[tuple[str, Any]]:
             continue
         path = store.file(COMMANDS, name)
         try:
+            if "://" not in path:
+                _own_file(path)
             command: Any = json.loads(files.read_regular(path, _MAX_COMMAND_BYTES))
         except Exception as error:      # noqa: BLE001  (a deep nesting's RecursionError too)
             command = ValueError(f"{type(error).__name__}: {error}"[:500])
@@ -192,9 +194,18 @@ def stop_asked(store: RunStore, refused: set[str]) -> bool:
     return True
 
 
-def _remove_regular(path: str) -> None:
-    if not stat.S_ISREG(os.lstat(path).st_mode):
+def _own_file(path: str) -> None:
+    """Raise unless ``path`` is a regular file with one name: a link (hard or symbolic) names
+    another file, which Cerebro neither acts on nor deletes."""
+    found = os.lstat(path)
+    if not stat.S_ISREG(found.st_mode):
         raise files.UnsafeFileError(f"{path} is not a regular file")
+    if found.st_nlink != 1:
+        raise files.UnsafeFileError(f"{path} has {found.st_nlink} names (a hard link to another file)")
+
+
+def _remove_regular(path: str) -> None:
+    _own_file(path)
     os.unlink(path)
 
 

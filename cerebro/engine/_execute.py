@@ -30,7 +30,7 @@ from ..report._http import MetricsEndpoint, check_port
 from ..report._live import LiveFile
 from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
 from ..store import STATE_FORMAT, RunStore
-from ..store._files import check_location
+from ..store._files import UnsafeFileError, check_location
 from ..store._trust import check_key, new_run_id
 from ..worker import KerasTrainable, driver_keras_backend
 from ._driver import Driver
@@ -186,8 +186,11 @@ def finished(store: RunStore, build: Callable[[dict], Any] | None, mlflow_log: M
     result = Result(store, build)
     if mlflow_log is not None:
         mlflow_log.log_best(result)
-    store.write_table("history", result.history())
-    store.write_table("schedule", result.schedule())
+    for name, table in (("history", result.history), ("schedule", result.schedule)):
+        try:      # copies of what the journal says: one that cannot be written is said, and the run stands
+            store.write_table(name, table())
+        except UnsafeFileError as error:
+            logging.getLogger("cerebro").warning("%s.csv was not written: %s", name, error)
     if result.failure is not None:
         logging.getLogger("cerebro").error("%s\nThe run directory %s holds every trial's error (cb.load(...).trials)",
                                            result.failure, store.path)

@@ -16,6 +16,7 @@ from typing import Any
 import cloudpickle
 
 from ..backends import Backend
+from ..data import read_layout
 from ..report import Result
 from ..store import (
     DamagedLine,
@@ -25,6 +26,7 @@ from ..store import (
     Ledger,
     RunExtended,
     RunFinished,
+    RunInfoError,
     RunResumed,
     RunStarted,
     RunStore,
@@ -108,7 +110,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
             return Result(store, build)
         info = plan.info
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
-                                  else info["workers"])
+                                  else _recorded_workers(store, info))
         reproducibility_caveat(backend)
         if plan.cut is not None:
             store.emit(JournalRepaired(store.truncate_journal(plan.cut.offset), 0.0))
@@ -133,6 +135,7 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     """Read and check everything resume needs, and replay the journal; None where the run
     finished and there is nothing to retry or extend (with a warning)."""
     info = store.read_run_info()
+    _check_partitions(store, info)
     events, damaged = store.read_journal()
     retry = failed_trials(events) if retry_failed else {}
     kept, cut = replayable(events, damaged)
@@ -154,7 +157,7 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     for trial_id, config in retry.items():
         check_build(retry_build, trial_id, config, info)
     policy.start(info["seed"])
-    settings = RunSettings.from_run_info(info)
+    settings = RunSettings.from_run_info(info, trusted=trust)
     added = [{"event": TrialRetried.name, "trial_id": t} for t in retry]
     added += [] if extended is None else [{"event": RunExtended.name, **extended.record()}]
     try:
@@ -168,6 +171,28 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
         check_extendable(store, kept, recovered, extended)
     build_blob = pickle_build(build) if build is not None else store.read_build()
     return _Plan(info, policy, settings, recovered, retry, build_blob, cut, extended)
+
+
+def _check_partitions(store: RunStore, info: dict[str, Any]) -> None:
+    """run.json's partitions and workers against the partitions the run wrote: anyone may
+    have edited run.json, and resume starts that many workers over that many partitions."""
+    try:
+        written = read_layout(store.data_dir).num_partitions
+    except FileNotFoundError:
+        return        # no data/meta.json: the workers say so, naming it
+    if info["data"]["partitions"] != written:
+        raise RunInfoError(f"{store.file('run.json')} is damaged: its data.partitions is {info['data']['partitions']}, "
+                           f"but the run wrote {written} partitions (data/meta.json)")
+
+
+def _recorded_workers(store: RunStore, info: dict[str, Any]) -> int:
+    """The workers the run had, as run.json says, where that is a number a run can have: one
+    per partition at most (an edited run.json must not start a million processes)."""
+    workers, partitions = info["workers"], info["data"]["partitions"]
+    if not 1 <= workers <= partitions:
+        raise RunInfoError(f"{store.file('run.json')} is damaged: its workers={workers} must be between 1 and the "
+                           f"run's {partitions} partitions; pass workers= to resume to choose")
+    return workers
 
 
 def check_extendable(store: RunStore, events: list[dict[str, Any]], recovered: Recovered,

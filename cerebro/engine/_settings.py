@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,14 +126,31 @@ class RunSettings:
                          "cache_dir": self.storage.cache_dir}}
 
     @classmethod
-    def from_run_info(cls, info: dict[str, Any]) -> RunSettings:
+    def from_run_info(cls, info: dict[str, Any], trusted: bool = False) -> RunSettings:
         """The settings of the run whose run.json holds ``info``, to resume it: as it ran, but
-        with no time budget (older runs lack some entries: their defaults then)."""
+        with no time budget (older runs lack some entries: their defaults then). Where the run
+        directory is not ``trusted``, nothing in it points the run elsewhere: an MLflow tracking
+        URI or a cache directory it names is not used (said once each)."""
         searcher, data = info["searcher"], info["data"]
+        mlflow, cache_dir = info.get("mlflow", False), data.get("cache_dir")
+        if not trusted:
+            mlflow, cache_dir = _untrusted(mlflow, cache_dir)
         return cls(info["seed"], data["partitions"], sum(data["val_rows"]) > 0, Limits(**info.get("limits", {})),
                    VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
-                   Storage(data.get("in_memory", True), data.get("cache_dir")),
+                   Storage(data.get("in_memory", True), cache_dir),
                    keras_backend=info.get("keras_backend"), metric=searcher["metric"], mode=searcher["mode"],
                    patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
                    warm_start=WarmStartFrom.of_searcher(searcher), tensorboard=info.get("tensorboard", False),
-                   mlflow=info.get("mlflow", False))
+                   mlflow=mlflow)
+
+
+def _untrusted(mlflow: Any, cache_dir: Any) -> tuple[bool, None]:
+    """What a resume takes from an untrusted run.json's ``mlflow`` and ``cache_dir``: the run
+    directory's own MLflow store (True) or none, and the default cache; what it named
+    elsewhere (a server that would get the run's configs, a directory to write into) is left."""
+    for name, value in (("mlflow", mlflow if not isinstance(mlflow, bool) else None), ("data.cache_dir", cache_dir)):
+        if value is not None:
+            warnings.warn(f"run.json's {name} is {value!r}; a run directory's settings may have been edited by "
+                          f"anyone who can write it, so this resume does not use it: resume with trust=True "
+                          f"(--trust) to use it", stacklevel=4)
+    return mlflow is True, None

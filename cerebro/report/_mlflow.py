@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
 from typing import TYPE_CHECKING, Any
@@ -43,11 +44,16 @@ def tracking_uri(setting: bool | str, run_dir: str) -> str:
 def _check_own_files(run_dir: str) -> None:
     """The run directory's MLflow store must be its own: a ``mlflow.db`` or ``mlartifacts``
     that is a link (someone else's database, a directory elsewhere) is refused, not written."""
-    for name in ("mlflow.db", "mlartifacts"):
-        if os.path.islink(os.path.join(run_dir, name)):
-            raise files.UnsafeFileError(f"{os.path.join(run_dir, name)} is a symbolic link, not the MLflow store "
-                                        f"Cerebro makes in a run directory; nothing is written through it "
-                                        f"(remove it, or give mlflow= a tracking URI)")
+    for name, kind in (("mlflow.db", stat.S_ISREG), ("mlartifacts", stat.S_ISDIR)):
+        try:
+            found = os.lstat(os.path.join(run_dir, name))
+        except FileNotFoundError:
+            continue
+        if not kind(found.st_mode) or (kind is stat.S_ISREG and found.st_nlink != 1):
+            what = "a symbolic link" if stat.S_ISLNK(found.st_mode) else "not what Cerebro makes there"
+            raise files.UnsafeFileError(f"{os.path.join(run_dir, name)} is {what}, not the MLflow store Cerebro "
+                                        f"makes in a run directory; nothing is written through it (remove it, or "
+                                        f"give mlflow= a tracking URI)")
 
 
 class MLflowLog(Progress):

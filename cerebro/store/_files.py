@@ -201,7 +201,7 @@ def write_atomic(location: str, blob: bytes | None = None, writer: Any = None, d
     if "://" in location:
         fs.mv(path + ".tmp", path)
     else:        # not fsspec's mv (shutil.move): it moves into a directory, or one a link names
-        os.replace(location + ".tmp", location)
+        _replace(location + ".tmp", location)
 
 
 def _new_file(location: str) -> IO:
@@ -210,8 +210,23 @@ def _new_file(location: str) -> IO:
     attacker who can write the run directory points it to)."""
     temporary = location + ".tmp"
     if os.path.lexists(temporary):
-        os.remove(temporary)
+        try:
+            os.remove(temporary)
+        except IsADirectoryError:
+            raise _not_regular(temporary, stat.S_IFDIR) from None
     return os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb")
+
+
+def _replace(source: str, target: str) -> None:
+    """``os.replace``, where ``target`` may be anything someone put there: a directory (or
+    another kind of file that cannot be replaced) is named, and the temporary file removed."""
+    try:
+        os.replace(source, target)
+    except (IsADirectoryError, NotADirectoryError, PermissionError) as error:
+        os.remove(source)
+        if isinstance(error, PermissionError):
+            raise
+        raise _not_regular(target, os.lstat(target).st_mode) from None
 
 
 def sync(file: IO) -> None:
@@ -228,7 +243,7 @@ def move(source: str, target: str) -> None:
     """Rename ``source`` to ``target``, replacing whatever is there (a symbolic link itself,
     never what it names)."""
     if "://" not in source and "://" not in target:
-        os.replace(source, target)      # not shutil.move: it moves into a directory a link names
+        _replace(source, target)      # not shutil.move: it moves into a directory a link names
         return
     fs, path = _fs(source)
     fs.mv(path, _fs(target)[1])

@@ -2,11 +2,18 @@
 by a crash is told from a good one (and named) rather than taken for an event."""
 from __future__ import annotations
 
+import enum
+import functools
 import json
 import re
+import reprlib
+import types
+import typing
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
+
+from ._events import EVENTS
 
 
 def record(body: bytes) -> bytes:
@@ -24,9 +31,10 @@ class DamagedLine:
     events_before: int       # good events before it
     seems: str | None        # the event name it seems to hold: a guess, since the line is damaged
     torn: bool               # the last line, cut short by a crash while it was written
+    why: str = "it fails its CRC-32"
 
     def __str__(self) -> str:
-        return f"{self.path} line {self.number} is damaged (it fails its CRC-32) and was skipped"
+        return f"{self.path} line {self.number} is damaged ({self.why}) and was skipped"
 
 
 SEEMS = re.compile(rb'^\{"event": "([a-z_]+)", ')
@@ -42,5 +50,46 @@ def parse_record(line: bytes) -> dict[str, Any] | None:
         if zlib.crc32(body) != int(line[cut + 10:cut + 18], 16):
             return None
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):     # not JSON, or nested past any reader's depth
         return None
+
+
+def malformed(record: dict[str, Any]) -> str | None:
+    """Why a line whose CRC-32 holds is still no event Cerebro wrote: a field of another type
+    than its event's (a line anyone may have written, with its CRC); None where it is fine.
+    A field a line lacks is fine: older versions wrote fewer."""
+    if not isinstance(record, dict):
+        return f"it holds a JSON {type(record).__name__}, not an object"
+    cls = EVENTS.get(record.get("event", ""))
+    if cls is None:
+        return None
+    for name, hint in _hints(cls).items():
+        value = record.get(name)
+        if value is not None and not _fits(value, hint):
+            return f"its {record['event']} field {name!r} is {reprlib.repr(value)}, not {hint}"
+    return None
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    resolved = typing.get_type_hints(cls)
+    return {f.name: resolved[f.name] for f in fields(cls)}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args if arg is not type(None))
+    if hint is Any:
+        return True
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return value in {member.value for member in hint}
+    if hint in (int, float, str, bool):
+        numeric = hint in (int, float) and not isinstance(value, bool)
+        return isinstance(value, (int, float) if hint is float else hint) and (numeric or hint in (str, bool))
+    if origin is dict:
+        return isinstance(value, dict) and (args[1:] != (float,) or all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()))
+    if origin is list:
+        return isinstance(value, list)
+    return True

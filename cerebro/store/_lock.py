@@ -85,6 +85,9 @@ def _open_lock_file(path: str) -> IO:
         if error.errno == errno.ELOOP:
             raise files.UnsafeFileError(f"{path} is a symbolic link, not the lock file Cerebro makes; it is not "
                                         f"followed (remove it)") from None
+        if error.errno in (errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):     # a directory, a socket
+            raise files.UnsafeFileError(f"{path} is not the lock file Cerebro makes (a regular file with one "
+                                        f"name); it is not written (remove it)") from None
         raise
     found = os.fstat(handle)
     if not stat.S_ISREG(found.st_mode) or found.st_nlink != 1:

@@ -19,7 +19,7 @@ def checked_run_info(file: IO, path: str) -> dict[str, Any]:
     """The run.json in ``file`` (at ``path``, for the message), with its :data:`REQUIRED` entries."""
     try:
         info = json.load(file)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:     # nested past any reader's depth too
         raise RunInfoError(f"{path} is damaged: it is not JSON ({error})") from None
     if not isinstance(info, dict):
         raise RunInfoError(f"{path} is damaged: it holds a JSON {type(info).__name__}, not an object")

@@ -38,7 +38,7 @@ from typing import IO, TYPE_CHECKING, Any
 from . import _files as files
 from . import _unstarted as unstarted
 from ._events import Event
-from ._journal_lines import SEEMS, DamagedLine, parse_record, record
+from ._journal_lines import SEEMS, DamagedLine, malformed, parse_record, record
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
 from ._lock import Lease, lock_local
 from ._run_info import checked_run_info
@@ -54,6 +54,8 @@ STAGED = "staged"           # epoch-end states written by workers, taken as chec
 BEST = "checkpoint.best.state"
 STOP_FILE = "stop"
 MAX_RUN_INFO_BYTES = 64 << 20   # run.json holds settings: ~10 kB, a big space's a few MB
+MAX_JOURNAL_BYTES = 2 << 30     # ~300 bytes an event: millions of sub-epochs
+MAX_CODE_BYTES = 1 << 30        # build.pkl: the build and the searcher, with what their closures hold
 
 
 class RunStore:
@@ -156,13 +158,13 @@ class RunStore:
     def read_searcher(self) -> bytes:
         _, searcher = self._read_code()
         if searcher is None:                         # written before build.pkl held both
-            return files.read_regular(self.file("searcher.pkl"))
+            return files.read_regular(self.file("searcher.pkl"), MAX_CODE_BYTES)
         return searcher
 
     def _read_code(self) -> tuple[bytes, bytes | None]:
         """build.pkl's build and searcher; an older version's holds the build alone (None).
         Refused unless this user's run signed it or the store was opened with ``trust``."""
-        content = files.read_regular(self.file("build.pkl"))
+        content = files.read_regular(self.file("build.pkl"), MAX_CODE_BYTES)
         if not self.trust:
             signed = None
             if self.has("build.pkl.sig"):
@@ -219,22 +221,23 @@ class RunStore:
         path = self.file("journal.jsonl")
         if not files.exists(path):
             return [], []
-        lines = files.read_regular(path).splitlines(keepends=True)
+        lines = files.read_regular(path, MAX_JOURNAL_BYTES).splitlines(keepends=True)
         events, damaged, offset = [], [], 0
         for number, line in enumerate(lines, start=1):
             event = parse_record(line)
-            if event is not None:
+            why = "it fails its CRC-32" if event is None else malformed(event)
+            if why is None:
                 events.append(event)
             else:
                 seems = SEEMS.match(line)
                 damaged.append(DamagedLine(path, number, offset, len(events), seems and seems[1].decode(),
-                                           torn=number == len(lines) and not line.endswith(b"\n")))
+                                           torn=number == len(lines) and not line.endswith(b"\n"), why=why))
             offset += len(line)
         return events, damaged
 
     def truncate_journal(self, size: int) -> int:
         """Drop the journal from byte ``size`` on (a torn or damaged tail); the bytes dropped."""
-        content = files.read_regular(self.file("journal.jsonl"))
+        content = files.read_regular(self.file("journal.jsonl"), MAX_JOURNAL_BYTES)
         files.write_atomic(self.file("journal.jsonl"), content[:size])
         return len(content) - size
 

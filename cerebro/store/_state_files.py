@@ -45,7 +45,10 @@ def split_state_file(content: bytes) -> tuple[dict[str, Any], bytes]:
     """The header and the body of a state file's ``content``; raises ``ValueError`` where the
     body is not the size and CRC-32 its header says (a torn or changed file)."""
     head, _, body = content.partition(b"\n")
-    header = json.loads(head)
+    try:
+        header = json.loads(head)
+    except RecursionError:
+        raise ValueError("its header is nested deeper than any state file's") from None
     if not isinstance(header, dict):
         raise ValueError(f"its header is {type(header).__name__}, not an object")
     if len(body) != header["size"] or zlib.crc32(body) != header["crc"]:
@@ -62,7 +65,7 @@ def read_state_content(location: str) -> bytes:
         head = f.readline(_MAX_HEADER)
         try:
             size = json.loads(head)["size"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ValueError("its first line is not a state file's header") from None
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise ValueError(f"its header's size {size!r} is not a number of bytes")
@@ -105,7 +108,7 @@ def check_state_header(location: str, trial_id: str, epoch: int) -> None:
             raise ValueError(f"its header says {header}, not {expected}")
         if total != len(head) + header["size"]:
             raise ValueError(f"it is {total} bytes; its header says {len(head) + header['size']}")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise ValueError(f"the state file {location} is not the one written: {error}") from None
 
 
