@@ -21,6 +21,10 @@ computed again where they are needed (never a different result: only slower).
 frozen outputs differ every epoch, so training then runs the frozen module on every batch
 (evaluation, with a deterministic ``eval_transform``, stays materialized). Whether a
 transform draws is tested on the partition's first rows with two generators.
+
+*Switched off*: ``CEREBRO_MATERIALIZE=0`` in a worker's environment makes every trial run its
+frozen layers on every batch, as the plain model would (to compare the two, or to rule this
+out when hunting a difference): the results are the same, only slower.
 """
 from __future__ import annotations
 
@@ -202,7 +206,7 @@ class Materialized:
         outputs, or None where it has no frozen module or its transform for ``split`` draws
         (then the frozen module runs on each batch)."""
         frozen = trainable.frozen_part()
-        if frozen is None:
+        if frozen is None or os.environ.get("CEREBRO_MATERIALIZE") == "0":
             return None
         transform = trainable.transform if split == "train" else trainable.eval_transform
         made_by = transform_key(transform)

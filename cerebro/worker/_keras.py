@@ -27,6 +27,7 @@ import torch
 
 from ._exact import is_metric, merges, sub_epoch_state
 from ._keras_callbacks import history_name, load_plateau_state, plateau_of, plateau_state, step_plateau
+from ._keras_frozen import KerasFrozenPart, StoredBatch, frozen_prefix, model_for
 from ._protocol import Sums
 from ._state_check import Spec, check_weights, dtype_name
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, positive_batch_size
@@ -233,6 +234,17 @@ class KerasTrainable(Trainable):
     def trained_model(self) -> Any:
         return self.model
 
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        return {name: _tensor(v) for name, v in self._weights().items()}    # frozen ones too, as always
+
+    def frozen_part(self) -> KerasFrozenPart | None:
+        if not hasattr(self, "_frozen"):     # leading trainable=False layers: see _keras_frozen
+            self._frozen = frozen_prefix(self.model)
+        return self._frozen
+
+    def stored_batch(self, features: np.ndarray, label: np.ndarray, device: torch.device) -> StoredBatch:
+        return StoredBatch((features, label))       # the frozen prefix's outputs: for the head
+
     def _weights(self) -> dict[str, Any]:
         # By position: layer names (dense_3, ...) differ between two builds in one process.
         return {f"{i:04d}:{v.name}": v for i, v in enumerate(self.model.weights)}
@@ -252,8 +264,9 @@ class KerasTrainable(Trainable):
             self._stepped_epochs = epoch - 1
         self._reseed(seed)
         sums = Sums.empty(self._metric_names)
-        for inputs, targets in batches:
-            logs = self.model.train_on_batch(inputs, targets, return_dict=True)
+        for batch in batches:
+            inputs, targets = batch
+            logs = model_for(batch, self).train_on_batch(inputs, targets, return_dict=True)
             sums += self._sums(logs, len(targets))
             if not math.isfinite(sums.loss):
                 break
@@ -266,10 +279,11 @@ class KerasTrainable(Trainable):
         sums = Sums.empty(self._metric_names)
         for metric in self._exact.values():
             metric.reset()
-        for inputs, targets in batches:
-            sums += self._sums(self.model.test_on_batch(inputs, targets, return_dict=True), len(targets))
+        for batch in batches:
+            (inputs, targets), model = batch, model_for(batch, self)
+            sums += self._sums(model.test_on_batch(inputs, targets, return_dict=True), len(targets))
             if self._exact:
-                outputs = torch.from_numpy(np.asarray(self.model.predict_on_batch(inputs)))
+                outputs = torch.from_numpy(np.asarray(model.predict_on_batch(inputs)))
                 for metric in self._exact.values():
                     metric.update(outputs, torch.from_numpy(np.asarray(targets)))
             check_deadline(deadline)

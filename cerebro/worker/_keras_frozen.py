@@ -1,0 +1,182 @@
+"""A Keras model's leading frozen layers, computed once per partition (DESIGN invariant 11).
+
+MADlib's transfer learning, and Keras's own guide, freeze a pretrained base with
+``layer.trainable = False`` and train a head after it. :class:`KerasTrainable` finds such a
+prefix in the compiled model by itself (no argument): a worker then computes the prefix's
+outputs once per partition (:class:`cerebro.worker._frozen.Materialized`) and trains and
+evaluates the rest of the model, the *head*, on them.
+
+*Which layers*: the model's leading layers, each with ``trainable=False`` (no trainable
+weights) and giving the same outputs in training as in inference: no seed generators
+(``Dropout``, noise, augmentation), no activity regularizer (its loss would be left out), no
+mask, and no sublayer of another library than Keras that takes ``training`` (Keras's own
+differ in training only by drawing, or, ``BatchNormalization``, where trainable: frozen, it
+normalizes with its moving statistics in training too). A pretrained base model as one layer
+counts as one frozen layer.
+
+*Which models*: a ``Sequential`` model, or a functional one that is a chain (one input, one
+output, each layer called on the one before's output alone). Any other model (branches,
+several inputs, a subclassed model) has no frozen part: it trains as it is, unchanged.
+
+*The head* is ``keras.Model(prefix output, model output)``: the same layer objects, so the
+same weights, compiled as the model is with the model's optimizer object, so its variables
+(and the state that hops, which keeps every weight of the whole model) are unchanged.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class StoredBatch(tuple):
+    """``(inputs, targets)`` where the inputs are the frozen prefix's outputs: the head takes it."""
+
+
+class KerasFrozenPart:
+    """The frozen prefix of a Keras model, as :class:`~cerebro.worker._frozen.Materialized`
+    uses one: :meth:`digests`, ``layers`` and :meth:`run_from`."""
+
+    module = None        # Materialized.share shares torch modules only: Keras layers stay the trial's
+
+    def __init__(self, layers: list[Any], head: Any) -> None:
+        self.layers = layers
+        self.head = head                  # the compiled rest of the model, on the prefix's outputs
+        self._digests: list[str] | None = None
+
+    def digests(self) -> list[str]:
+        """One digest per prefix (``layers[:k + 1]``), each chained on the one before: equal
+        where the prefixes' classes, configurations (layer names aside) and weights are."""
+        if self._digests is None:
+            chained, found = hashlib.sha256(b"cerebro-frozen-keras/1"), []
+            for layer in self.layers:
+                chained = hashlib.sha256(chained.digest() + _layer_digest(layer))
+                found.append(chained.hexdigest())
+            self._digests = found
+        return self._digests
+
+    def nbytes(self) -> int:
+        return sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for layer in self.layers for w in layer.weights)
+
+    def run_from(self, depth: int, inputs: Any, device: torch.device) -> np.ndarray:
+        """``layers[depth:]`` applied to ``inputs`` in inference mode, as a numpy array. Keras
+        places the computation itself (``device`` is the worker's torch device)."""
+        keras = sys.modules["keras"]
+        if isinstance(inputs, torch.Tensor):
+            inputs = inputs.cpu().numpy()
+        x = keras.ops.convert_to_tensor(np.ascontiguousarray(inputs) if isinstance(inputs, np.ndarray) else inputs)
+        for layer in self.layers[depth:]:
+            x = layer(x, training=False)
+        return keras.ops.convert_to_numpy(x)
+
+
+def frozen_prefix(model: Any) -> KerasFrozenPart | None:
+    """``model``'s leading frozen layers with its head, or None: no such layers, a model that
+    is not a chain, or a head that cannot be compiled with the model's own optimizer."""
+    chain = _chain(model)
+    if not chain:
+        return None
+    depth = 0
+    while depth < len(chain) - 1 and _is_frozen(*chain[depth]):     # the last layer is the head's at least
+        depth += 1
+    if depth == 0:
+        return None
+    head = _head(model, chain[depth][1].arguments.keras_tensors[0])
+    return None if head is None else KerasFrozenPart([layer for layer, _ in chain[:depth]], head)
+
+
+def _chain(model: Any) -> list[tuple[Any, Any]] | None:
+    """``model``'s layers with their nodes in it, input to output, where each takes the one
+    before's output alone; None where the model is not such a chain."""
+    try:
+        inputs, outputs = list(model.inputs), list(model.outputs)
+    except (AttributeError, TypeError, ValueError):     # a subclassed model, a Sequential without an input
+        return None
+    if len(inputs) != 1 or len(outputs) != 1:
+        return None
+    chain, tensor = [], outputs[0]
+    while tensor is not inputs[0]:
+        operation, node_index, _ = tensor._keras_history
+        node = operation._inbound_nodes[node_index]
+        if node.is_input or len(node.arguments.keras_tensors) != 1 or len(node.outputs) != 1:
+            return None
+        chain.append((operation, node))
+        tensor = node.arguments.keras_tensors[0]
+    return chain[::-1]
+
+
+def _is_frozen(layer: Any, node: Any) -> bool:
+    """Whether ``layer`` (called at ``node``) is frozen and gives the same outputs in training
+    as in inference, so that its outputs can be computed once (see the module's docstring)."""
+    if layer.trainable or layer.trainable_weights or set(node.arguments.kwargs) - {"training"}:
+        return False
+    if getattr(node.outputs[0], "_keras_mask", None) is not None:     # the head would lose the mask
+        return False
+    for sub in layer._flatten_layers(include_self=True):
+        if sub._seed_generators or sub.activity_regularizer is not None:
+            return False
+        # Keras's own layers differ in training by drawing (seed generators) or, for
+        # BatchNormalization, only where trainable; another's that takes `training` may differ.
+        if getattr(sub, "_call_has_training_arg", False) and not type(sub).__module__.startswith("keras."):
+            return False
+    return True
+
+
+def _head(model: Any, tensor: Any) -> Any:
+    """The model from ``tensor`` (the frozen prefix's output) on, compiled as ``model`` is,
+    with ``model``'s optimizer object; None where Keras would not keep that optimizer."""
+    keras = sys.modules["keras"]
+    compiled = getattr(model, "_compile_config", None)
+    if compiled is None or getattr(model, "optimizer", None) is None:
+        return None
+    head = keras.Model(tensor, model.outputs[0], name=f"{model.name}_head")
+    head.compile(**{**compiled.config, "optimizer": model.optimizer})
+    # A mixed-precision compile could wrap the optimizer in a new LossScaleOptimizer: other
+    # variables, another state. Then the model trains as it is.
+    return head if head.optimizer is model.optimizer else None
+
+
+def _layer_digest(layer: Any) -> bytes:
+    described = hashlib.sha256(f"{type(layer).__module__}.{type(layer).__qualname__}\n".encode())
+    try:
+        config = json.dumps(_unnamed(layer.get_config(), _names(layer)), sort_keys=True, default=repr)
+    except NotImplementedError:
+        # A custom layer without get_config: nothing tells two of them apart but the object,
+        # so its outputs are shared by no other trial (still computed once per partition).
+        config = f"object {id(layer)}"
+    described.update(config.encode() + b"\n")
+    for weight in layer.weights:
+        value = np.ascontiguousarray(weight.numpy())
+        described.update(f"{value.dtype} {value.shape}\n".encode())
+        described.update(value.tobytes())
+    return described.digest()
+
+
+def _names(layer: Any) -> dict[str, int]:
+    """The names of ``layer`` and everything in it: Keras numbers them per process (dense_3,
+    dense_7), so two builds of one model differ in them alone."""
+    names: dict[str, int] = {}
+    for sub in layer._flatten_layers(include_self=True):
+        for operation in [sub, *getattr(sub, "_operations", ())]:
+            names.setdefault(operation.name, len(names))
+    return names
+
+
+def _unnamed(config: Any, names: dict[str, int]) -> Any:
+    """``config`` with each layer name replaced by its place among ``names``."""
+    if isinstance(config, dict):
+        return {key: _unnamed(value, names) for key, value in config.items()}
+    if isinstance(config, (list, tuple)):
+        return [_unnamed(value, names) for value in config]
+    if isinstance(config, str) and config in names:
+        return f"#{names[config]}"
+    return config
+
+
+def model_for(batch: Any, trainable: Any) -> Any:
+    """The model that takes ``batch``: the head for a :class:`StoredBatch`, else the whole."""
+    return trainable.frozen_part().head if isinstance(batch, StoredBatch) else trainable.model
