@@ -233,3 +233,35 @@ def test_an_augmenting_transform_runs_the_frozen_layers_per_training_batch_said_
     features = digits(partitions=1).validation_arrays()[0][:20]
     session = onnxruntime.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
     assert np.allclose(session.run(None, {"features": features})[0], frozen.best.predict(features), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_frozen_weights_are_stored_once_per_run_and_serve_the_winner_after_the_pretrained_file_changed(tmp_path):
+    weights = str(tmp_path / "backbone.safetensors")
+    from safetensors.torch import save_file
+    save_file(backbone().state_dict(), weights)
+
+    def build(config: dict) -> cb.TorchTrainable:
+        layers = backbone()
+        layers.load_state_dict(load_file(weights))
+        torch.manual_seed(5)
+        head = torch.nn.Sequential(*layers[config["depth"]:], torch.nn.Linear(32, 10))
+        return cb.TorchTrainable(model=head, frozen=layers[:config["depth"]], batch_size=32,
+                                 optimizer=torch.optim.Adam(head.parameters(), lr=1e-2),
+                                 loss=torch.nn.functional.cross_entropy)
+    result = cb.GridSearch(build, {"depth": cb.choice([2, 4])}, epochs=1).fit(
+        digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    stored = sorted(os.listdir(os.path.join(result.run_dir, "frozen")))
+    assert len(stored) == 2 and all(name.endswith(".safetensors") for name in stored)
+    features = digits(partitions=1).validation_arrays()[0][:20]
+    before = {t.trial_id: t.predict(features) for t in result.trials}
+    torch.manual_seed(99)       # "the pretrained weights were replaced since"
+    save_file({k: torch.randn_like(v) if v.is_floating_point() else v for k, v in backbone().state_dict().items()},
+              weights)
+    loaded = cb.load(result.run_dir)
+    assert all(np.array_equal(t.predict(features), before[t.trial_id]) for t in loaded.trials)
+    for name in stored:
+        os.unlink(os.path.join(result.run_dir, "frozen", name))
+    with pytest.raises(ValueError, match=r"^t0000 trained on frozen layers [0-9a-f]{12}, but build\(config\) makes "
+                                         r"others now \([0-9a-f]{12}: were the pretrained weights it loads replaced"):
+        cb.load(result.run_dir).trials[0].model()

@@ -17,6 +17,7 @@ from ..data import FeatureSpec, prediction_rows
 from ..store import BEST, RunStore, TrialStatus, UntrustedCodeError, unpack_tensors
 from ..store import _files as files
 from ..worker import StateMismatchError, Trainable, predict_rows
+from ..worker._frozen_weights import restore_frozen
 from ..worker._state_check import check_tensors, model_part
 from ..worker._trainable import positive_batch_size
 
@@ -65,8 +66,9 @@ class TrialResult:
         whose weights are not all tensors raises :class:`StateMismatchError`, naming it."""
         return self._weights(epoch)[0]
 
-    def _weights(self, epoch: int | str) -> tuple[dict[str, torch.Tensor], str]:
-        """:meth:`state_dict` of ``epoch``, and the checkpoint file it is from."""
+    def _weights(self, epoch: int | str) -> tuple[dict[str, torch.Tensor], str, str | None]:
+        """:meth:`state_dict` of ``epoch``, the checkpoint file it is from, and the digest of
+        the frozen layers it was trained on (None: it has none)."""
         store = self._require_result().store
         limit = self._require_result().keep_checkpoints
         kept = (BEST, "checkpoint.state", "checkpoint.prev.state")     # checked by name: reading them is later
@@ -115,7 +117,7 @@ class TrialResult:
         from safetensors.torch import save_file
         path = files.check_output(path, "path")
         number = self.epoch_number(epoch)
-        weights, source = self._weights(epoch)
+        weights, source, frozen = self._weights(epoch)
         try:
             built = self._build()
         except UntrustedCodeError:      # a run not signed by you: its weights are data, written as they are
@@ -124,6 +126,7 @@ class TrialResult:
             _check_fit(built, weights, source, self.trial_id)
             if built.frozen_part() is not None:
                 built.load_weights(weights)
+                restore_frozen(built, frozen, self._require_result().store, self.trial_id)
                 weights = built.trained_weights()
         save_file(weights, path,
                   metadata={"trial_id": self.trial_id, "epoch": str(number), "config": json.dumps(self.config)})
@@ -138,9 +141,10 @@ class TrialResult:
         are not that model's (a key missing or unknown, another shape or dtype) raise
         :class:`StateMismatchError`, naming the checkpoint file and the first difference."""
         trainable = self._build()
-        weights, source = self._weights(epoch)
+        weights, source, frozen = self._weights(epoch)
         _check_fit(trainable, weights, source, self.trial_id)
         trainable.load_weights(weights)
+        restore_frozen(trainable, frozen, self._require_result().store, self.trial_id)
         return trainable
 
     def _build(self) -> Trainable:
@@ -194,16 +198,18 @@ class TrialResult:
         return self._result
 
 
-def _unpacked_weights(trial_id: str, checkpoint: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str]:
-    """The weights of a checkpoint read by :meth:`RunStore.checkpoints`, and its file. Its CRC
-    says its bytes are those written, not that they are weights: they are checked to be."""
+def _unpacked_weights(trial_id: str, checkpoint: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str, str | None]:
+    """The weights of a checkpoint read by :meth:`RunStore.checkpoints`, its file, and the
+    digest of the frozen layers its state names. Its CRC says its bytes are those written,
+    not that they are weights: they are checked to be."""
     try:
         weights = unpack_tensors(model_part(checkpoint["state"]))
         check_tensors(weights)
     except StateMismatchError as error:
         raise StateMismatchError(f"the checkpoint {checkpoint['path']} does not hold {trial_id}'s weights: "
                                  f"{error}") from None
-    return weights, checkpoint["path"]
+    frozen = checkpoint["state"].get("frozen")
+    return weights, checkpoint["path"], frozen if isinstance(frozen, str) else None
 
 
 def _check_fit(trainable: Trainable, weights: dict[str, torch.Tensor], source: str, trial_id: str) -> None:

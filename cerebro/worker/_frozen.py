@@ -76,6 +76,10 @@ class FrozenPart:
             self._digests = found
         return self._digests
 
+    def forget_digests(self) -> None:
+        """The weights changed (loaded from the run's copy): digest them again when asked."""
+        self._digests = None
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
 

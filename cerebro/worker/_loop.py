@@ -20,6 +20,7 @@ from ..data import PartitionFileError, PartitionSource, StreamedPartition, trans
 from ..store import StateFormatError, TaskKind, frames, pack_tensors, unpack_tensors, write_state_file
 from ._data import WorkerData
 from ._frozen import Materialized
+from ._frozen_weights import frozen_dir, store_weights
 from ._keras import prepare_keras
 from ._outbox import Outbox
 from ._peers import StateServer, fetch
@@ -111,6 +112,8 @@ class _Trainables:
         self.fetched = 0                     # bytes the last take fetched from a peer
         self._unfilled: tuple[str, int, list] | None = None    # reserved in the outbox, to copy there
         self.materialized = Materialized()   # frozen layers' outputs, shared by the trials that have them
+        self.frozen_dir: str | None = None    # where the run keeps frozen weights, once each
+        self._frozen_stored: set[str] = set()
 
     def take(self, task: RunSubEpoch) -> Trainable | StateMissing:
         """``task``'s trainable at the task's state version, or why that state is not here."""
@@ -149,6 +152,8 @@ class _Trainables:
             raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
                             f"got {type(trainable).__name__}")
         self.materialized.share(trainable)
+        if self.frozen_dir is not None:
+            store_weights(trainable, self.frozen_dir, self._frozen_stored)
         trainable.place(self.device)
         trainable.steps_per_epoch(sum(-(-rows // trainable.batch_size) for rows in self.train_rows))
         return trainable
@@ -260,8 +265,10 @@ def _set_up(setup: Setup, worker: int, data: WorkerData, authkey: bytes) -> tupl
         importlib.import_module("torch._dynamo")
     device = _device(worker)
     data.load(setup.partitions)
-    return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES,
-                       list(data.layout.rows["train"]), authkey), device
+    trainables = _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES,
+                             list(data.layout.rows["train"]), authkey)
+    trainables.frozen_dir = frozen_dir(setup.data_dir)
+    return trainables, device
 
 
 def _ready(worker: int, device: torch.device, data: WorkerData, peer: tuple[str, int] | None) -> Ready:

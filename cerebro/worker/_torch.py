@@ -227,6 +227,8 @@ class TorchTrainable(Trainable):
             state["lr_scheduler_epochs"] = self._stepped_epochs
         if self._scaler.is_enabled():
             state["grad_scaler"] = self._scaler.state_dict()
+        if self._frozen is not None:      # which frozen layers the head trained on (see _frozen_weights)
+            state["frozen"] = self._frozen.digests()[-1]
         return state
 
     def load_state(self, state: Mapping, *, keep_hyperparameters: bool = False) -> None:
