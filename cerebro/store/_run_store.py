@@ -17,6 +17,7 @@
     trials/t0000/checkpoint.best.state  the epoch with the best metric so far (a hard link
                              of its checkpoint on a local disk)
     trials/t0000/error.txt       the traceback of a failed trial
+    frozen/<digest>.safetensors  frozen layers' weights (TorchTrainable(frozen=...)), once per run
     staged/t0000.17.state    a state a worker wrote at an epoch's end (task 17), until the
                              driver takes it as the checkpoint; removed when the run ends
     history.csv, schedule.csv    written when the run finishes
