@@ -153,10 +153,26 @@ def test_outputs_are_computed_once_and_a_deeper_prefix_from_a_shallower_ones(par
         assert all(np.array_equal(a, b) for a, b in zip(ours, stored, strict=True))
 
 
+def test_a_streamed_partitions_outputs_are_mapped_from_local_disk_and_removed_with_the_worker(tmp_path):
+    data_dir = str(tmp_path / "data")
+    digits(partitions=1, rows=300).write(data_dir, 1)
+    streamed = open_partition(read_layout(data_dir), data_dir, "train", 0, False)
+    in_memory = open_partition(read_layout(data_dir), data_dir, "train", 0, True)
+    kept, cpu = Materialized(budget=1 << 30), torch.device("cpu")
+    mapped = kept.source(FrozenPart(backbone()), None, 0, "train", streamed, cpu)
+    held = Materialized(budget=1 << 30).source(FrozenPart(backbone()), None, 0, "train", in_memory, cpu)
+    assert isinstance(mapped.features, np.memmap) and not isinstance(held.features, np.memmap)
+    assert np.array_equal(mapped.features, held.features)
+    files = [os.path.join(kept._directory, n) for n in os.listdir(kept._directory) if n.endswith(".npy")]
+    assert len(files) == 1 and os.path.getsize(files[0]) >= mapped.features.nbytes
+    kept.close()
+    assert not os.path.exists(files[0])
+
+
 def test_what_is_kept_within_the_budget_is_what_saves_most_compute_per_byte():
     def entry(seconds: float, rows: int) -> _Kept:
         return _Kept(np.zeros((rows, 10), np.float32), np.zeros(rows, np.int64), seconds)
-    kept = Materialized(budget=entry(0, 300).nbytes)      # room for 300 rows
+    kept = Materialized(budget=entry(0, 300).nbytes, disk_budget=0)      # room for 300 rows
     assert kept.keep(("a", "", 0, "train"), entry(1.0, 100))
     assert kept.keep(("b", "", 0, "train"), entry(9.0, 100))
     assert kept.keep(("c", "", 0, "train"), entry(5.0, 150))        # a, the cheapest per byte, goes
@@ -265,3 +281,18 @@ def test_frozen_weights_are_stored_once_per_run_and_serve_the_winner_after_the_p
     with pytest.raises(ValueError, match=r"^t0000 trained on frozen layers [0-9a-f]{12}, but build\(config\) makes "
                                          r"others now \([0-9a-f]{12}: were the pretrained weights it loads replaced"):
         cb.load(result.run_dir).trials[0].model()
+
+
+@pytest.mark.slow
+def test_a_streamed_run_with_frozen_layers_equals_the_plain_run_in_memory(runs, tmp_path):
+    """Storage never changes results (invariant 6): the frozen outputs of streamed partitions
+    are mapped from the workers' disks, and the run is the in-memory plain run's, bit for bit."""
+    _, plain, _ = runs
+    frozen_build, _ = builds()
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    streamed = cb.Dataset.from_numpy((x[:600] / 16.0).astype(np.float32), y[:600], validation=0.2, partitions=2,
+                                     seed=0, in_memory=False)
+    result = cb.GridSearch(frozen_build, SPACE, epochs=3, metric="val_accuracy", mode="max").fit(
+        streamed, workers=2, store=tmp_path / "streamed", seed=0, verbose=0)
+    assert result.history().equals(plain.history())

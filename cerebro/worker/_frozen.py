@@ -12,10 +12,13 @@ Transfer Learning over Evolving Training Datasets", SIGMOD 2022), which measured
 has one per prefix (``backbone[:k]``), chained, so freeze depth can be a hyperparameter: a
 deeper prefix is computed from the longest shallower one a worker keeps, not from the input.
 
-*What is kept*: a worker keeps outputs within :data:`MATERIALIZED_BYTES` (or
-``CEREBRO_MATERIALIZED_BYTES``), in memory. Past it, the greedy rule of
-:meth:`Materialized.keep` keeps what saves the most compute per byte; outputs not kept are
-computed again where they are needed (never a different result: only slower).
+*What is kept*: a worker keeps the outputs for partitions it holds in memory in memory, within
+:data:`MATERIALIZED_BYTES` (``CEREBRO_MATERIALIZED_BYTES``), and those of streamed partitions
+in files on its local disk, mapped (the page cache holds what is read, as for the partition),
+within :data:`MATERIALIZED_DISK_BYTES` (``CEREBRO_MATERIALIZED_DISK_BYTES``). Past a budget,
+the greedy rule of :meth:`Materialized.keep` keeps what saves the most compute per byte;
+outputs not kept are computed again where they are needed (never a different result: only
+slower).
 
 *When not*: a training ``transform`` that draws from its ``rng`` (augmentation) makes the
 frozen outputs differ every epoch, so training then runs the frozen module on every batch
@@ -40,9 +43,11 @@ import cloudpickle
 import numpy as np
 import torch
 
-from ..data import InMemoryPartition, PartitionSource
+from ..data import InMemoryPartition, PartitionSource, StreamedPartition
+from ..store._scratch import remove_scratch, scratch_directory
 
-MATERIALIZED_BYTES = 2 << 30     # per worker; CEREBRO_MATERIALIZED_BYTES sets another
+MATERIALIZED_BYTES = 2 << 30     # per worker, in memory; CEREBRO_MATERIALIZED_BYTES sets another
+MATERIALIZED_DISK_BYTES = 32 << 30   # per worker, mapped from local disk; CEREBRO_MATERIALIZED_DISK_BYTES
 _CHUNK_ROWS = 256                # rows the frozen module runs on at once while materializing
 
 
@@ -124,6 +129,7 @@ class _Kept:
     outputs: np.ndarray
     label: np.ndarray
     seconds: float           # what computing them cost: what keeping them saves, each time used
+    path: str | None = None  # the file they are mapped from (a streamed partition's), or in memory
 
     @property
     def nbytes(self) -> int:
@@ -133,8 +139,11 @@ class _Kept:
 class Materialized:
     """A worker's frozen outputs: by (prefix digest, transform, partition, split)."""
 
-    def __init__(self, budget: int | None = None) -> None:
-        self.budget = _budget() if budget is None else budget
+    def __init__(self, budget: int | None = None, disk_budget: int | None = None) -> None:
+        self.budget = _budget("CEREBRO_MATERIALIZED_BYTES", MATERIALIZED_BYTES) if budget is None else budget
+        self.disk_budget = _budget("CEREBRO_MATERIALIZED_DISK_BYTES", MATERIALIZED_DISK_BYTES) \
+            if disk_budget is None else disk_budget
+        self._directory: str | None = None     # scratch for a streamed partition's outputs, made when needed
         self._kept: OrderedDict[tuple[str, str, int, str], _Kept] = OrderedDict()
         self.computed = 0            # materializations done (for tests and the benchmark)
         self._draws: dict[str, bool] = {}     # transform key -> whether it draws from its rng
@@ -152,8 +161,11 @@ class Materialized:
             depth, start = self._deepest_kept(digests, made_by, partition, split)
             outputs, label = _compute(frozen, depth, start, stored, transform, device)
             kept = _Kept(outputs, label, time.perf_counter() - started)
+            if isinstance(stored, StreamedPartition):     # it was streamed for its size: so are they
+                kept = self._mapped(kept)
             self.computed += 1
-            self.keep(key, kept)
+            if not self.keep(key, kept) and kept.path is not None:
+                os.remove(kept.path)          # mapped, it is read from the file until dropped
         else:
             self._kept.move_to_end(key)
         return InMemoryPartition(stored.layout, kept.outputs, kept.label)
@@ -172,27 +184,46 @@ class Materialized:
         that save less per byte than it are dropped, cheapest first, until it fits; where it
         still does not fit, it is not kept (computed again when needed). Nautilus chooses with
         an MILP; per byte saved is its greedy relaxation."""
-        worth = kept.seconds / max(kept.nbytes, 1)
-        held = sum(k.nbytes for k in self._kept.values())
-        cheaper = sorted(self._kept, key=lambda k: self._kept[k].seconds / max(self._kept[k].nbytes, 1))
+        worth, budget = kept.seconds / max(kept.nbytes, 1), self.budget if kept.path is None else self.disk_budget
+        alike = [k for k, v in self._kept.items() if (v.path is None) == (kept.path is None)]
+        held = sum(self._kept[k].nbytes for k in alike)
+        cheaper = sorted(alike, key=lambda k: self._kept[k].seconds / max(self._kept[k].nbytes, 1))
         dropped = []
         for other in cheaper:
-            if held + kept.nbytes <= self.budget:
+            if held + kept.nbytes <= budget:
                 break
             entry = self._kept[other]
             if entry.seconds / max(entry.nbytes, 1) >= worth:
                 break
             dropped.append(other)
             held -= entry.nbytes
-        if held + kept.nbytes > self.budget:
+        if held + kept.nbytes > budget:
             return False
         for other in dropped:
-            del self._kept[other]
+            gone = self._kept.pop(other)
+            if gone.path is not None:
+                os.remove(gone.path)
         self._kept[key] = kept
         return True
 
     def nbytes(self) -> int:
         return sum(k.nbytes for k in self._kept.values())
+
+    def _mapped(self, kept: _Kept) -> _Kept:
+        """``kept`` with its outputs written to this worker's scratch directory and mapped
+        from there: the page cache holds what is read, as it does for the partition."""
+        if self._directory is None:
+            self._directory = scratch_directory("cerebro-frozen")
+        path = os.path.join(self._directory, f"{self.computed}.npy")
+        np.save(path, kept.outputs)
+        return _Kept(np.load(path, mmap_mode="r"), kept.label, kept.seconds, path)
+
+    def close(self) -> None:
+        """Remove the mapped outputs' files (a worker ends)."""
+        self._kept.clear()
+        if self._directory is not None:
+            remove_scratch(self._directory)
+            self._directory = None
 
     def share(self, trainable: Any) -> None:
         """One copy of each frozen module on this worker: a trial built with frozen layers
@@ -249,6 +280,6 @@ def _inputs(features: np.ndarray, transform: Callable | None) -> Any:
     return transform(features, np.random.default_rng(0))       # deterministic: checked by draws()
 
 
-def _budget() -> int:
-    value = os.environ.get("CEREBRO_MATERIALIZED_BYTES")
-    return MATERIALIZED_BYTES if not value else int(value)
+def _budget(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if not value else int(value)

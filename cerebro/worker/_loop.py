@@ -193,7 +193,7 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         setup: Setup = channel.recv()
     except (EOFError, OSError):
         return      # the driver gave up on this worker before it set up
-    data = server = outbox = None
+    data = server = outbox = materialized = None
     stop = threading.Event()
     try:    # one try: a SIGTERM's SystemExit anywhere after the handshake leaves no copy behind
         try:
@@ -207,8 +207,9 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
             return
         ready = functools.partial(_ready, worker, device, data, server.address if server is not None else None)
         channel.send(ready())
+        materialized = trainables.materialized
         threading.Thread(target=_beat, args=(channel, worker, setup.heartbeat_interval, stop,
-                                             lambda: _close(data, server, outbox)), daemon=True).start()
+                                             lambda: _close(data, server, outbox, materialized)), daemon=True).start()
         _serve(channel, trainables, data, device, ready)
         # Set inside the try: a SIGTERM just before it raises here, and the finally runs whole.
         EXITING.set()
@@ -216,10 +217,10 @@ def run_worker(address: tuple[str, int], authkey: bytes, worker: int, launched_b
         EXITING.set()
         stop.set()
         channel.close()
-        _close(data, server, outbox)
+        _close(data, server, outbox, materialized)
 
 
-def _close(*resources: WorkerData | StateServer | Outbox | None) -> None:
+def _close(*resources: WorkerData | StateServer | Outbox | Materialized | None) -> None:
     """Remove this worker's copy of the partitions and its outbox's files, and stop serving."""
     for resource in resources:
         if resource is not None:
