@@ -35,7 +35,7 @@ import hashlib
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,11 +74,7 @@ class FrozenPart:
         """One digest per prefix (``layers[:k + 1]``), each chained on the one before: equal
         where the prefixes' structures and weights are."""
         if self._digests is None:
-            chained, found = hashlib.sha256(b"cerebro-frozen/1"), []
-            for layer in self.layers:
-                chained = hashlib.sha256(chained.digest() + _layer_digest(layer))
-                found.append(chained.hexdigest())
-            self._digests = found
+            self._digests = chained_digests(b"cerebro-frozen/1", map(_layer_digest, self.layers))
         return self._digests
 
     def forget_digests(self) -> None:
@@ -97,6 +93,15 @@ class FrozenPart:
             for layer in self.layers[depth:]:
                 x = layer.eval()(x)
         return x.cpu().numpy()
+
+
+def chained_digests(tag: bytes, layers: Iterable[bytes]) -> list[str]:
+    """One digest per prefix of ``layers`` (each layer's own digest), chained on the one before."""
+    chained, found = hashlib.sha256(tag), []
+    for layer in layers:
+        chained = hashlib.sha256(chained.digest() + layer)
+        found.append(chained.hexdigest())
+    return found
 
 
 def _layer_digest(layer: torch.nn.Module) -> bytes:

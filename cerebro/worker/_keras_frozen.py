@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._frozen import chained_digests
+
 
 class StoredBatch(tuple):
     """``(inputs, targets)`` where the inputs are the frozen prefix's outputs: the head takes it."""
@@ -52,11 +54,7 @@ class KerasFrozenPart:
         """One digest per prefix (``layers[:k + 1]``), each chained on the one before: equal
         where the prefixes' classes, configurations (layer names aside) and weights are."""
         if self._digests is None:
-            chained, found = hashlib.sha256(b"cerebro-frozen-keras/1"), []
-            for layer in self.layers:
-                chained = hashlib.sha256(chained.digest() + _layer_digest(layer))
-                found.append(chained.hexdigest())
-            self._digests = found
+            self._digests = chained_digests(b"cerebro-frozen-keras/1", map(_layer_digest, self.layers))
         return self._digests
 
     def nbytes(self) -> int:
