@@ -1,6 +1,7 @@
 """The tests every backend passes (scikit-learn's common-tests idea): local processes, Spark
 (``local[2]``), Ray (an in-process ``ray.init``) and Dask (a ``LocalCluster`` of two
-processes). Each gives the local backend's bits on the same grid, replaces a worker whose
+processes). Each gives the local backend's bits on the same grid (and on one whose trials have
+frozen layers computed once on the workers), replaces a worker whose
 process is killed by SIGKILL alone while the other trains on (the same bits again), and
 keeps the ``Backend`` contract: its settings as attributes, nothing to report or stop
 before it starts. A backend's own tests (its cluster, its errors) are in its own module."""
@@ -15,11 +16,13 @@ import pandas as pd
 import pytest
 import torch
 from _faults import assert_replaced_alone, waiting_for_the_replacement
+from _frozen_models import builds
 from _models import build, crashing_once, digits
 
 import cerebro as cb
 
 SPACE = {"lr": cb.choice([1e-2, 3e-3]), "hidden": cb.choice([16, 32])}
+FROZEN_SPACE = {"lr": cb.choice([1e-2]), "depth": cb.choice([2, 4])}
 
 
 @dataclass
@@ -80,6 +83,24 @@ def test_the_same_grid_gives_the_local_backends_bits(kind, local_result, tmp_pat
         assert info["pid"] != os.getpid()
     assert set(result.schedule().pid) == {info["pid"] for info in result.workers.values()}
     _assert_same(result, local_result)
+
+
+@pytest.fixture(scope="module")
+def plain_frozen_result(tmp_path_factory: pytest.TempPathFactory) -> cb.Result:
+    """Two freeze depths with the frozen layers inside each model, on local workers: what
+    ``frozen=`` must give on every backend."""
+    return cb.GridSearch(builds()[1], FROZEN_SPACE, epochs=2).fit(
+        digits(partitions=4), backend=cb.LocalBackend(2), seed=3, verbose=0,
+        store=tmp_path_factory.mktemp("plain-frozen") / "run")
+
+
+@pytest.mark.slow
+def test_frozen_layers_computed_once_on_the_workers_give_the_plain_runs_bits(kind, plain_frozen_result, tmp_path):
+    result = cb.GridSearch(builds()[0], FROZEN_SPACE, epochs=2).fit(
+        digits(partitions=4), backend=kind.make(), seed=3, verbose=0, store=tmp_path / "run")
+    pd.testing.assert_frame_equal(result.history(), plain_frozen_result.history(), check_exact=True)
+    for ours, plain in zip(result.trials, plain_frozen_result.trials, strict=True):
+        assert all(torch.equal(v, plain.state_dict()[f"1.{k}"]) for k, v in ours.state_dict().items())
 
 
 @pytest.mark.slow

@@ -12,76 +12,15 @@ import os
 import numpy as np
 import pytest
 import torch
+from _frozen_models import backbone, builds
 from _models import digits
 from safetensors.torch import load_file
 
 import cerebro as cb
 from cerebro.data import InMemoryPartition, open_partition, read_layout
-from cerebro.worker import in_preflight
 from cerebro.worker._frozen import FrozenPart, Materialized, _Kept, draws
 
 SPACE = {"lr": cb.choice([1e-2, 3e-3]), "depth": cb.choice([2, 4])}
-
-
-class Counted(torch.nn.Module):
-    """An identity that writes each batch's rows to ``path`` where a worker runs it: how
-    many rows the frozen layers saw."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__()
-        self.path = path
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not in_preflight():
-            with open(self.path, "a") as f:
-                f.write(f"{len(x)}\n")
-        return x
-
-
-class KeptInEval(torch.nn.Module):
-    """The plain model's frozen part: no gradients, eval mode kept in training."""
-
-    def __init__(self, inner: torch.nn.Module) -> None:
-        super().__init__()
-        self.inner = inner.eval().requires_grad_(False)
-
-    def train(self, mode: bool = True) -> KeptInEval:
-        return self
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x)
-
-
-def backbone(count: str | None = None) -> torch.nn.Sequential:
-    torch.manual_seed(11)        # "pretrained": the same weights in every build
-    first = [Counted(count)] if count else []
-    return torch.nn.Sequential(*first, torch.nn.Linear(64, 48), torch.nn.BatchNorm1d(48), torch.nn.ReLU(),
-                               torch.nn.Linear(48, 32), torch.nn.ReLU()).eval()
-
-
-def builds(count: str | None = None, transform=None):
-    """(frozen build, plain build) of the same models: freeze ``depth`` layers of the backbone."""
-    def parts(config: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
-        layers = backbone(count)
-        cut = config["depth"] + (1 if count else 0)
-        torch.manual_seed(5)
-        head = torch.nn.Sequential(*layers[cut:], torch.nn.Linear(32, 10))
-        return layers[:cut], head
-
-    def made(model: torch.nn.Module, head: torch.nn.Module, config: dict, **frozen) -> cb.TorchTrainable:
-        trained = [p for p in head.parameters() if p.requires_grad]
-        return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(trained, lr=config["lr"]),
-                                 loss=torch.nn.functional.cross_entropy, batch_size=32, transform=transform,
-                                 metrics={"accuracy": cb.metrics.accuracy}, **frozen)
-
-    def frozen_build(config: dict) -> cb.TorchTrainable:
-        frozen, head = parts(config)
-        return made(head, head, config, frozen=frozen)
-
-    def plain_build(config: dict) -> cb.TorchTrainable:
-        frozen, head = parts(config)
-        return made(torch.nn.Sequential(KeptInEval(frozen), head), head, config)
-    return frozen_build, plain_build
 
 
 def rows_seen(path: str) -> int:
@@ -296,3 +235,13 @@ def test_a_streamed_run_with_frozen_layers_equals_the_plain_run_in_memory(runs, 
     result = cb.GridSearch(frozen_build, SPACE, epochs=3, metric="val_accuracy", mode="max").fit(
         streamed, workers=2, store=tmp_path / "streamed", seed=0, verbose=0)
     assert result.history().equals(plain.history())
+
+
+@pytest.mark.slow
+def test_a_run_with_frozen_layers_resumed_to_more_epochs_ends_as_the_longer_run(runs, tmp_path):
+    """Resume starts new workers: they compute the frozen outputs again, and the heads go on
+    from their checkpoints (heads and optimizer only) to the 3-epoch plain run's results."""
+    _, plain, _ = runs
+    search = cb.GridSearch(builds()[0], SPACE, epochs=2, metric="val_accuracy", mode="max")
+    shorter = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    assert cb.resume(shorter.run_dir, epochs=3, verbose=0).history().equals(plain.history())
