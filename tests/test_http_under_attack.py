@@ -345,3 +345,64 @@ def test_a_run_under_a_slow_drip_flood_on_its_metrics_port_ends_as_an_undisturbe
     quiet = cb.GridSearch(build, SPACE, epochs=2).fit(digits(partitions=2), workers=2, store=tmp_path / "quiet",
                                                       seed=0, verbose=0)
     pd.testing.assert_frame_equal(cb.load(tmp_path / "flooded").history(), quiet.history(), check_exact=True)
+
+
+def raw_status(url: str, headers: list[tuple[str, str]]) -> int:
+    """The status of a GET of ``url`` sent with exactly ``headers`` (repeats and all)."""
+    parts = urllib.parse.urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        lines = [f"GET {parts.path or '/'} HTTP/1.1", *(f"{k}: {v}" for k, v in headers), "Connection: close"]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize(("hosts", "code"), [
+    (["127.0.0.1:99999999"], 403), (["127.0.0.1/evil.com"], 403), (["127.0.0.1#.evil.com"], 403),
+    (["evil.com@127.0.0.1"], 403), (["127.0.0.1", "evil.com"], 403), ([], 403),
+    (["[::ffff:127.0.0.1]:80"], 200), (["localhost."], 200), (["LOCALHOST:8265"], 200)])
+def test_a_loopback_server_answers_only_a_request_naming_one_loopback_host_exactly(served, hosts, code):
+    assert raw_status(served.url + "metrics", [("Host", h) for h in hosts]) == code
+
+
+def test_a_server_on_every_interface_answers_addresses_and_its_own_names_not_a_rebound_one(run_dir):
+    """0.0.0.0 listens on the loopback too: a page at evil.example resolved to 127.0.0.1 must
+    not read the run through it (traffic here stays on 127.0.0.1)."""
+    server = RunServer(run_dir, host="0.0.0.0", port=0, deadline=5)     # noqa: S104 (what is tested)
+    server.serve_in_thread()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        for host, code in (("evil.example", 403), ("evil.example:80", 403), ("127.0.0.1", 200),
+                           ("10.1.2.3:9100", 200), (socket.gethostname(), 200), (socket.getfqdn(), 200)):
+            assert raw_status(url, [("Host", host)]) == code, host
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_scraper_in_a_loop_makes_the_journal_be_read_again_at_most_once_in_five_reads_time(tmp_path):
+    """A journal that changes every sub-epoch: each scrape would read it whole. A result is
+    served for five times its read's duration, so the reads take at most a fifth of a core."""
+    from cerebro.report._prometheus import FRESH_FOR, Reread
+    journal = tmp_path / "journal.jsonl"
+    journal.write_bytes(b"")
+    reads: list[tuple[float, float]] = []
+
+    def read() -> int:
+        started = time.monotonic()
+        while time.monotonic() - started < 0.02:      # a read that costs 20 ms of CPU
+            pass
+        reads.append((started, time.monotonic()))
+        return len(reads)
+    cached = Reread(str(tmp_path), read)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        with open(journal, "ab") as f:                 # the run goes on: the journal changes each time
+            f.write(b"x\n")
+        cached.get()
+    busy = sum(end - start for start, end in reads)
+    assert len(reads) >= 2 and busy <= 2.0 / (FRESH_FOR - 1)
+    assert all(later[0] - earlier[1] >= (FRESH_FOR - 1) * (earlier[1] - earlier[0]) * 0.99
+               for earlier, later in zip(reads, reads[1:]))

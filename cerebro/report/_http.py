@@ -17,6 +17,7 @@ import io
 import ipaddress
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -216,15 +217,18 @@ class _Handler(BaseHTTPRequestHandler):
         return 200, "application/json", json.dumps(state).encode()
 
     def _host_allowed(self) -> bool:
-        """A server on the loopback interface answers only requests addressed to it: a web
-        page whose own name resolves to 127.0.0.1 (DNS rebinding) must not read the run."""
-        if not is_loopback(self.server.server_address[0]):
-            return True
-        try:
-            host = urlsplit(f"//{self.headers.get('Host', '')}").hostname or ""
-        except ValueError:      # not a host name at all
+        """A web page whose own name resolves to this machine (DNS rebinding) must not read the
+        run: a request must name one host, exactly ``host[:port]``; a server on the loopback
+        interface answers those addressed to it, one on any other address (0.0.0.0 listens on
+        the loopback too) those addressed to an IP address or to this machine's own names."""
+        named = self.headers.get_all("Host") or []
+        found = _HOST.fullmatch(named[0].strip()) if len(named) == 1 else None
+        if found is None or (found["port"] is not None and int(found["port"]) > 65535):
             return False
-        return is_loopback(host)
+        host = (found["v6"] or found["name"]).rstrip(".").lower()
+        if is_loopback(self.server.server_address[0]):
+            return is_loopback(host)
+        return _is_address(host) or host in _own_names()
 
     def _send(self, status: int, kind: str, body: bytes) -> None:
         self.send_response(status)
@@ -252,9 +256,27 @@ def answered(make: Callable[[], _Answer]) -> _Answer:
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (an address or a name) is this machine's loopback interface."""
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
-        return host == "localhost"
+        return host.rstrip(".").lower() == "localhost"
+    mapped = getattr(address, "ipv4_mapped", None)       # ::ffff:127.0.0.1
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+))(?::(?P<port>[0-9]{1,5}))?")
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _own_names() -> set[str]:
+    """The names this machine calls itself, which a scraper on another machine may use."""
+    return {"localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
 
 
 def family(host: str) -> socket.AddressFamily:

@@ -33,6 +33,9 @@ HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 STUCK_AFTER = 10.0   # seconds after which a read of the journal under way is taken never to end
 
 
+FRESH_FOR = 5.0     # a read's result serves for this many times the read's own duration
+
+
 class Reread:
     """What ``make`` makes of a run's journal, made again only once the journal changed.
 
@@ -47,13 +50,20 @@ class Reread:
         self._key: Any = None
         self._made: Any = None
         self._reading: tuple[object, float] | None = None      # the read under way: its token, its start
+        self._made_at = self._took = 0.0        # when the last read ended, and how long it took
 
     def get(self) -> Any:
         key = files.signature(self.journal)
         token, now = object(), time.monotonic()
         with self._lock:
             busy = self._reading is not None and now - self._reading[1] < STUCK_AFTER
-            if self._made is not None and (key is not None and key == self._key or busy):
+            # A journal that grows every sub-epoch is read again at most once in FRESH_FOR
+            # times its last read: a client scraping in a loop costs the driver's machine a
+            # bounded share of a core (1 / FRESH_FOR), however long the journal grows. One
+            # replaced or cut (not grown) is read at once.
+            grew = key is not None and self._key is not None and (key[0] or 0) > (self._key[0] or 0)
+            fresh = grew and now - self._made_at < FRESH_FOR * self._took
+            if self._made is not None and (key is not None and key == self._key or busy or fresh):
                 return self._made
             self._reading = token, now
         try:
@@ -64,6 +74,7 @@ class Reread:
                     self._reading = None
         with self._lock:
             self._made, self._key = made, key
+            self._made_at, self._took = time.monotonic(), time.monotonic() - now
         return made
 
 
