@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from ..data import FeatureSpec, prediction_rows
 from ..worker import predict_rows
@@ -45,7 +46,7 @@ def save_pyfunc(trial: TrialResult, path: str, epoch: int | str = "best") -> Non
     example = _example(spec)
     with tempfile.TemporaryDirectory(prefix="cerebro-pyfunc-") as scratch:
         weights = os.path.join(scratch, "weights.safetensors")
-        save_file({k: v.contiguous() for k, v in trial.state_dict(epoch).items()}, weights)
+        save_file({k: v.contiguous() for k, v in _weights(trial, epoch).items()}, weights)
         outputs = predict_rows(_loaded(model, weights), prediction_rows(example, spec)[0])
         package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         with _quiet_mlflow():
@@ -94,10 +95,27 @@ def _example(spec: FeatureSpec) -> Any:
     return pd.DataFrame(rows.reshape(2, -1), columns=list(spec.columns))
 
 
+def _weights(trial: TrialResult, epoch: int | str) -> dict[str, Any]:
+    """What the served model loads: the trial's weights, and a torch trial's frozen layers'
+    too (``0.*`` and ``1.*``, as :meth:`TrialResult.model` holds them), so it serves the
+    weights it trained on wherever ``build`` finds other pretrained ones."""
+    trainable = trial.trainable(epoch)
+    if _composed(trainable):
+        return trainable.trained_weights()
+    return trial.state_dict(epoch)
+
+
+def _composed(trainable: Any) -> bool:
+    return isinstance(getattr(trainable, "frozen", None), torch.nn.Module)
+
+
 def _loaded(model: Any, weights: str) -> Any:
     from safetensors.torch import load_file
     trainable = model.build(model.config)
-    trainable.load_weights(load_file(weights))
+    if _composed(trainable):
+        trainable.trained_model().load_state_dict(load_file(weights))
+    else:
+        trainable.load_weights(load_file(weights))
     return trainable
 
 
