@@ -41,7 +41,7 @@ def failing_after(monkeypatch, fault: str) -> None:
             if seen[0] >= after:
                 raise OSError(code, os.strerror(code), location)
 
-    write_atomic, open_file = files.write_atomic, files.open_file
+    write_atomic, open_file, open_append = files.write_atomic, files.open_file, files.open_append
 
     def failing_write_atomic(location, *args, **kwargs):
         check(location)
@@ -52,8 +52,13 @@ def failing_after(monkeypatch, fault: str) -> None:
             check(location)
         return open_file(location, mode)
 
+    def failing_open_append(location):     # the journal's appends
+        check(location)
+        return open_append(location)
+
     monkeypatch.setattr(files, "write_atomic", failing_write_atomic)
     monkeypatch.setattr(files, "open_file", failing_open_file)
+    monkeypatch.setattr(files, "open_append", failing_open_append)
     if name == ".state":
         # The workers write the epochs' states (other processes, out of the patch's reach): on
         # a full disk theirs fail first, so they send the states and the driver's write fails.

@@ -48,6 +48,14 @@ class TensorBoardLog(Progress):
             self._writers[trial_id] = SummaryWriter(os.path.join(self.directory, trial_id))
         return self._writers[trial_id]
 
+    def start(self, run_dir: str, workers: int) -> None:
+        # Imported before the first epoch, not at its end: a Ctrl-C that lands while the
+        # driver's main thread imports can be swallowed by the import machinery's clean-up
+        # ("Exception ignored in ... _get_module_lock"), and the run would not stop.
+        _without_tensorflow()
+        import torch.utils.tensorboard  # noqa: F401
+        from torch.utils.tensorboard.summary import hparams  # noqa: F401
+
     def trial_created(self, trial_id: str, config: dict[str, Any], max_epochs: int) -> None:
         self._configs[trial_id] = config
 
