@@ -251,3 +251,19 @@ def test_a_run_with_frozen_layers_resumed_to_more_epochs_ends_as_the_longer_run(
     search = cb.GridSearch(builds()[0], SPACE, epochs=2, metric="val_accuracy", mode="max")
     shorter = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
     assert cb.resume(shorter.run_dir, epochs=3, verbose=0).history().equals(plain.history())
+
+
+def test_a_transforms_key_is_pickled_once_per_transform_not_once_per_sub_epoch(partition, monkeypatch):
+    from cerebro.worker import _frozen
+    pickled = []
+    monkeypatch.setattr(_frozen, "transform_key", lambda t: pickled.append(t) or "key")
+    head = torch.nn.Linear(32, 10)
+
+    def scale(features: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return features.astype(np.float32) * 2
+    trainable = cb.TorchTrainable(head, torch.optim.SGD(head.parameters(), lr=0.1), torch.nn.functional.cross_entropy,
+                                  batch_size=32, transform=scale, frozen=backbone())
+    kept = Materialized(budget=1 << 30)
+    for _ in range(3):
+        assert kept.for_trial(trainable, 0, "train", partition, torch.device("cpu")) is not None
+    assert pickled == [scale] and kept.computed == 1

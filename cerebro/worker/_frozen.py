@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -153,12 +154,13 @@ class Materialized:
         self.computed = 0            # materializations done (for tests and the benchmark)
         self._draws: dict[str, bool] = {}     # transform key -> whether it draws from its rng
         self._modules: dict[str, torch.nn.Module] = {}     # digest -> the one copy of those frozen layers
+        self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # transform -> its key
 
     def source(self, frozen: FrozenPart, transform: Callable | None, partition: int, split: str,
                stored: PartitionSource, device: torch.device) -> PartitionSource:
         """The partition split ``stored`` with the frozen module's outputs for features, rows
         in the stored order (so every sample order is the one of ``stored``)."""
-        digests, made_by = frozen.digests(), transform_key(transform)
+        digests, made_by = frozen.digests(), self._key_of(transform)
         key = (digests[-1], made_by, partition, split)
         kept = self._kept.get(key)
         if kept is None:
@@ -214,6 +216,18 @@ class Materialized:
     def nbytes(self) -> int:
         return sum(k.nbytes for k in self._kept.values())
 
+    def _key_of(self, transform: Callable | None) -> str:
+        """:func:`transform_key`, pickled once per transform object (not once per sub-epoch)."""
+        if transform is None:
+            return ""
+        try:
+            key = self._keys.get(transform)
+            if key is None:
+                key = self._keys[transform] = transform_key(transform)
+            return key
+        except TypeError:          # no weak reference to it: pickled each time
+            return transform_key(transform)
+
     def _mapped(self, kept: _Kept) -> _Kept:
         """``kept`` with its outputs written to this worker's scratch directory and mapped
         from there: the page cache holds what is read, as it does for the partition."""
@@ -249,7 +263,7 @@ class Materialized:
         if frozen is None or os.environ.get("CEREBRO_MATERIALIZE") == "0":
             return None
         transform = trainable.transform if split == "train" else trainable.eval_transform
-        made_by = transform_key(transform)
+        made_by = self._key_of(transform)
         if made_by not in self._draws:      # the first rows of the first partition that asks
             first = next(iter(stored.eval_batches(32)), None)
             self._draws[made_by] = first is not None and draws(transform, first[0])

@@ -103,7 +103,7 @@ class _Trainables:
     first, within a byte budget. A trial that comes back is neither built nor sent again."""
 
     def __init__(self, build: Callable[[dict], Any], device: torch.device, budget: int,
-                 train_rows: list[int], authkey: bytes = b"") -> None:
+                 train_rows: list[int], authkey: bytes = b"", frozen_dir: str | None = None) -> None:
         self.build, self.device, self.budget = build, device, budget
         self.train_rows = train_rows      # every partition's, for a schedule that needs an epoch's steps
         self.authkey = authkey            # proves the run's token to the peers it fetches from
@@ -112,7 +112,7 @@ class _Trainables:
         self.fetched = 0                     # bytes the last take fetched from a peer
         self._unfilled: tuple[str, int, list] | None = None    # reserved in the outbox, to copy there
         self.materialized = Materialized()   # frozen layers' outputs, shared by the trials that have them
-        self.frozen_dir: str | None = None    # where the run keeps frozen weights, once each
+        self.frozen_dir = frozen_dir          # where the run keeps frozen weights, once each
         self._frozen_stored: set[str] = set()
 
     def take(self, task: RunSubEpoch) -> Trainable | StateMissing:
@@ -266,10 +266,8 @@ def _set_up(setup: Setup, worker: int, data: WorkerData, authkey: bytes) -> tupl
         importlib.import_module("torch._dynamo")
     device = _device(worker)
     data.load(setup.partitions)
-    trainables = _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES,
-                             list(data.layout.rows["train"]), authkey)
-    trainables.frozen_dir = frozen_dir(setup.data_dir)
-    return trainables, device
+    return _Trainables(cloudpickle.loads(setup.build), device, TRAINABLE_CACHE_BYTES, list(data.layout.rows["train"]),
+                       authkey, frozen_dir(setup.data_dir)), device
 
 
 def _ready(worker: int, device: torch.device, data: WorkerData, peer: tuple[str, int] | None) -> Ready:
