@@ -161,7 +161,8 @@ def test_other_data_is_refused_before_any_cluster_is_touched():
 
 @pytest.mark.parametrize(("doc", "title", "printed"), [
     ("docs/ray.md", "Data in Ray", r"\d+ training rows\n\{'lr': 0\.0\d+, 'hidden': \d+\}\n"),
-    ("docs/dask.md", "Data in Dask", r"DaskDataset\(\d+ training rows, \d+ validation rows, .*seed=0\)\n"),
+    ("docs/dask.md", "Data in Dask", r"DaskDataset\(\d+ training rows, \d+ validation rows, .*seed=0\)\n"
+                                     r"\{'lr': 0\.0\d+, 'hidden': \d+\}\n"),
 ])
 def test_the_data_sections_of_the_ray_and_dask_guides_run_as_written(tmp_path, doc, title, printed):
     (tmp_path / "example.py").write_text(script_of_section(doc, title, 1))

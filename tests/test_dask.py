@@ -11,6 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
+import textwrap
+import time
 from collections.abc import Iterator
 
 import pandas as pd
@@ -34,9 +36,55 @@ def client():
 
 
 def test_dask_backend_says_how_it_was_made(client):
-    backend = cb.DaskBackend(client, workers=2, resources={"GPU": 1})
-    assert re.fullmatch(r"DaskBackend\(scheduler='tcp://127\.0\.0\.1:\d+', workers=2, resources=\{'GPU': 1\}\)",
-                        repr(backend))
+    backend = cb.DaskBackend(client, workers=2, hops="driver")
+    assert re.fullmatch(r"DaskBackend\(scheduler='tcp://127\.0\.0\.1:\d+', workers=2, resources=None, "
+                        r"hops='driver'\)", repr(backend))
+
+
+def test_more_workers_than_the_cluster_runs_at_once_are_refused_naming_what_it_has(client):
+    """Each worker holds a Dask thread for the whole search: a third on two threads, or a task
+    needing resources no Dask worker declares, would wait for ever; refused after worker_wait."""
+    address = re.escape(client.scheduler.address)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=rf"^workers=3 needs 3 Dask worker threads \(each worker is a task that "
+                                         rf"runs for the whole search\) but the Dask cluster at {address} has 2: 2 "
+                                         rf"Dask workers, 2 threads in all after worker_wait=0\.5 s; use workers "
+                                         rf"<= 2, or add Dask workers or threads \(dask worker --nthreads\)$"):
+        cb.DaskBackend(client, workers=3, worker_wait=0.5)
+    assert time.monotonic() - started < 10
+    with pytest.raises(ValueError, match=rf"^workers=1 needs 1 Dask worker thread with resources \{{'GPU': 1\}} "
+                                         rf"each \(each worker is a task that runs for the whole search\) but the "
+                                         rf"Dask cluster at {address} has 0: 2 Dask workers, 2 threads in all, no "
+                                         rf"resources declared after worker_wait=0 s; add Dask workers or threads "
+                                         rf"\(dask worker --nthreads, --resources\)$"):
+        cb.DaskBackend(client, workers=1, resources={"GPU": 1}, worker_wait=0)
+
+
+@pytest.mark.slow
+def test_a_script_asking_a_two_worker_cluster_for_three_workers_fails_at_once_and_exits(tmp_path):
+    """As a user ran it: a LocalCluster of two workers, fit with three. It hung for minutes,
+    then for ever at exit; now the script fails on the backend's line and exits."""
+    (tmp_path / "script.py").write_text(textwrap.dedent("""
+        import numpy as np
+        from distributed import Client, LocalCluster
+        import cerebro as cb
+        from _models import build
+
+        if __name__ == "__main__":
+            client = Client(LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None))
+            data = cb.Dataset.from_numpy(np.zeros((40, 64), np.float32), np.arange(40) % 10, partitions=3)
+            cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(
+                data, backend=cb.DaskBackend(client, workers=3, worker_wait=1), store="run")
+    """))
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.abspath(__file__))}
+    ran = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env=env)
+    assert ran.returncode == 1, ran.stderr[-3000:]
+    assert re.fullmatch(r"ValueError: workers=3 needs 3 Dask worker threads \(each worker is a task that runs for "
+                        r"the whole search\) but the Dask cluster at tcp://127\.0\.0\.1:\d+ has 2: 2 Dask workers, "
+                        r"2 threads in all after worker_wait=1 s; use workers <= 2, or add Dask workers or threads "
+                        r"\(dask worker --nthreads\)", ran.stderr.strip().splitlines()[-1]), ran.stderr[-3000:]
+    assert not (tmp_path / "run").exists()       # refused before anything was written
 
 
 def killing_its_dask_worker(marker: str):
@@ -73,6 +121,8 @@ def test_dask_backend_checks_its_arguments_before_starting_anything(client):
         cb.DaskBackend(client, resources={"GPU": 0})
     with pytest.raises(ValueError, match=r"^workers=0 must be a positive integer"):
         cb.DaskBackend(client, workers=0)
+    with pytest.raises(ValueError, match=r"^worker_wait=-1 must be a number of seconds >= 0$"):
+        cb.DaskBackend(client, worker_wait=-1)
 
 
 

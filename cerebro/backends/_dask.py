@@ -17,13 +17,16 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import Real
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 SHUTDOWN_GRACE_S = 10.0
+WORKER_WAIT = Real(low=0, description="a number of seconds >= 0")
 
 
 DECLINED = "declined: Dask ran it again after its Dask worker died (the driver replaces it)"
@@ -69,6 +72,34 @@ def _kill(pid: int) -> None:
         pass
 
 
+def task_capacity(workers: list[dict[str, Any]], resources: dict[str, float] | None) -> int:
+    """How many worker tasks needing ``resources`` the Dask workers described by ``workers``
+    (the scheduler's ``scheduler_info()["workers"]``) run at once: a thread each, and the
+    resources each asks."""
+    total = 0
+    for worker in workers:
+        have = worker.get("resources") or {}
+        fits = [int(have.get(name, 0) // amount) for name, amount in (resources or {}).items()]
+        total += min([int(worker["nthreads"]), *fits])
+    return total
+
+
+def describe_cluster(workers: list[dict[str, Any]], resources: bool) -> str:
+    """``"2 Dask workers, 2 threads in all"``, and the resources they declare where the
+    tasks need some."""
+    if not workers:
+        return "no Dask worker"
+    threads = sum(int(worker["nthreads"]) for worker in workers)
+    said = f"{len(workers)} Dask worker{'s' * (len(workers) != 1)}, {threads} thread{'s' * (threads != 1)} in all"
+    if not resources:
+        return said
+    declared: dict[str, float] = {}
+    for worker in workers:
+        for name, amount in (worker.get("resources") or {}).items():
+            declared[name] = declared.get(name, 0) + amount
+    return f"{said}, resources {declared} in all" if declared else f"{said}, no resources declared"
+
+
 @dataclass
 class _Task:
     key: str
@@ -89,6 +120,9 @@ class DaskBackend(Backend):
         max_restarts: how often each lost worker is started anew, as a new task, while the
             others keep training.
         hops: ``"direct"`` (default) or ``"driver"`` (see :class:`cerebro.backends.Hops`).
+        worker_wait: seconds to wait for Dask workers to join until the cluster can run every
+            worker task at once (each holds a Dask worker's thread for the whole run); then
+            the backend refuses, naming what the cluster has.
 
     Example:
         >>> from distributed import Client  # doctest: +SKIP
@@ -98,7 +132,7 @@ class DaskBackend(Backend):
 
     def __init__(self, client: Any = None, workers: int = 2, resources: dict[str, float] | None = None,
                  threads_per_worker: int = 1, heartbeat_timeout: float = 60.0, max_restarts: int = 3,
-                 hops: str = "direct") -> None:
+                 hops: str = "direct", worker_wait: float = 10.0) -> None:
         if client is None:
             from distributed import default_client
             try:
@@ -117,6 +151,9 @@ class DaskBackend(Backend):
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
         self.max_restarts = check_max_restarts(max_restarts)
         self.hops = check_hops(hops)
+        WORKER_WAIT.check("worker_wait", worker_wait)
+        self.worker_wait = float(worker_wait)
+        self._check_capacity()
         self._tasks: dict[int, _Task] = {}
         self._keys: list[str] = []
         self._launch, self._token = "", None
@@ -134,7 +171,31 @@ class DaskBackend(Backend):
         except OSError:        # a name that does not resolve here, say: this machine's own address
             return (socket.gethostbyname(socket.gethostname()), 0)
 
+    def _check_capacity(self) -> None:
+        """Refuses more worker tasks than the cluster can run at once (after up to
+        ``worker_wait`` s for Dask workers to join): the tasks beyond would wait for a thread
+        that never frees, and the run with them."""
+        deadline = time.monotonic() + self.worker_wait
+        while True:
+            joined = list(self.client.scheduler_info(n_workers=-1)["workers"].values())
+            capacity = task_capacity(joined, self.resources)
+            if capacity >= self.workers:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)    # polling the scheduler for joining workers, up to worker_wait
+        threads = f"{self.workers} Dask worker thread{'s' * (self.workers != 1)}"
+        each = "" if self.resources is None else f" with resources {self.resources} each"
+        fewer = f"use workers <= {capacity}, or " if capacity else ""
+        flags = "--nthreads" + (", --resources" if self.resources is not None else "")
+        raise ValueError(f"workers={self.workers} needs {threads}{each} (each worker is a task that runs for the "
+                         f"whole search) but the Dask cluster at {self.client.scheduler.address} has {capacity}: "
+                         f"{describe_cluster(joined, self.resources is not None)} after "
+                         f"worker_wait={self.worker_wait:g} s; {fewer}add Dask workers or threads (dask worker "
+                         f"{flags})")
+
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
+        self._check_capacity()      # Dask workers may have left since the backend was made
         # On every Dask worker: a replacement needs it even where the worker holding it died.
         self._address, self._token = address, self.client.scatter(authkey, hash=False, broadcast=True)
         self._launch = secrets.token_hex(4)
