@@ -18,7 +18,7 @@ def sql() -> None:
                                                              "server's CPU count]")
 def sql_install(dsn: str, schema: str, store_root: str | None, max_workers: int | None) -> None:
     """Create the schema's PL/Python functions: load_model_arch, load_model_selection_table,
-    generate_model_configs, fit_multiple_model, automl, predict, version (and MADlib's
+    generate_model_configs, fit_multiple_model, automl, predict, predict_byom, version (and MADlib's
     names). No role but the installer may call them until granted EXECUTE (docs/sql.md).
 
     Example: cerebro sql install --dsn 'postgresql:///mydb?host=/var/run/postgresql'

@@ -23,7 +23,7 @@ def test_install_answers_with_the_servers_python_and_the_cli_does_the_same(datab
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("cerebro ")
     installed = sql(database, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'cerebro_again'::regnamespace")
-    assert installed[0][0] == len(FUNCTIONS) == 24
+    assert installed[0][0] == len(FUNCTIONS) == 30
 
 
 def test_an_explicit_model_id_leaves_the_next_automatic_one_free(database):
@@ -84,9 +84,10 @@ def test_a_keras_2_model_as_madlibs_users_have_it_is_converted_on_load(database,
 
 
 def test_a_repeated_model_id_or_parameter_string_adds_no_configuration(database):
-    """MADlib's install-check: ids [1, 2, 1] and a compile string given twice make 2 x 1 x 2 rows."""
+    """MADlib's install-check: ids [2, 1, 2] (taken in increasing order, as MADlib does) and a
+    compile string given twice make 2 x 1 x 2 rows."""
     sql(database, "DROP TABLE IF EXISTS mst_dup, mst_dup_summary",
-        "SELECT cerebro.load_model_selection_table('arch', 'mst_dup', ARRAY[1, 2, 1], "
+        "SELECT cerebro.load_model_selection_table('arch', 'mst_dup', ARRAY[2, 1, 2], "
         f"ARRAY[$${COMPILE[0]}$$, $${COMPILE[0]}$$], ARRAY[$${FIT[0]}$$, $${FIT[1]}$$, $${FIT[0]}$$])")
     assert sql(database, "SELECT mst_key, model_id, fit_params FROM mst_dup ORDER BY mst_key") == \
         [(1, 1, FIT[0]), (2, 1, FIT[1]), (3, 2, FIT[0]), (4, 2, FIT[1])]
@@ -228,9 +229,21 @@ def test_fit_multiple_model_writes_madlibs_tables_with_the_bits_of_the_same_grid
     ("SELECT cerebro.fit_multiple_model('digits_train', 'bad_out', 'mst', 0)",
      "ValueError: num_iterations=0 must be a positive integer"),
     ("SELECT cerebro.load_model_selection_table('arch', 'bad_mst', ARRAY[1], ARRAY[$$loss='mse', optimizer='SGD'$$], "
-     "ARRAY['batch_size=32, epochs=2'])",
-     "ValueError: fit_params 'batch_size=32, epochs=2': epochs=2 must be 1: each iteration is one pass over every "
-     "partition; train longer with num_iterations"),
+     "ARRAY['batch_size=32, epochs=0'])",
+     "ValueError: fit_params 'batch_size=32, epochs=0': epochs=0 must be a positive integer"),
+    ("SELECT cerebro.automl('digits_train', 'bad_out', 'arch', 'bad_mst', ARRAY[1], $${'loss': ['mse'], "
+     "'optimizer_params_list': [{'optimizer': ['SGD']}]}$$, $${'batch_size': [32], 'epochs': [1, 2]}$$)",
+     "ValueError: fit_params_grid \"{'batch_size': [32], 'epochs': [1, 2]}\": 'epochs' must be [1] for automl, whose "
+     "budgets (R, num_iterations) count iterations of one epoch; give 'epochs': [1] or leave it out"),
+    ("SELECT cerebro.madlib_keras_predict_byom('arch', 1, 'digits_test', 'id', 'pixels', 'bad_out', 'response')",
+     "ValueError: model_arch_table 'arch', model_id 1: model_weights is NULL; load the weights with "
+     "load_model_arch(..., model_weights => ...) or UPDATE arch SET model_weights = ... WHERE model_id = 1"),
+    ("SELECT cerebro.madlib_keras_predict_byom('arch', 1, 'digits_test', 'id', 'pixels', 'bad_out', 'response', "
+     "FALSE, ARRAY[ARRAY['a', 'b'], ARRAY['c', 'd']])",
+     "ValueError: class_values=[['a', 'b'], ['c', 'd']] holds 2 lists, one per output; models with several outputs "
+     "are not supported: give one list"),
+    ("SELECT cerebro.madlib_keras_predict_byom('arch', 1, 'digits_test', 'id', 'pixels', 'bad_out', 3, "
+     "normalizing_const => 0)", "ValueError: normalizing_const=0.0 must be a positive number (NULL: 1)"),
     *((f"SELECT cerebro.predict('any_model', 'digits_test', 'id', 'pixels', 'bad_predicted', {pred_type})",
        f"ValueError: pred_type={shown} must be 'response', 'prob', an integer >= 1 (the k likeliest classes) or a "
        f"number in [0, 1) (the classes more likely than it)") for pred_type, shown in

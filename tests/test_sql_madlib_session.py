@@ -30,6 +30,40 @@ def keras_2_json(first: int, hidden: int) -> str:
             + '], "backend": "tensorflow"}')
 
 
+_ADAM = "loss='categorical_crossentropy',optimizer='Adam(lr={})',metrics=['accuracy']"
+# MADlib's install-check (test/madlib_keras_model_selection.sql_in) and the counts it asserts:
+# a string that differs only in spaces or in the order of its arguments is no new model.
+INSTALL_CHECK_SELECTIONS = [
+    ("SELECT cerebro.load_model_selection_table('model_arch_library', 'mst_table', ARRAY[1], ARRAY["
+     f"$${_ADAM.format(0.1)}$$, $$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)',metrics=['accuracy']$$, "
+     f"$${_ADAM.format(0.001)}$$], ARRAY[$$batch_size=5,epochs=1$$, $$batch_size=10,epochs=1$$])", 6),
+    ("SELECT cerebro.load_model_selection_table('model_arch_library', 'mst_table', ARRAY[1], ARRAY["
+     f"$${_ADAM.format(0.1)}$$, $$  loss='categorical_crossentropy', optimizer='Adam(lr=0.1)',metrics=['accuracy'] $$, "
+     f"$${_ADAM.format(0.001)}$$], ARRAY[$$batch_size=5,epochs=1$$, $$batch_size=10,epochs=1$$])", 4),
+    ("SELECT cerebro.load_model_selection_table('model_arch_library', 'mst_table', ARRAY[1], ARRAY["
+     f"$${_ADAM.format(0.1)}$$, $$metrics=  ['accuracy'], loss='categorical_crossentropy', optimizer='Adam(lr=0.1)'$$, "
+     "$$loss='mse',optimizer='Adam(lr=0.001)', metrics=['accuracy']$$], "
+     "ARRAY[$$batch_size=5,epochs=1$$, $$epochs=1, batch_size=5$$])", 2),
+]
+# The model selection page's grid search, as printed there.
+MODEL_SELECTION_PAGE_GRID = """SELECT cerebro.generate_model_configs(
+                'model_arch_library', -- model architecture table
+                'mst_table',          -- model selection table output
+                 ARRAY[1,2],          -- model ids from model architecture table
+                 $$
+                    {'loss': ['categorical_crossentropy'],
+                     'optimizer_params_list': [ {'optimizer': ['Adam', 'SGD'], 'lr': [0.001, 0.01]} ],
+                     'metrics': ['accuracy']}
+                 $$,                  -- compile_param_grid
+                 $$
+                 { 'batch_size': [64, 128],
+                   'epochs': [10]
+                 }
+                 $$,                  -- fit_param_grid
+                 'grid'               -- search_type
+                 )"""
+
+
 @pytest.fixture(scope="module")
 def iris(database):
     """MADlib's ``iris_data`` table: id serial, attributes numeric[], class_text varchar."""
@@ -63,6 +97,15 @@ def test_madlibs_iris_session_runs_as_typed(iris):
     for first, hidden, name in ((1, 2, "Sophie"), (4, 3, "Maria")):
         sql(iris, "SELECT cerebro.load_keras_model('model_arch_library', "
                   f"$${keras_2_json(first, hidden)}$$::json, NULL, '{name}', 'MLP')")
+    for statement, count in INSTALL_CHECK_SELECTIONS:    # MADlib's install-check: its counts, de-duplicated
+        assert sql(iris, "DROP TABLE IF EXISTS mst_table, mst_table_summary", statement,
+                   "SELECT count(*) FROM mst_table") == [(count,)]
+    # The model selection page's grid, 'epochs': [10]: each iteration of a row is 10 epochs.
+    grid = sql(iris, "DROP TABLE IF EXISTS mst_table, mst_table_summary", MODEL_SELECTION_PAGE_GRID,
+               "SELECT model_id, compile_params, fit_params FROM mst_table ORDER BY mst_key")
+    assert len(grid) == 16 and grid[0] == (1, "loss='categorical_crossentropy', optimizer='Adam(lr=0.001)', "
+                                              "metrics=['accuracy']", "batch_size=64, epochs=10")
+    assert {row[2] for row in grid} == {"batch_size=64, epochs=10", "batch_size=128, epochs=10"}
     sql(iris, "DROP TABLE IF EXISTS mst_table, mst_table_summary",
         "SELECT cerebro.generate_model_configs('model_arch_library', 'mst_table', ARRAY[1,2], "
         "$${'loss': ['categorical_crossentropy'], 'optimizer_params_list': [ {'optimizer': ['Adam'], "
@@ -74,9 +117,10 @@ def test_madlibs_iris_session_runs_as_typed(iris):
         "FALSE, 'iris_test_packed', 1, FALSE, 'Sophie L.', 'Model selection for iris dataset', TRUE)")
     assert sql(iris, "SELECT count(*), bool_and(status = 'completed'), bool_and(array_length(validation_metrics, 1) "
                      "= 3) FROM iris_multi_model_info") == [(12, True, True)]
-    assert sql(iris, "SELECT independent_varname, dependent_varname, class_values, normalizing_const "
-                     "FROM iris_multi_model_summary") == \
-        [("attributes", "class_text", ["Iris-setosa", "Iris-versicolor", "Iris-virginica"], 1.0)]
+    assert sql(iris, "SELECT independent_varname, dependent_varname, class_values, normalizing_const, object_table, "
+                     "use_gpus, metrics_iters FROM iris_multi_model_summary") == \
+        [("attributes", "class_text", ["Iris-setosa", "Iris-versicolor", "Iris-virginica"], 1.0, None, False,
+          [1, 2, 3])]
     evaluated = sql(iris, "DROP TABLE IF EXISTS iris_validate",
                     "SELECT cerebro.madlib_keras_evaluate('iris_multi_model', 'iris_test_packed', 'iris_validate', "
                     "NULL, 3)", "SELECT loss, metric, metrics_type FROM iris_validate")
@@ -102,6 +146,12 @@ def test_madlibs_iris_session_runs_as_typed(iris):
         "'metrics': ['accuracy'] } $$, $${'batch_size': [4, 8], 'epochs': [1]}$$, 'hyperband', "
         "'R=3, eta=3, skip_last=0', NULL, NULL, FALSE, 'iris_test_packed', 1, NULL, NULL)")
     assert sql(iris, "SELECT count(*), max(s), max(i) FROM automl_output_info") == [(5, 1, 1)]
+    assert sql(iris, "SELECT automl_method, automl_params, random_state, object_table, use_gpus "
+                     "FROM automl_output_summary") == [("hyperband", "R=3, eta=3, skip_last=0", None, None, False)]
+    # Each configuration's own iterations whose metrics its arrays hold (metrics_compute_frequency 1).
+    for iterations, metrics_iters, kept in sql(iris, "SELECT iterations, metrics_iters, "
+                                                     "array_length(validation_loss, 1) FROM automl_output_info"):
+        assert metrics_iters == list(range(1, iterations + 1)) and kept == iterations
     predicted = sql(iris, "DROP TABLE IF EXISTS iris_predict",
                     "SELECT cerebro.madlib_keras_predict('automl_output', 'iris_test', 'id', 'attributes', "
                     "'iris_predict', 'response', FALSE, 4)", "SELECT count(*) FROM iris_predict")
@@ -201,6 +251,16 @@ def test_madlibs_single_model_page_runs_as_typed(iris):
                     "'iris_predict')", "SELECT class_name, count(*), count(DISTINCT id) FROM iris_predict "
                                        "GROUP BY class_name")
     assert predicted == [("class_text", 90, 30)]
+    # The page's "Predict BYOM": the trained weights copied into the architecture table, then
+    # predicted with the classes and constant given (MADlib 2's list of lists of classes).
+    byom = sql(iris, "UPDATE model_arch_library SET model_weights = iris_model.model_weights FROM iris_model "
+                     "WHERE model_arch_library.model_id = 1", "DROP TABLE IF EXISTS iris_predict_byom",
+               "SELECT cerebro.madlib_keras_predict_byom('model_arch_library', 1, 'iris_test', 'id', 'attributes', "
+               "'iris_predict_byom', 'response', FALSE, ARRAY[ARRAY['Iris-setosa', 'Iris-versicolor', "
+               "'Iris-virginica']], 1.0)",
+               "SELECT id, class_name, class_value, prob FROM iris_predict_byom ORDER BY id")
+    assert byom == [(id_, "dependent_var", value, prob) for id_, value, prob in sql(
+        iris, "SELECT id, class_value, prob FROM iris_predict WHERE rank = 1 ORDER BY id")]
     sql(iris, "DROP TABLE IF EXISTS iris_model, iris_model_summary",
         f"SELECT cerebro.madlib_keras_fit('iris_train_packed', 'iris_model', 'model_arch_one', 1, {_COMPILE}, "
         "$$ batch_size=5, epochs=3 $$, 10, FALSE, 'iris_test_packed', 3, FALSE, 'Sophie L.', "
@@ -209,24 +269,28 @@ def test_madlibs_single_model_page_runs_as_typed(iris):
         [([3, 6, 9, 10], 4, "Sophie L.")]
 
 
-def test_a_single_model_fit_trains_as_a_model_selection_of_one_row_for_its_epochs(iris):
-    """``epochs=k`` per iteration is k epochs of sequential SGD: 2 iterations of 2 epochs are
-    bitwise the weights of a one-row model selection trained 4 iterations; a warm start at
-    learning rate 0 leaves those weights as they were, so it starts from them."""
+def test_fit_params_epochs_make_each_iteration_that_many_epochs_in_fit_and_fit_multiple_model(iris):
+    """``epochs=k`` makes an iteration k epochs of sequential SGD, in a model selection as in
+    ``madlib_keras_fit``: a row with ``epochs=2`` trained 2 iterations has bitwise the weights
+    ``madlib_keras_fit`` trains in 4 iterations of one epoch (the same trial seeds: the first
+    trial of either run); a warm start at learning rate 0 leaves them as they were."""
     if not sql(iris, "SELECT to_regclass('iris_train_packed') IS NOT NULL")[0][0]:
         pytest.skip("needs test_madlibs_iris_session_runs_as_typed's packed tables")
     sql(iris, "DROP TABLE IF EXISTS arch_one", f"SELECT cerebro.load_keras_model('arch_one', "
               f"$${keras_2_json(1, 1)}$$::json)",
         "DROP TABLE IF EXISTS one_model, one_model_summary",
         f"SELECT cerebro.madlib_keras_fit('iris_train_packed', 'one_model', 'arch_one', 1, {_COMPILE}, "
-        "'batch_size=8, epochs=2', 2)",
+        "'batch_size=8', 4)",
         "DROP TABLE IF EXISTS one_mst, one_mst_summary, one_multi, one_multi_info, one_multi_summary",
         f"SELECT cerebro.load_model_selection_table('arch_one', 'one_mst', ARRAY[1], ARRAY[{_COMPILE}], "
-        "ARRAY['batch_size=8'])",
-        "SELECT cerebro.fit_multiple_model('iris_train_packed', 'one_multi', 'one_mst', 4)")
+        "ARRAY['batch_size=8, epochs=2', 'batch_size=8'])",
+        "SELECT cerebro.fit_multiple_model('iris_train_packed', 'one_multi', 'one_mst', 2, "
+        "metrics_compute_frequency => 1)")
     single, = sql(iris, "SELECT model_weights FROM one_model")
-    multiple, = sql(iris, "SELECT model_weights FROM one_multi")
-    assert single == multiple
+    multiple = sql(iris, "SELECT model_weights FROM one_multi ORDER BY mst_key")
+    assert multiple[0] == single and multiple[1] != single
+    assert sql(iris, "SELECT mst_key, iterations, metrics_iters, array_length(training_loss, 1) FROM one_multi_info "
+                     "ORDER BY mst_key") == [(1, 2, [1, 2], 2), (2, 2, [1, 2], 2)]
     warm = sql(iris, "SELECT cerebro.madlib_keras_fit('iris_train_packed', 'one_model', 'arch_one', 1, "
                      "$$loss='categorical_crossentropy', optimizer='SGD(lr=0.0)', metrics=['accuracy']$$, "
                      "'batch_size=8', 1, warm_start => TRUE)",

@@ -20,11 +20,12 @@ from ..backends import LocalBackend
 from ..data import Dataset
 from ..engine import resume
 from ..report import Result
-from ..search import GridSearch, Hyperband, Searcher, TPESearch, choice
+from ..search import Hyperband, Searcher, TPESearch, choice
 from ._grid import ConfigGrid
 from ._job import POLL_SECONDS, STOP_SECONDS
-from ._keras_model import GridBuild, ModelSpec, SelectionBuild, keras_model, load_flat_weights
+from ._keras_model import GridBuild, ModelSpec, SelectionBuild, keras_architecture, keras_model, load_flat_weights
 from ._output import RunDescription, hyperband_rounds, output_rows
+from ._selection import SelectionSearch
 
 _PREDICT_BATCH = 1024
 
@@ -95,8 +96,7 @@ def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
         space: dict[str, Any] = {"mst_key": choice(sorted(models))}
 
         def searcher(space: dict[str, Any]) -> Searcher:
-            return GridSearch(build, space, epochs=run.num_iterations * run.epochs_per_iteration, metric=metric,
-                              mode="min")
+            return SelectionSearch(build, space, epochs=run.num_iterations, metric=metric, mode="min")
     else:
         architectures = {int(m): (arch, _weights(job_dir, f"arch-{m}", has))
                          for m, (arch, has) in job["architectures"].items()}
@@ -148,7 +148,7 @@ def _fit_or_resume(searcher: Any, space: dict[str, Any], digest: str, data: Data
 
 def predict(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
     """The model's outputs for the rows in ``inputs.npy``, written to ``outputs.npy``."""
-    model = keras_model(job["model_arch"], job["compile_params"], one_hot=True)
+    model = keras_architecture(job["model_arch"])
     load_flat_weights(model, _weights(job_dir, "model", True))
     inputs = np.load(os.path.join(job_dir, "inputs.npy"), allow_pickle=False)
     outputs = np.concatenate([np.asarray(model.predict_on_batch(inputs[i:i + _PREDICT_BATCH]))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..data import in_content_order
+from ..search import choice
 from ._database import Database
 from ._grid import ConfigGrid
 from ._job import job_directory, run_job
@@ -54,7 +55,8 @@ def fit_multiple_model(db: Database, source_table: str, model_output_table: str,
         _require_no_output(db, model_output_table)
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
                          model_selection_table, num_iterations, metrics_compute_frequency or num_iterations,
-                         bool(warm_start), name, description, method="grid", **run_settings(db, model_output_table))
+                         bool(warm_start), name, description, method="grid", use_gpus=bool(use_gpus),
+                         **run_settings(db, model_output_table))
     build = SelectionBuild(models, one_hot=False)
     weights = {f"model-{key}": spec.weights for key, spec in models.items() if spec.weights is not None}
     job = {"models": {str(key): _spec_fields(spec) for key, spec in models.items()}}
@@ -77,6 +79,7 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     db.lock_output(model_output_table, "model_output_table")
     architectures = require_model_ids(db, model_arch_table, model_id_list)
     grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid)
+    _one_epoch_per_iteration(grid, fit_params_grid)
     require_no_selection(db, model_selection_table)
     _require_no_output(db, model_output_table)
     method = "tpe" if automl_method == "hyperopt" else automl_method
@@ -89,7 +92,8 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
         settings["seed"] = random_state
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
                          model_selection_table, iterations, metrics_compute_frequency or iterations, False, name,
-                         description, method=method, automl_params=automl_params, **settings)
+                         description, method=method, automl_params=automl_params, use_gpus=bool(use_gpus),
+                         random_state=random_state, **settings)
     weights = {f"arch-{m}": w for m, (_, w) in architectures.items() if w is not None}
     job = {"architectures": {str(m): [arch, w is not None] for m, (arch, w) in architectures.items()},
            "grid": [list(model_id_list), compile_params_grid, fit_params_grid], "params": params}
@@ -97,6 +101,16 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     tried = train_in_child(db, job, repr((build.grid, sorted(architectures.items()))), weights, run, use_gpus,
                    model_output_table)
     write_selection(db, model_arch_table, model_selection_table, [tuple(row) for row in tried["selection"]], None)
+
+
+def _one_epoch_per_iteration(grid: ConfigGrid, fit_params_grid: str) -> None:
+    """AutoML counts a configuration's budget (Hyperband's R, TPE's num_iterations) in
+    iterations of one epoch each; a grid's other ``epochs`` would make its rungs mean
+    something else."""
+    epochs = grid.space.get("fit.epochs")
+    if epochs is not None and (not isinstance(epochs, choice) or set(epochs.values) != {1}):
+        raise ValueError(f"fit_params_grid {fit_params_grid!r}: 'epochs' must be [1] for automl, whose budgets (R, "
+                         f"num_iterations) count iterations of one epoch; give 'epochs': [1] or leave it out")
 
 
 def _automl_iterations(method: str, params: Mapping[str, Any], automl_params: str | None, given: str) -> int:

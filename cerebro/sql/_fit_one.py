@@ -34,7 +34,7 @@ def fit(db: Database, source_table: str, model: str, model_arch_table: str, mode
     check_iterations(num_iterations, metrics_compute_frequency)
     parse_compile_params(compile_params)
     fit_params = fit_params or ""
-    epochs = parse_fit_params(fit_params, epochs_per_iteration=True).epochs
+    parse_fit_params(fit_params)
     db.lock_output(model, "model")
     architecture, weights = require_model_ids(db, model_arch_table, [model_id])[model_id]
     if warm_start:
@@ -45,7 +45,7 @@ def fit(db: Database, source_table: str, model: str, model_arch_table: str, mode
     spec = ModelSpec(model_id, architecture, compile_params, fit_params, weights)
     run = RunDescription(source_table, validation_table, independent_varname, dependent_varname, model_arch_table,
                          None, num_iterations, metrics_compute_frequency or num_iterations, bool(warm_start), name,
-                         description, method="fit", epochs_per_iteration=epochs, **run_settings(db, model))
+                         description, method="fit", use_gpus=bool(use_gpus), **run_settings(db, model))
     job = {"models": {"1": [model_id, architecture, compile_params, fit_params, weights is not None]}}
     identity = repr((SelectionBuild({1: spec}, one_hot=False).models, hashlib.sha256(weights or b"").hexdigest()))
     train_in_child(db, job, identity, {"model-1": weights} if weights is not None else {}, run, use_gpus, model,

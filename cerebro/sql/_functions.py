@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from .._version import __version__
+from ._byom import predict_byom
 from ._database import Database, Installation
 from ._fit_multiple import automl, fit_multiple_model
 from ._fit_one import fit
@@ -39,7 +40,7 @@ def delete_keras_model(db: Database, keras_model_arch_table: str, model_id: int)
 
 ENTRIES = {function.__name__: function for function in (
     version, load_model_arch, load_keras_model, delete_keras_model, load_model_selection_table,
-    generate_model_configs, hyperband_schedule, fit, fit_multiple_model, automl, predict, evaluate,
+    generate_model_configs, hyperband_schedule, fit, fit_multiple_model, automl, predict, predict_byom, evaluate,
     training_preprocessor_dl, validation_preprocessor_dl, train_test_split)}
 
 

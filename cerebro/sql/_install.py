@@ -24,6 +24,10 @@ _COLUMNS = ("independent_varname varchar DEFAULT NULL", "dependent_varname varch
 _PREDICT_ARGS = ("model_table varchar", "test_table varchar", "id_col varchar", "independent_varname varchar",
                  "output_table varchar")
 _PREDICT_TAIL = ("use_gpus boolean DEFAULT false", "mst_key integer DEFAULT NULL")
+_BYOM_ARGS = ("model_arch_table varchar", "model_id integer", "test_table varchar", "id_col varchar",
+              "independent_varname varchar", "output_table varchar")
+_BYOM_TAIL = ("use_gpus boolean DEFAULT NULL", "class_values text[] DEFAULT NULL",
+              "normalizing_const double precision DEFAULT NULL", "dependent_count integer DEFAULT 1")
 _ARCH_ARGS = ("model_arch_table varchar", "model_arch json", "model_weights bytea DEFAULT NULL",
               "name varchar DEFAULT NULL", "description varchar DEFAULT NULL", "model_id integer DEFAULT NULL")
 
@@ -76,6 +80,8 @@ FUNCTIONS = (
     SqlFunction("predict", (*_PREDICT_ARGS, "pred_type varchar DEFAULT 'prob'", *_PREDICT_TAIL), "void", "predict"),
     SqlFunction("predict", (*_PREDICT_ARGS, "pred_type integer", *_PREDICT_TAIL), "void", "predict"),
     SqlFunction("predict", (*_PREDICT_ARGS, "pred_type double precision", *_PREDICT_TAIL), "void", "predict"),
+    *(SqlFunction("predict_byom", (*_BYOM_ARGS, f"pred_type {kind}", *_BYOM_TAIL), "void", "predict_byom")
+      for kind in ("varchar DEFAULT 'prob'", "integer", "double precision")),
     SqlFunction("training_preprocessor_dl", (
         "source_table varchar", "output_table varchar", "dependent_varname varchar", "independent_varname varchar",
         "buffer_size integer DEFAULT NULL", "normalizing_const real DEFAULT 1.0",
@@ -96,7 +102,8 @@ FUNCTIONS = (
 )
 # MADlib's names of the same functions, so a MADlib notebook runs with madlib. -> cerebro.
 MADLIB_NAMES = {"fit": "madlib_keras_fit", "fit_multiple_model": "madlib_keras_fit_multiple_model",
-                "automl": "madlib_keras_automl", "predict": "madlib_keras_predict", "evaluate": "madlib_keras_evaluate"}
+                "automl": "madlib_keras_automl", "predict": "madlib_keras_predict", "evaluate": "madlib_keras_evaluate",
+                "predict_byom": "madlib_keras_predict_byom"}
 FUNCTIONS += tuple(SqlFunction(MADLIB_NAMES[f.name], f.arguments, f.returns, f.entry)
                    for f in FUNCTIONS if f.name in MADLIB_NAMES)
 

@@ -105,15 +105,21 @@ def _check_node(node: Any, where: str) -> None:
         _check_node(value, f"{where}.{key}")
 
 
+def keras_architecture(model_arch: str) -> Any:
+    """The ``keras.Model`` of ``model_arch`` (Keras 3's JSON or Keras 2's), not compiled:
+    what inference needs."""
+    model_arch = keras3_json(model_arch)
+    check_model_arch(model_arch)     # also here: an architecture may reach a table without load_model_arch
+    return importlib.import_module("keras").models.model_from_json(model_arch)
+
+
 def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
     """The compiled ``keras.Model``. With class ids as labels (``one_hot=False``),
     ``categorical_crossentropy`` is trained as ``sparse_categorical_crossentropy``: the same
     loss on the same targets, as MADlib's preprocessor would have one-hot encoded them."""
-    model_arch = keras3_json(model_arch)
-    check_model_arch(model_arch)     # also here: an architecture may reach a table without load_model_arch
     keras = importlib.import_module("keras")
     params = parse_compile_params(compile_params)
-    model = keras.models.model_from_json(model_arch)
+    model = keras_architecture(model_arch)
     optimizer_class = optimizer_classes(keras).get(params.optimizer.lower())
     if optimizer_class is None:
         raise ValueError(f"compile_params {compile_params!r}: optimizer {params.optimizer!r} is not a class of "
@@ -147,7 +153,7 @@ def keras_trainable(spec: ModelSpec, *, one_hot: bool) -> KerasTrainable:
     if spec.weights is not None:
         load_flat_weights(model, spec.weights)
     # The rows were checked as they were read, each by the rule of the call that read it.
-    return KerasTrainable(model, batch_size=parse_fit_params(spec.fit_params, epochs_per_iteration=True).batch_size)
+    return KerasTrainable(model, batch_size=parse_fit_params(spec.fit_params).batch_size)
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,10 @@ class SelectionBuild:
 
     def __call__(self, config: Mapping[str, Any]) -> KerasTrainable:
         return keras_trainable(self.models[config["mst_key"]], one_hot=self.one_hot)
+
+    def epochs(self, config: Mapping[str, Any]) -> int:
+        """The epochs one iteration of the row trains (its ``fit_params``'s ``epochs``)."""
+        return parse_fit_params(self.models[config["mst_key"]].fit_params).epochs
 
 
 @dataclass(frozen=True)

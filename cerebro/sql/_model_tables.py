@@ -6,7 +6,8 @@ table that names the architecture table.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from ..search._space import sample_config
 from ._database import Database
 from ._grid import ConfigGrid
 from ._keras_model import ModelSpec, check_model_arch, keras3_json
-from ._params import parse_compile_params, parse_fit_params
+from ._params import parse_compile_params, parse_fit_params, same_params
 
 
 def load_model_arch(db: Database, model_arch_table: str, model_arch: str, model_weights: bytes | None = None,
@@ -60,19 +61,26 @@ def delete_model_arch(db: Database, model_arch_table: str, model_id: int) -> Non
 def load_model_selection_table(db: Database, model_arch_table: str, model_selection_table: str,
                                model_id_list: Sequence[int], compile_params_list: Sequence[str],
                                fit_params_list: Sequence[str], object_table: str | None = None) -> None:
-    """Write every combination of the model ids, compile and fit parameters (in that
-    nesting) as rows of ``model_selection_table``, keyed ``mst_key`` 1, 2, ..."""
+    """Write every combination of the model ids (in increasing order), compile and fit
+    parameters (in the order given) as rows of ``model_selection_table``, keyed ``mst_key``
+    1, 2, ... As in MADlib, each distinct combination once: a repeated id, or a string
+    that differs from an earlier one only in spaces or the order of its arguments, adds no
+    model (the first spelling is kept)."""
     require_model_ids(db, model_arch_table, model_id_list)
-    for text in compile_params_list or []:
-        parse_compile_params(text)
-    for text in fit_params_list or []:
-        parse_fit_params(text)
-    if not compile_params_list or not fit_params_list:
+    compile_params = _distinct(compile_params_list, parse_compile_params)
+    fit_params = _distinct(fit_params_list, parse_fit_params)
+    if not compile_params or not fit_params:
         raise ValueError("compile_params_list and fit_params_list must each hold at least one string")
-    # Every combination once, in MADlib's order: a repeated id or string adds no model.
-    rows = list(dict.fromkeys((m, c, f) for m in model_id_list for c in compile_params_list
-                              for f in fit_params_list))
+    rows = [(m, c, f) for m in sorted(set(model_id_list)) for c in compile_params for f in fit_params]
     write_selection(db, model_arch_table, model_selection_table, rows, object_table)
+
+
+def _distinct(texts: Sequence[str] | None, parse: Callable[[str], Any]) -> list[str]:
+    """``texts`` checked by ``parse``, each meaning once, in their order."""
+    kept: dict[tuple, str] = {}
+    for text in texts or []:
+        kept.setdefault(same_params(text, parse), text)
+    return list(kept.values())
 
 
 def generate_model_configs(db: Database, model_arch_table: str, model_selection_table: str,

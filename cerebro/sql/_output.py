@@ -15,7 +15,7 @@ from .._version import __version__
 from ..report import Result
 from ._database import Database
 from ._keras_model import ModelSpec, flat_weights
-from ._params import parse_compile_params
+from ._params import parse_compile_params, parse_fit_params
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class RunDescription:
     dependent_vartype: str | None = None
     automl_params: str | None = None
     normalizing_const: float = 1.0      # what predict divides features by (training_preprocessor_dl's)
-    epochs_per_iteration: int = 1     # madlib_keras_fit's fit_params epochs; a selection's iteration is an epoch
+    use_gpus: bool = False
+    random_state: int | None = None     # automl's, as given (seed holds the seed the run used)
 
 
 def metrics_iterations(num_iterations: int, frequency: int) -> list[int]:
@@ -66,7 +67,7 @@ def hyperband_rounds(brackets: Sequence[tuple[int, Sequence[int], int]], result:
 INFO_FIELDS = ("mst_key", "model_id", "compile_params", "fit_params", "model_size", "metrics_elapsed_time",
                "metrics_type", "loss_type", "training_metrics_final", "training_loss_final", "training_metrics",
                "training_loss", "validation_metrics_final", "validation_loss_final", "validation_metrics",
-               "validation_loss", "status", "reason", "iterations", "trial_id")
+               "validation_loss", "metrics_iters", "status", "reason", "iterations", "trial_id")
 
 
 def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescription,
@@ -75,8 +76,7 @@ def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescr
     trial's weights in a file of ``weights_dir``), and the best trial's key: what the child
     process that trained (see :mod:`._job`) hands back to the session for
     :func:`write_outputs`. ``by_trial`` gives each trial's model selection row."""
-    iterations = [i * run.epochs_per_iteration
-                  for i in metrics_iterations(run.num_iterations, run.metrics_compute_frequency)]
+    kept = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
     history = result.history()
     ends = result.schedule().groupby(["trial_id", "epoch"])["end"].max().to_dict()
     # A model selection table's trial carries its key; an AutoML trial's key is its place.
@@ -89,9 +89,14 @@ def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescr
             with open(os.path.join(weights_dir, f"{key}.weights"), "wb") as f:
                 f.write(weights)
         models.append([key, spec.model_id, spec.model_arch, spec.compile_params, spec.fit_params, weights is not None])
+        # An iteration of a row with fit_params epochs=k is k epochs.
+        per_iteration = parse_fit_params(spec.fit_params).epochs
         rows = history[history["trial_id"] == trial.trial_id] if len(history) else history
         # A trial stopped early (Hyperband, a failure) keeps its last epoch: the _final values.
-        rows = rows[rows["epoch"].isin(iterations) | (rows["epoch"] == trial.epochs)] if len(rows) else rows
+        rows = rows[rows["epoch"].isin([i * per_iteration for i in kept]) | (rows["epoch"] == trial.epochs)] \
+            if len(rows) else rows
+        # The iteration each kept epoch ends (or, for a failure within one, falls in).
+        iterations = [-(-int(e) // per_iteration) for e in rows["epoch"]] if len(rows) else []
         metric = _first_metric(spec)
         training, validation = _column(rows, f"train_{metric}"), _column(rows, f"val_{metric}")
         training_loss, validation_loss = _column(rows, "train_loss"), _column(rows, "val_loss")
@@ -100,8 +105,8 @@ def output_rows(result: Result, by_trial: Mapping[str, ModelSpec], run: RunDescr
                      [ends.get((trial.trial_id, int(e))) for e in rows["epoch"]] if len(rows) else [],
                      [metric] if metric else [], _loss_name(spec),
                      _last(training), _last(training_loss), training, training_loss,
-                     _last(validation), _last(validation_loss), validation, validation_loss,
-                     trial.status.value, trial.reason or trial.error, trial.epochs, trial.trial_id,
+                     _last(validation), _last(validation_loss), validation, validation_loss, iterations,
+                     trial.status.value, trial.reason or trial.error, trial.epochs // per_iteration, trial.trial_id,
                      *(rounds[trial.trial_id] if rounds else [])])
     return {"models": models, "info": info, "best": _best_key(result, keys), "store": result.store.path,
             "ended": time.time(), "rounds": rounds is not None}
@@ -124,7 +129,7 @@ def write_outputs(db: Database, output_table: str, rows: Mapping[str, Any], run:
              f"training_metrics_final DOUBLE PRECISION, training_loss_final DOUBLE PRECISION, "
              f"training_metrics DOUBLE PRECISION[], training_loss DOUBLE PRECISION[], "
              f"validation_metrics_final DOUBLE PRECISION, validation_loss_final DOUBLE PRECISION, "
-             f"validation_metrics DOUBLE PRECISION[], validation_loss DOUBLE PRECISION[], "
+             f"validation_metrics DOUBLE PRECISION[], validation_loss DOUBLE PRECISION[], metrics_iters INTEGER[], "
              f"status VARCHAR, reason VARCHAR, iterations INTEGER, trial_id VARCHAR"
              + (", s INTEGER, i INTEGER)" if rows.get("rounds") else ")"))
     for key, model_id, model_arch, compile_params, fit_params, trained in rows["models"]:
@@ -136,7 +141,8 @@ def write_outputs(db: Database, output_table: str, rows: Mapping[str, Any], run:
                  [key, model_id, model_arch, compile_params, fit_params, weights],
                  ["integer", "integer", "json", "text", "text", "bytea"])
     types = ["integer", "integer", "text", "text", "float8", "float8[]", "text[]", "text", "float8", "float8",
-             "float8[]", "float8[]", "float8", "float8", "float8[]", "float8[]", "text", "text", "integer", "text",
+             "float8[]", "float8[]", "float8", "float8", "float8[]", "float8[]", "integer[]", "text", "text", "integer",
+             "text",
              *(["integer", "integer"] if rows.get("rounds") else [])]
     # $1..$4, then MADlib's model_type, then the rest.
     places = ", ".join(["$1", "$2", "$3", "$4", "'keras'", *(f"${n}" for n in range(5, len(types) + 1))])
@@ -147,26 +153,39 @@ def write_outputs(db: Database, output_table: str, rows: Mapping[str, Any], run:
 
 def _write_summary(db: Database, table: str, output_table: str, rows: Mapping[str, Any],
                    run: RunDescription) -> None:
-    db.query(f"CREATE TABLE {table} (source_table VARCHAR, validation_table VARCHAR, model VARCHAR, "
-             f"model_info VARCHAR, dependent_varname VARCHAR, independent_varname VARCHAR, model_arch_table VARCHAR, "
-             f"model_selection_table VARCHAR, automl_method VARCHAR, num_iterations INTEGER, "
-             f"metrics_compute_frequency INTEGER, warm_start BOOLEAN, name VARCHAR, description VARCHAR, "
-             f"start_training_time TIMESTAMPTZ, end_training_time TIMESTAMPTZ, metrics_iters INTEGER[], "
-             f"best_mst_key INTEGER, store VARCHAR, seed INTEGER, workers INTEGER, cerebro_version VARCHAR, "
-             f"dependent_vartype VARCHAR, class_values TEXT[], madlib_version VARCHAR, automl_params VARCHAR, "
-             f"normalizing_const REAL)")
-    iterations = metrics_iterations(run.num_iterations, run.metrics_compute_frequency)
-    db.query(f"INSERT INTO {table} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, "
-             f"to_timestamp($15), to_timestamp($16), $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27)",
-             [run.source_table, run.validation_table, output_table, f"{output_table}_info", run.dependent_varname,
-              run.independent_varname, run.model_arch_table, run.model_selection_table, run.method,
-              run.num_iterations, run.metrics_compute_frequency, run.warm_start, run.name, run.description,
-              run.started, rows["ended"], iterations, rows["best"], rows["store"], run.seed, run.workers,
-              __version__, run.dependent_vartype, run.class_values, f"cerebro {__version__}", run.automl_params,
-              run.normalizing_const],
-             ["text", "text", "text", "text", "text", "text", "text", "text", "text", "integer", "integer", "boolean",
-              "text", "text", "float8", "float8", "integer[]", "integer", "text", "integer", "integer", "text", "text",
-              "text[]", "text", "text", "real"])
+    """``<out>_summary``: MADlib's columns (``object_table`` is always NULL: no custom
+    objects; ``random_state`` as given, the seed used is ``seed``), then Cerebro's."""
+    columns = (
+        ("source_table", "text", run.source_table), ("validation_table", "text", run.validation_table),
+        ("model", "text", output_table), ("model_info", "text", f"{output_table}_info"),
+        ("dependent_varname", "text", run.dependent_varname), ("independent_varname", "text", run.independent_varname),
+        ("model_arch_table", "text", run.model_arch_table),
+        ("model_selection_table", "text", run.model_selection_table),
+        ("automl_method", "text", run.method), ("automl_params", "text", run.automl_params),
+        ("random_state", "integer", run.random_state), ("object_table", "text", None),
+        ("use_gpus", "boolean", run.use_gpus), ("num_iterations", "integer", run.num_iterations),
+        ("metrics_compute_frequency", "integer", run.metrics_compute_frequency),
+        ("warm_start", "boolean", run.warm_start), ("name", "text", run.name), ("description", "text", run.description),
+        ("start_training_time", "timestamptz", run.started), ("end_training_time", "timestamptz", rows["ended"]),
+        ("metrics_iters", "integer[]", metrics_iterations(run.num_iterations, run.metrics_compute_frequency)),
+        ("best_mst_key", "integer", rows["best"]), ("store", "text", rows["store"]), ("seed", "integer", run.seed),
+        ("workers", "integer", run.workers), ("cerebro_version", "text", __version__),
+        ("dependent_vartype", "text", run.dependent_vartype), ("class_values", "text[]", run.class_values),
+        ("madlib_version", "text", f"cerebro {__version__}"), ("normalizing_const", "real", run.normalizing_const))
+    _table_of_one_row(db, table, [name for name, _, _ in columns], [kind for _, kind, _ in columns],
+                      [value for _, _, value in columns])
+
+
+def _table_of_one_row(db: Database, table: str, names: Sequence[str], types: Sequence[str],
+                      values: Sequence[Any]) -> None:
+    """Create ``table`` with these columns (SQL names, quoted where they need it) and insert
+    the one row; a ``timestamptz`` value is given as seconds since the epoch."""
+    db.query(f"CREATE TABLE {table} (" + ", ".join(
+        f"{name} {kind.replace('float8', 'DOUBLE PRECISION')}" for name, kind in zip(names, types)) + ")")
+    places = ", ".join(f"to_timestamp(${i + 1})" if kind == "timestamptz" else f"${i + 1}"
+                       for i, kind in enumerate(types))
+    db.query(f"INSERT INTO {table} VALUES ({places})", list(values),
+             ["float8" if kind == "timestamptz" else kind for kind in types])
 
 
 def _best_key(result: Result, keys: Mapping[str, int]) -> int | None:
@@ -222,7 +241,7 @@ def write_model_output(db: Database, model: str, rows: Mapping[str, Any], run: R
     (key, model_id, model_arch, compile_params, fit_params, trained), = rows["models"]
     info = dict(zip(INFO_FIELDS, rows["info"][0]))
     if info["status"] != "completed" or not trained:
-        raise ValueError(f"the model did not train: {info['status']} after {info['iterations']} epochs: "
+        raise ValueError(f"the model did not train: {info['status']} after {info['iterations']} iterations: "
                          f"{info['reason']}; its run directory is {rows['store']}")
     with open(os.path.join(weights_dir, f"{key}.weights"), "rb") as f:
         weights = f.read()
@@ -238,9 +257,6 @@ def write_model_output(db: Database, model: str, rows: Mapping[str, Any], run: R
     except ValueError:      # a label whose name no column name can carry
         class_column = "class_values"
     names = [class_column if name == "class_values" else name for name, _ in _FIT_SUMMARY]
-    db.query(f"CREATE TABLE {tables['_summary']} ("
-             + ", ".join(f"{n} {t.replace('float8', 'DOUBLE PRECISION')}" for n, (_, t) in zip(names, _FIT_SUMMARY))
-             + ")")
     values = [run.source_table, model, [label], [run.independent_varname], run.model_arch_table, model_id,
               compile_params, fit_params, run.num_iterations, run.validation_table, None,
               run.metrics_compute_frequency, run.name, run.description, "madlib_keras", info["model_size"],
@@ -250,7 +266,4 @@ def write_model_output(db: Database, model: str, rows: Mapping[str, Any], run: R
               *(info[name] for name, _ in _FIT_SUMMARY[23:33]),
               metrics_iterations(run.num_iterations, run.metrics_compute_frequency), run.class_values,
               run.warm_start, rows["store"], run.seed, run.workers, __version__]
-    places = ", ".join(f"to_timestamp(${i + 1})" if t == "timestamptz" else f"${i + 1}"
-                       for i, (_, t) in enumerate(_FIT_SUMMARY))
-    db.query(f"INSERT INTO {tables['_summary']} VALUES ({places})", values,
-             ["float8" if t == "timestamptz" else t for _, t in _FIT_SUMMARY])
+    _table_of_one_row(db, tables["_summary"], names, [kind for _, kind in _FIT_SUMMARY], values)

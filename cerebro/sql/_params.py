@@ -8,6 +8,7 @@ never evaluated. A string that is not of that form is refused with the rule it b
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +32,8 @@ class CompileParams:
 
 @dataclass(frozen=True)
 class FitParams:
-    """What training needs from ``fit_params``: the batch size, and (``madlib_keras_fit``
-    alone) the epochs each iteration trains."""
+    """What training needs from ``fit_params``: the batch size, and the epochs each
+    iteration trains."""
 
     batch_size: int
     epochs: int = 1
@@ -108,18 +109,25 @@ def _optimizer(text: str, params: str) -> tuple[str, tuple[tuple[str, Any], ...]
     raise ValueError(f"compile_params {params!r}: optimizer {text!r} is not {rule}")
 
 
-def parse_fit_params(text: str, *, epochs_per_iteration: bool = False) -> FitParams:
-    """``text`` as :class:`FitParams`. In a model selection a sub-epoch is one pass over a
-    partition, so ``epochs`` (MADlib's passes per visit) must be 1 and ``num_iterations``
-    counts epochs; ``madlib_keras_fit`` (``epochs_per_iteration``) trains one model, whose
-    iteration is ``epochs`` passes over all the data."""
+def parse_fit_params(text: str) -> FitParams:
+    """``text`` as :class:`FitParams`. ``epochs=k`` makes each of the call's iterations k
+    epochs (k passes over all the data), as MADlib's iteration is k passes over each
+    segment's data."""
     what = "fit_params"
     params = _known_keywords(text, what, FIT_EXAMPLE, _FIT_KEYS)
     batch_size, epochs = params.get("batch_size", 32), params.get("epochs", 1)
     for name, value in (("batch_size", batch_size), ("epochs", epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{what} {text!r}: {name}={value!r} must be a positive integer")
-    if epochs != 1 and not epochs_per_iteration:
-        raise ValueError(f"{what} {text!r}: epochs={epochs!r} must be 1: each iteration is one pass over "
-                         f"every partition; train longer with num_iterations")
     return FitParams(batch_size, epochs)
+
+
+def same_params(text: str, parse: Callable[[str], Any]) -> tuple:
+    """What tells two parameter strings apart once parsed: spaces, the order of the
+    arguments and ``lr`` for ``learning_rate`` do not (MADlib's de-duplication); ``text`` is
+    checked by ``parse`` first."""
+    parse(text)
+    params = keyword_arguments(text, "", "")
+    if isinstance(params.get("optimizer"), str):
+        params["optimizer"] = _optimizer(params["optimizer"], text)
+    return tuple(sorted((key, repr(value)) for key, value in params.items()))

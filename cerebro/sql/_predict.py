@@ -26,25 +26,37 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
     the likeliest alone (without ``rank``), an integer k the k likeliest (MADlib's top-k),
     a number in [0, 1) the classes more likely than it. Features are divided by the
     normalizing constant the training data was packed with."""
-    keep = _rows_kept(pred_type)
+    rows_kept(pred_type)      # a bad pred_type is refused before anything is read
     if use_gpus:
         raise ValueError("use_gpus is true; predict runs on the CPU: use_gpus => false")
     row = _model_row(db, model_table, mst_key)
+    trained = _trained_on(db, model_table)
+    predict_rows(db, row, test_table, id_col, independent_varname, output_table, pred_type, trained,
+                 (f"model_table {model_table!r}", "its summary"))
+
+
+def predict_rows(db: Database, row: dict, test_table: str, id_col: str, independent_varname: str,
+                 output_table: str, pred_type: str | int | float, trained: dict[str, Any],
+                 classes_from: tuple[str, str]) -> None:
+    """Write ``output_table``: the predictions of the model of ``row`` (``model_arch``,
+    ``model_weights``) for ``test_table``, with what ``trained`` says of its training data
+    (see :func:`_trained_on`). ``classes_from`` names the model and where its class values
+    come from, for the error where they and the model's outputs differ in number."""
+    keep = rows_kept(pred_type)
     features = _names(independent_varname, "independent_varname")
     db.require_columns(test_table, "test_table", [id_col, *features])
     id_type = db.columns(test_table, "test_table")[id_col]
     if id_type not in _ID_TYPES:
         raise ValueError(f"id_col {id_col!r} is {id_type}; predict takes an id of type {', '.join(_ID_TYPES)}")
     output = db.require_absent(output_table, "output_table")
-    trained = _trained_on(db, model_table)
     inputs, ids = db.read(test_table, "test_table", features, id_col)
     outputs = np.asarray(_in_child(db, "predict", row, inputs / np.float32(trained["normalizing_const"]))["outputs"])
     # One output is a sigmoid's probability of class 1; more are one per class.
     probabilities = np.column_stack([1 - outputs[:, 0], outputs[:, 0]]) if outputs.shape[1] == 1 else outputs
     classes = trained["class_values"] or [str(c) for c in range(probabilities.shape[1])]
     if len(classes) != probabilities.shape[1]:
-        raise ValueError(f"model_table {model_table!r}: the model has {probabilities.shape[1]} outputs, its "
-                         f"summary {len(classes)} class values")
+        raise ValueError(f"{classes_from[0]}: the model has {probabilities.shape[1]} outputs, {classes_from[1]} "
+                         f"{len(classes)} class values")
     quoted_id = db.quoted(id_col, "id_col")
     db.query(f"CREATE TABLE {output} ({quoted_id} {id_type}, class_name TEXT, class_value TEXT, "
              f"prob DOUBLE PRECISION" + ("" if pred_type == "response" else ", rank INTEGER") + ")")
@@ -52,7 +64,7 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
                        with_rank=pred_type != "response")
 
 
-def _rows_kept(pred_type: str | int | float) -> tuple[int, float | None]:
+def rows_kept(pred_type: str | int | float) -> tuple[int, float | None]:
     """(how many of the likeliest classes, above which probability) ``pred_type`` keeps;
     None: any probability, NaN (a diverged model's) too."""
     if pred_type in ("prob", "response"):
@@ -192,7 +204,7 @@ def _in_child(db: Database, kind: str, row: dict, inputs: np.ndarray, labels: np
     arrays = {"inputs": inputs} if labels is None else {"inputs": inputs, "labels": labels}
     with job_directory(arrays, {"model": bytes(row["model_weights"])}) as job_dir:
         answer = run_job(db, job_dir, {"kind": kind, "model_arch": row["model_arch"],
-                                       "compile_params": row["compile_params"]},
+                                       "compile_params": row.get("compile_params")},
                          keras_backend=db.keras_backend(), use_gpus=False)
         if kind == "predict":
             answer["outputs"] = np.load(os.path.join(job_dir, "outputs.npy"), allow_pickle=False)
