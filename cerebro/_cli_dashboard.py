@@ -2,6 +2,7 @@
 :mod:`cerebro.report._dashboard`)."""
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from typing import Any
 
@@ -36,8 +37,11 @@ def dashboard(run_dir: str, port: int, host: str) -> None:
     try:
         server = RunServer(run_dir, host, port)
     except (OSError, ValueError) as error:     # no run there, or the port is taken
-        raise click.ClickException(error.strerror if isinstance(error, OSError) and error.strerror
-                                   else str(error)) from None
+        message = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+            message += (f"; another program (an earlier dashboard?) serves there: choose another port with "
+                        f"--port, e.g. --port {port + 1 if 0 < port < 65535 else 8266}, or --port 0 for any free one")
+        raise click.ClickException(message) from None
     click.echo(f"The dashboard of {run_dir} is at {server.url} (metrics at {server.url}metrics); Ctrl-C stops it.")
     if not is_loopback(host):
         click.echo(f"It is served to anyone who can reach {host}:{server.server_address[1]}, without a password: "

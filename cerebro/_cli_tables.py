@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -12,27 +15,134 @@ from rich.console import Console
 from rich.table import Table
 
 from .report import Result
+from .report._progress import rounded
+from .report._run_state import RunState
+from .store._lock import held_locally
 
 
 def print_summary(result: Result, console: Console) -> None:
-    """The trials ranked by the run's metric at their best epoch, as a table (with the last
-    epoch's beside it)."""
-    summary = result.summary()
+    """The trials ranked by the run's metric at their best epoch, as a table that fits the
+    console: configs' numbers to 4 significant digits (0.001 and 0.005 stay apart), the
+    settings every trial shares on a line above it, a long reason cut short, and where it
+    still does not fit, the least telling columns left out, saying which."""
+    if not result.trials:       # a run that has not begun one (or failed first): its state says so
+        return
+    columns, shared = _summary_columns(result)
+    if shared:
+        console.print(f"every trial: {rounded(shared)}", highlight=False, soft_wrap=True)
+    left_out = []
+    while _width(columns) > console.width and any(c.drop_order is not None for c in columns):
+        dropped = min((c for c in columns if c.drop_order is not None), key=lambda c: c.drop_order)
+        columns.remove(dropped)
+        left_out.append(dropped.header)
+    reason = next((c for c in columns if c.name == "reason"), None)
+    if reason is not None:          # the room left, cut short with an ellipsis
+        reason.width = max(_REASON_WIDTH, min(reason.width, console.width - _width(columns) + reason.width))
+    table = Table(title=f"trials ranked by their best {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
+    for column in columns:
+        table.add_column(column.header, width=column.width, no_wrap=column.name == "reason", overflow=column.overflow,
+                         justify="left" if column.name in ("trial_id", "status", "reason") else "right")
+    for row in zip(*(column.cells for column in columns)):
+        table.add_row(*row)
+    console.print(table)
+    if left_out:
+        console.print(f"(left out to fit {console.width} columns: {', '.join(left_out)}; --trial ID shows one "
+                      f"in full)", highlight=False, soft_wrap=True)
+
+
+_REASON_WIDTH = 10      # the least of a reason worth showing
+_HEADER_WORD = 8        # a config's name longer than this folds rather than widening its column
+
+
+@dataclass
+class _Column:
+    """One column of the summary table: its name in ``result.summary()``, its header, its cells
+    as text, its width, and when it is left out where the table does not fit (None: never;
+    lower first)."""
+
+    name: str
+    header: str
+    cells: list[str]
+    width: int
+    drop_order: int | None
+    overflow: str = "fold"
+
+
+def _width(columns: list[_Column]) -> int:
+    """The table's width: its columns, a space either side of each but at the edges, the
+    (blank) line between two columns and the (blank) edges."""
+    return sum(c.width for c in columns) + 3 * (len(columns) - 1) + 2
+
+
+def _summary_columns(result: Result) -> tuple[list[_Column], dict[str, Any]]:
+    """The summary's columns as text, and the config values every trial shares (left out)."""
+    summary, metric = result.summary(), result.metric
     if "best_epoch" in summary and summary.best_epoch.isna().all():
-        summary = summary.drop(columns=["best_epoch", f"best_{result.metric}"])     # no epoch ended yet
+        summary = summary.drop(columns=["best_epoch", f"best_{metric}"])     # no epoch ended yet
     if "reason" in summary and summary.reason.isna().all():
         summary = summary.drop(columns="reason")     # no trial stopped early or failed
     elif "reason" in summary:                        # a traceback in one line: the exception it ends in
         causes = {t.trial_id: t.cause for t in result.trials}
         summary["reason"] = [causes[trial_id] for trial_id in summary.trial_id]
-    table = Table(title=f"trials ranked by their best {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
-    for column in summary.columns:
-        table.add_column(str(column), justify="left" if column in ("trial_id", "status") else "right")
-    for row in summary.itertuples(index=False):
-        table.add_row(*("" if v is None or v is pd.NA else f"{v:.4f}" if isinstance(v, float) and not math.isnan(v)
-                        and not v.is_integer() else str(v) for v in row))
-    console.print(table)
+    ranked = "best_epoch" in summary
+    headers = {"trial_id": "trial", "best_epoch": "at epoch", f"best_{metric}": "best",
+               metric: "last" if ranked else metric, "reason": "why it ended"}
+    # Left out first where the table does not fit: the last epoch's metric, the epoch counts.
+    order = {metric: 0, "epochs": 1, "best_epoch": 2, "reason": 3} if ranked else {"epochs": 1, "reason": 3}
+    config = [c for c in summary.columns if c not in headers and c not in ("status", "epochs")]
+    shared = {c: summary[c].iloc[0] for c in config if len(summary) > 1 and summary[c].map(repr).nunique() == 1}
+    columns = []
+    for name in summary.columns:
+        if name in shared:
+            continue
+        cells = [_cell(value, name in config) for value in summary[name]]
+        header = headers.get(name, str(name))
+        words = max(len(word) for word in header.split())
+        width = max([len(cell) for cell in cells] + [min(words, _HEADER_WORD) if name in config else words])
+        drop = order.get(name, 10 + len(columns) if name in config else None)
+        columns.append(_Column(name, header, cells, width, drop, "ellipsis" if name == "reason" else "fold"))
+    for column in columns:         # configs: the rightmost first
+        if column.name in config:
+            column.drop_order = 100 - columns.index(column)
+    return columns, shared
+
+
+def _cell(value: Any, config: bool) -> str:
+    """A config's float to 4 significant digits, a metric's to 4 decimals, nothing for none."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:.4g}" if config else f"{value:.4f}"
+    return str(value)
+
+
+def print_state(result: Result, console: Console) -> None:
+    """Where the run stands, in one line (the driver's error after it, where it failed): how
+    many trials ended, where the others are, and what goes on with the run."""
+    trials = result.trials
+    done = sum(t.status.is_finished for t in trials)
+    waiting = Counter(str(t.status) for t in trials if not t.status.is_finished)
+    counts = f"{done} of {len(trials)} trials ended" + "".join(f", {n} {s}" for s, n in sorted(waiting.items()))
+    resume = f"`cerebro resume {result.run_dir}` goes on"
+    state = result.state
+    if state is RunState.RUNNING and _driver_gone(result.run_dir):
+        line = f"not finished, and no driver runs it (it was killed?): {counts}; {resume}"
+    elif state is RunState.FAILED:
+        first = "failed before its first trial began" if not trials else f"failed: {counts}"
+        line = f"{first}; once its driver's error is dealt with, {resume}:\n  {(result.run_error or '').strip()}"
+    else:
+        line = {RunState.FINISHED: f"finished: {counts}", RunState.RUNNING: f"running: {counts}",
+                RunState.STOPPED: f"stopped by cerebro stop: {counts}; {resume}",
+                RunState.BUDGET: f"stopped by its time_budget: {counts}; {resume}",
+                RunState.INTERRUPTED: f"interrupted (Ctrl-C or SIGTERM): {counts}; {resume}"}[state]
+    console.print(line, highlight=False, soft_wrap=True, markup=False)
+
+
+def _driver_gone(run_dir: str) -> bool:
+    """Whether no driver holds the local run directory ``run_dir`` (a remote one's lease is
+    not read: its driver is taken to be there)."""
+    return "://" not in run_dir and not held_locally(os.path.join(run_dir, ".lock"))
 
 
 def print_trial(result: Result, trial_id: str) -> None:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .engine import execute
+from .engine._how import check_how
+from .engine._rerun import go_on
 from .search._space import sample_config
 
 if TYPE_CHECKING:
@@ -24,13 +26,18 @@ if TYPE_CHECKING:
 def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
         store: str | os.PathLike | None, seed: int | None, verbose: int, limits: Limits,
         time_budget: float | None, tensorboard: bool, mlflow: bool | str, metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1") -> Result:
-    """Check ``searcher``'s arguments, then run it with MOP (see :meth:`cerebro.Searcher.fit`)."""
+        metrics_host: str = "127.0.0.1", resume: bool = False) -> Result:
+    """Check ``searcher``'s arguments and the HOW, then run it with MOP, or, with ``resume``,
+    go on with the run of this same search that ``store`` holds (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
-    return execute(searcher, build=searcher.build,
+    how = check_how(data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose, limits=limits,
+                    time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow, metrics_port=metrics_port,
+                    metrics_host=metrics_host, resume=resume)
+    settings = searcher._settings()
+    if resume:
+        found = go_on(how, settings, data, searcher.build)
+        if found is not None:
+            return found
+    return execute(searcher, how, build=searcher.build,
                    example_configs=[sample_config(searcher.space, np.random.default_rng(i)) for i in range(4)],
-                   metric=searcher.metric, mode=searcher.mode, settings=searcher._settings(), data=data,
-                   backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow,
-                   metrics_port=metrics_port, metrics_host=metrics_host)
-
+                   metric=searcher.metric, mode=searcher.mode, settings=settings, data=data)

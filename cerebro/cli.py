@@ -15,7 +15,7 @@ from rich.console import Console
 
 from ._cli_dashboard import dashboard, metrics_options
 from ._cli_sql import sql
-from ._cli_tables import print_summary, print_trial, show_warning
+from ._cli_tables import print_state, print_summary, print_trial, show_warning
 from .report import Result, load
 from .store._files import check_output
 
@@ -212,9 +212,7 @@ def status(run_dir: str, trial: str | None) -> None:
         print_trial(result, trial)
         return
     console = Console()
-    done = sum(t.status.is_finished for t in result.trials)
-    console.print(f"{'finished' if result.finished else 'not finished'}: {done} of "
-                  f"{len(result.trials)} trials ended")
+    print_state(result, console)
     incidents = result.incidents     # read with the rest of the journal
     if incidents["worker_lost"]:
         console.print(f"workers: {incidents['worker_lost']} lost, {incidents['worker_replaced']} started anew"

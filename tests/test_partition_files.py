@@ -136,4 +136,4 @@ def test_a_partition_file_changed_during_a_streamed_run_stops_it_naming_the_file
     search = cb.GridSearch(build, {"path": path}, epochs=3)
     with pytest.raises(PartitionFileError, match=rf"partition file {re.escape(path)} changed during the run"):
         search.fit(data, workers=2, store=tmp_path / "run", seed=0, verbose=0)
-    assert cb.load(tmp_path / "run").trials[0].status == "running"      # stopped, not failed: resumable
+    assert cb.load(tmp_path / "run").trials[0].status == "parked"      # stopped, not failed: resumable

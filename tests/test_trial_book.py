@@ -117,7 +117,8 @@ def test_the_searchers_state_keeps_the_journal_linear_in_the_trials():
 
 
 def test_trial_statuses_know_whether_they_are_finished_and_failures():
-    assert [s for s in TrialStatus if not s.is_finished] == [TrialStatus.RUNNING, TrialStatus.PAUSED]
+    assert [s for s in TrialStatus if not s.is_finished] == \
+        [TrialStatus.RUNNING, TrialStatus.PAUSED, TrialStatus.PARKED]
     assert [s for s in TrialStatus if s.is_failure] == [TrialStatus.FAILED, TrialStatus.DIVERGED, TrialStatus.TIMEOUT]
     assert TrialStatus.FAILED == "failed" and json.dumps(TrialStatus.FAILED) == '"failed"'
 

@@ -85,7 +85,7 @@ def test_when_no_worker_is_left_and_none_may_start_the_run_stops_clearly(tmp_pat
     assert f"Its journal and checkpoints are in {tmp_path / 'run'}" in message
     loaded = cb.load(tmp_path / "run")
     assert not loaded.finished
-    assert loaded.trials[0].status == "running"
+    assert loaded.trials[0].status == "parked" and loaded.state == "failed"
 
 
 def test_with_one_partition_a_trial_equals_a_plain_torch_loop(tmp_path):

@@ -19,11 +19,13 @@ from ..data import PartitionFileError
 from ..report import Progress
 from ..store import (
     PartitionsMoved,
+    RunFailed,
     RunFinished,
     RunInterrupted,
     RunResumed,
     RunStarted,
     RunStore,
+    StopCause,
     SubEpoch,
     SubEpochAborted,
     SubEpochStarted,
@@ -82,6 +84,7 @@ class Driver(DirectHops):
         self.outboxes = Outboxes()
         self._refused: set[str] = set()    # entries of commands/ (and stop) not Cerebro's, warned of once
         self.direct = backend.hops is Hops.DIRECT      # until the workers turn out not to reach each other
+        self._stop_cause: StopCause | None = None     # what drained the run, journaled as it stops
 
     def _now(self) -> float:
         return time.monotonic() - self._t0
@@ -104,12 +107,15 @@ class Driver(DirectHops):
                 if not self.book.live and not self._busy():
                     self._check_stop()           # a trial added at the very end still runs
             stopped = bool(self.book.live)      # drained: at epoch boundaries, resumable
-            self.recorder.emit(RunInterrupted(self._now()) if stopped
+            self.recorder.emit(RunInterrupted(self._now(), self._stop_cause) if stopped
                                else RunFinished(self._now(), *self.pool.traffic()))
         except BaseException as error:
             interrupted = isinstance(error, KeyboardInterrupt)
             if interrupted:    # Ctrl-C or SIGTERM: leave it resumable
-                self.recorder.emit(RunInterrupted(self._now()))
+                self.recorder.emit(RunInterrupted(self._now(), StopCause.INTERRUPT))
+            else:              # journaled for `cerebro status`, also before the first trial
+                with contextlib.suppress(Exception):     # a store that fails: the error on its way says so
+                    self.recorder.emit(RunFailed(f"{type(error).__name__}: {error}", self._now()))
             self.pool.close("interrupted" if interrupted else "failed", self.progress.finish)
             self._close_writes(failed=True)
             if interrupted and not isinstance(error, InterruptedRun):
@@ -180,10 +186,10 @@ class Driver(DirectHops):
         if self.book.draining:
             return
         budget = self.settings.time_budget
-        if budget is not None and self._now() >= budget:
-            why = f"its time_budget of {budget:g} s has passed"
+        if budget is not None and self._now() - self._time_offset >= budget:     # this driver's time: a resume's own
+            why, self._stop_cause = f"its time_budget of {budget:g} s has passed", StopCause.BUDGET
         elif stop_asked(self.store, self._refused):
-            why = "cerebro stop asked it to"
+            why, self._stop_cause = "cerebro stop asked it to", StopCause.STOP
         else:
             return
         self.book.draining = True

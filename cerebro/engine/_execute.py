@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import platform
 import secrets
@@ -21,79 +20,57 @@ import cloudpickle
 import numpy as np
 import torch
 
-from .._checks import Boolean, Integer, Optional, Real
 from .._version import __version__
-from ..backends import Backend, LocalBackend
+from ..backends import Backend
 from ..data import Dataset
 from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
-from ..report._http import MetricsEndpoint, check_port
+from ..report._http import MetricsEndpoint
 from ..report._live import LiveFile
-from ..report._mlflow import MLflowLog, check_mlflow, tracking_uri
+from ..report._mlflow import MLflowLog, tracking_uri
 from ..store import STATE_FORMAT, RunStore
-from ..store._files import UnsafeFileError, check_location
+from ..store._files import UnsafeFileError
 from ..store._trust import check_key, new_run_id
 from ..worker import KerasTrainable, driver_keras_backend
 from ._driver import Driver
+from ._how import How
 from ._interface import SearchPolicy
 from ._preflight import check_build, first_trials
-from ._settings import Limits, RunSettings, WarmStartFrom
+from ._settings import RunSettings, WarmStartFrom
 from ._visit_order import VisitScheme
 from ._warm import check_warm_start
 
 
-def execute(policy: SearchPolicy, *, build: Callable[[dict], Any], example_configs: Sequence[dict[str, Any]],
-            metric: str, mode: str, settings: dict[str, Any], data: Dataset,
-            backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
-            seed: int | None, verbose: int, limits: Limits | None = None,
-            time_budget: float | None = None, tensorboard: bool = True,
-            mlflow: bool | str = False, metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Result:
-    """Run ``policy`` with MOP; every argument is checked before any worker starts.
+def execute(policy: SearchPolicy, how: How, *, build: Callable[[dict], Any],
+            example_configs: Sequence[dict[str, Any]], metric: str, mode: str, settings: dict[str, Any],
+            data: Dataset) -> Result:
+    """Run ``policy`` with MOP, as ``how`` (checked: :func:`._how.check_how`) says; every
+    argument is checked before any worker starts.
 
     ``build`` is checked on the driver (see :mod:`._preflight`) with the first trials the
     policy starts with, then ``example_configs`` (configurations drawn from the space).
     """
-    if not isinstance(data, Dataset):
-        raise TypeError(f"data must be a cerebro.Dataset (e.g. cb.Dataset.from_numpy(X, y)); "
-                        f"got {type(data).__name__}")
-    backend = resolve_backend(backend, workers)
-    num_partitions = data.partitions or backend.workers
-    data.check_partitions(num_partitions)
-    if num_partitions < backend.workers:
-        raise ValueError(f"partitions={num_partitions} is fewer than the {backend.workers} workers; "
-                         f"every worker needs a partition, so use more partitions or fewer workers")
-    if seed is None:
-        seed = secrets.randbelow(2**31)
-    else:
-        Integer(low=0, description="a non-negative integer or None").check("seed", seed)
-    if verbose not in (0, 1):
-        raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    if store is not None:
-        check_location("store", store)
-    limits = Limits() if limits is None else limits
-    Optional(Real(0, math.inf, low_open=True, high_open=True, description="a positive number of seconds or None")
-             ).check("time_budget", time_budget)
-    Boolean().check("tensorboard", tensorboard)
-    check_mlflow(mlflow)
-    check_metrics_port(metrics_port, metrics_host)
+    seed = secrets.randbelow(2**31) if how.seed is None else how.seed
     build_blob = pickle_build(build)
     trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None
+    store = how.store
     if store is None:
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     searcher_blob = pickle_build(policy)
-    run_settings = RunSettings(int(seed), num_partitions, data.has_validation, limits, VisitScheme.LATIN, data.storage,
-                               keras_backend=keras_backend, metric=metric, mode=mode, time_budget=time_budget,
-                               patience=settings.get("patience"), min_delta=settings.get("min_delta", 0.0),
-                               warm_start=WarmStartFrom.of_searcher(settings), tensorboard=tensorboard, mlflow=mlflow,
-                               metrics_port=metrics_port, metrics_host=metrics_host)
+    run_settings = RunSettings(int(seed), how.partitions, data.has_validation, how.limits, VisitScheme.LATIN,
+                               data.storage, keras_backend=keras_backend, metric=metric, mode=mode,
+                               time_budget=how.time_budget, patience=settings.get("patience"),
+                               min_delta=settings.get("min_delta", 0.0), warm_start=WarmStartFrom.of_searcher(settings),
+                               tensorboard=how.tensorboard, mlflow=how.mlflow, metrics_port=how.metrics_port,
+                               metrics_host=how.metrics_host)
     check_key()             # a bad trust key stops the run here, not once its partitions are written
     run_store = RunStore.create(store)
     lock = run_store.lock()
     try:
         with sigterm_interrupts():
-            return _run(policy, run_store, (build, build_blob, searcher_blob), settings, data, backend,
-                        run_settings, verbose)
+            return _run(policy, run_store, (build, build_blob, searcher_blob), settings, data, how.backend,
+                        run_settings, how.verbose)
     except BaseException:
         _undo_create(run_store)
         raise
@@ -213,27 +190,6 @@ def observers(store: RunStore, settings: RunSettings, verbose: int,
     if mlflow_log is not None:
         chosen.append(mlflow_log)
     return Fanout(*chosen), mlflow_log
-
-
-def check_metrics_port(port: int | None, host: str = "127.0.0.1") -> None:
-    """A port (or None) and an address ``fit`` or ``resume`` can serve ``/metrics`` on,
-    checked before any work."""
-    Optional(Integer(0, 65535, description="a port number (0: any free port) or None")).check("metrics_port", port)
-    check_port(port, host)
-
-
-def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
-    """The backend ``fit(backend=, workers=)`` asks for: the instance given, or local worker
-    processes (one per core unless ``workers`` says)."""
-    if isinstance(backend, Backend):
-        if workers is not None and workers != backend.workers:
-            raise ValueError(f"workers={workers!r} differs from the backend's workers={backend.workers}; "
-                             f"give the number of workers to the backend only")
-        return backend
-    if backend != "local":
-        raise ValueError(f"backend={backend!r} must be 'local' or a Backend instance such as "
-                         f"cb.LocalBackend(workers=4)")
-    return LocalBackend(workers=workers if workers is not None else (os.cpu_count() or 1))
 
 
 def pickle_build(build: Any) -> bytes:

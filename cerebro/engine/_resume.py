@@ -7,6 +7,7 @@ have without the crash (invariant 3).
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Callable
@@ -38,16 +39,9 @@ from ..store import (
     parse_event,
 )
 from ._driver import Driver
-from ._execute import (
-    check_metrics_port,
-    finished,
-    observers,
-    pickle_build,
-    reproducibility_caveat,
-    resolve_backend,
-    sigterm_interrupts,
-)
+from ._execute import finished, observers, pickle_build, reproducibility_caveat, sigterm_interrupts
 from ._extend import extension
+from ._how import check_metrics_port, check_time_budget, resolve_backend
 from ._interface import Decision, SearchPolicy
 from ._preflight import build_cheaply, check_metric
 from ._replay import Recovered, RecoveredTrial, ResumeError, replay, replayable, typed_events
@@ -72,7 +66,8 @@ class _Plan:
 def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = None, *,
            backend: str | Backend = "local", workers: int | None = None, verbose: int = 1,
            trust: bool = False, retry_failed: bool = False, epochs: int | None = None,
-           metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Result:
+           metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
+           time_budget: float | None = None) -> Result:
     """Finish the run in ``run_dir`` whose driver died, and return its :class:`Result`.
 
     The result is the one the run would have had without the crash, bitwise. A finished run
@@ -88,7 +83,8 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     why). ``trust=True`` reads the pickled states of a run written by an older version,
     which could run code: only for run directories you trust. ``metrics_port``: serve the
     resumed run's Prometheus ``/metrics`` on that port and ``metrics_host``, as
-    ``fit(metrics_port=, metrics_host=)`` does.
+    ``fit(metrics_port=, metrics_host=)`` does. ``time_budget``: seconds this resume may
+    run, then it stops as ``fit(time_budget=)`` does, resumable again.
 
     Everything is checked before anything is written: a ``build`` that cannot make the
     run's model, a damaged journal line that resume cannot do without (the run goes on from
@@ -102,23 +98,21 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     if verbose not in (0, 1):
         raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
     check_metrics_port(metrics_port, metrics_host)
+    check_time_budget(time_budget)
     store = RunStore.open(run_dir, trust)
     lock = store.lock()
     try:
         plan = _plan(store, build, trust, retry_failed, epochs)
         if plan is None:
             return Result(store, build)
-        info = plan.info
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
-                                  else _recorded_workers(store, info))
+                                  else _recorded_workers(store, plan.info))
         reproducibility_caveat(backend)
-        if plan.cut is not None:
-            store.emit(JournalRepaired(store.truncate_journal(plan.cut.offset), 0.0))
-        if plan.extended is not None:
-            store.emit(replace(plan.extended, time=plan.recovered.last_time))
-            info["searcher"]["epochs"] = plan.extended.epochs
-            store.write_run_info(info)
-        settings = replace(plan.settings, metrics_port=metrics_port, metrics_host=metrics_host)
+        _record(store, plan)
+        settings = replace(plan.settings, metrics_port=metrics_port, metrics_host=metrics_host,
+                           time_budget=time_budget)
+        if time_budget is not None:
+            logging.getLogger("cerebro").warning("%s", settings.budget_note())
         progress, mlflow_log = observers(store, settings, verbose, resumed=True)
         driver = Driver(plan.policy, store, backend, settings, build_blob=plan.build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, plan.recovered, plan.retry),
@@ -128,6 +122,17 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
     finally:
         lock.close()
     return finished(store, build, mlflow_log)
+
+
+def _record(store: RunStore, plan: _Plan) -> None:
+    """Write what the plan changes before the run goes on: the journal cut at a damaged line
+    resume needs, the run's new epoch budget (``epochs=N``)."""
+    if plan.cut is not None:
+        store.emit(JournalRepaired(store.truncate_journal(plan.cut.offset), 0.0))
+    if plan.extended is not None:
+        store.emit(replace(plan.extended, time=plan.recovered.last_time))
+        plan.info["searcher"]["epochs"] = plan.extended.epochs
+        store.write_run_info(plan.info)
 
 
 def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, retry_failed: bool,

@@ -80,7 +80,7 @@ class RunSettings:
         metric, mode: what makes an epoch a trial's best (its weights are kept apart).
         patience, min_delta: early stopping (see :func:`._epoch_rules.plateau`); None: never.
         time_budget: seconds after which the run stops at its trials' next epoch boundaries,
-            resumable (None: none; a resume has none).
+            resumable (None: none); a resume's counts from its own start (none unless given).
         warm_start: the finished run whose trials start the ones of equal configs (see ``_warm``).
         tensorboard, mlflow: what observes the run besides the console (see ``observers``).
         metrics_port: where the driver serves the run's Prometheus ``/metrics`` (None: nowhere).

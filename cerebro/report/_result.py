@@ -24,19 +24,19 @@ from ..store import (
     StateLost,
     SubEpoch,
     TrialFacts,
-    TrialStatus,
     WorkerReplaced,
     WorkersRestarted,
     parse_event,
 )
 from ..store import _files as files
+from ._run_state import RunLine, RunState
 from ._trial_result import TrialResult, flat_config
 
 _ERROR_LINES = 8     # of a failed trial's traceback, in Result.failure
 
 
 class NoBestTrialError(RuntimeError):
-    """:attr:`Result.best` of a run in which no trial finished with a finite objective."""
+    """:attr:`Result.best` of a run in which no trial (failures aside) has an epoch with a finite objective."""
 
 
 class Result:
@@ -66,6 +66,7 @@ class Result:
         for message in self.damage:
             warnings.warn(message, stacklevel=3)
         self._ledger = Ledger(self.metric, self.mode)
+        self._run = RunLine()
         for event in events:
             self._apply(event)
         self._trials: dict[str, TrialResult] = {trial_id: self._trial_result(facts)
@@ -78,6 +79,7 @@ class Result:
         of a run uses, then the rows only a Result keeps (history, schedule, workers)."""
         event = parse_event(record)
         trial = self._ledger.apply(event)
+        self._run.apply(event)
         if trial is None and getattr(event, "trial_id", None) is not None:
             return                             # its trial's creation is on a damaged line
         match event:
@@ -114,11 +116,25 @@ class Result:
                                            + (event.bytes_between_workers or 0))
 
     def _trial_result(self, facts: TrialFacts) -> TrialResult:
-        status = facts.status or TrialStatus.RUNNING
+        status = facts.status or self._run.live_status(facts.trial_id)
         return TrialResult(facts.trial_id, facts.config, status=status, epochs=facts.epoch, metrics=facts.metrics,
                            error=facts.reason if status.is_failure else None, reason=facts.reason,
                            best_epoch=None if facts.best is None else facts.best[0], best_metrics=facts.best_metrics,
                            warm_started_from=facts.warm_started_from, _result=self)
+
+    @property
+    def state(self) -> RunState:
+        """Where the run stands: ``running``, ``finished``, or stopped before its end, resumable:
+        ``stopped`` (``cb.stop``), ``budget`` (its ``time_budget`` passed), ``interrupted``
+        (Ctrl-C, SIGTERM) or ``failed`` (its driver raised: :attr:`run_error` says what). The
+        trials that had not ended then are ``parked``."""
+        return self._run.state
+
+    @property
+    def run_error(self) -> str | None:
+        """Why the driver stopped the run, where it raised (its workers lost, a store that could
+        not be written, ...), also before the first trial began; else None."""
+        return self._run.error
 
     @property
     def provided_build(self) -> Callable[[dict], Any] | None:
@@ -140,9 +156,11 @@ class Result:
 
     @property
     def best(self) -> TrialResult:
-        """The completed or stopped trial whose best epoch has the best ``metric`` under
-        ``mode`` (its :attr:`TrialResult.best_epoch`; ``ranked(scope="last")`` ranks by the
-        last epoch instead)."""
+        """The best so far: the trial whose best epoch has the best ``metric`` under ``mode``
+        (its :attr:`TrialResult.best_epoch`, whose weights are kept), whatever its status but
+        a failure (failed, diverged, timeout): completed, stopped, or still live, running,
+        paused or parked in a run that stopped (``ranked(scope="last")`` ranks by the last
+        epoch instead). :class:`NoBestTrialError` where no such trial has an epoch yet."""
         ranked = self.ranked()
         if not ranked or not self._scored(ranked[0], "best"):
             statuses = ", ".join(f"{t.trial_id} {t.status}" for t in self._trials.values()) or "none"
@@ -151,9 +169,11 @@ class Result:
         return ranked[0]
 
     def ranked(self, scope: str = "best") -> list[TrialResult]:
-        """Every trial, best first: the completed and stopped ones by ``metric`` at their best
-        epoch (``scope="best"``) or at their last (``"last"``); then the others (failed, still
-        running, without a finite metric), in creation order. Ties keep creation order."""
+        """Every trial, best first: those with a finite ``metric`` at their best epoch
+        (``scope="best"``) or at their last (``"last"``), whatever their status but a failure
+        (a trial stopped early and one parked by a stopped run are ranked alike); then the
+        others (failed, diverged, timeout, or without an epoch yet), in creation order. Ties
+        keep creation order."""
         if scope not in ("best", "last"):
             raise ValueError(f"scope={scope!r} must be 'best' or 'last'")
         sign = 1 if self.mode == "min" else -1
@@ -167,8 +187,7 @@ class Result:
         return value if isinstance(value, (int, float)) and math.isfinite(value) else math.nan
 
     def _scored(self, trial: TrialResult, scope: str) -> bool:
-        return trial.status in (TrialStatus.COMPLETED, TrialStatus.STOPPED) and \
-            not math.isnan(self._value(trial, scope))
+        return not trial.status.is_failure and not math.isnan(self._value(trial, scope))
 
     @property
     def failure(self) -> str | None:
@@ -221,7 +240,7 @@ class Result:
         return table
 
     def __repr__(self) -> str:
-        return f"Result({self.run_dir!r}, trials={len(self._trials)}, finished={self.finished})"
+        return f"Result({self.run_dir!r}, trials={len(self._trials)}, state={str(self.state)!r})"
 
 
 def _kind(cause: str | None) -> str:

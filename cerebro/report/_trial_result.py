@@ -31,10 +31,12 @@ _RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b
 class TrialResult:
     """One trial: its configuration, status, last epoch's metrics and trained weights.
 
-    ``status`` is ``running`` until the trial ends as completed, stopped (by the searcher:
-    ``reason`` says why, e.g. the rung), failed (its build or training raised: see
-    ``error``), diverged (non-finite loss) or timeout. ``config`` is the latest one: PBT
-    changes it (see :meth:`Result.lineage`).
+    ``status`` is ``running`` (``paused`` while the searcher holds it for others, e.g. at a
+    rung) until the trial ends as completed, stopped (by the searcher or the user: ``reason``
+    says why, e.g. the rung), failed (its build or training raised: see ``error``), diverged
+    (non-finite loss) or timeout; a trial that had not ended when its run stopped (``cb.stop``,
+    ``time_budget``, Ctrl-C, a failure: :attr:`Result.state`) is ``parked``, and a resume goes
+    on with it. ``config`` is the latest one: PBT changes it (see :meth:`Result.lineage`).
     """
 
     trial_id: str

@@ -234,7 +234,7 @@ class Searcher(metaclass=_CheckedOnConstruction):
             verbose: int = 1, trial_timeout: float | None = None, max_failures: int | None = None,
             max_trial_losses: int = 3, keep_checkpoints: int | None = None, time_budget: float | None = None,
             tensorboard: bool = True, mlflow: bool | str = False, hang_after: float | None = 300.0,
-            metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> Result:
+            metrics_port: int | None = None, metrics_host: str = "127.0.0.1", resume: bool = False) -> Result:
         """Train the trials of this search with MOP and return the :class:`Result`.
 
         Args:
@@ -278,12 +278,17 @@ class Searcher(metaclass=_CheckedOnConstruction):
                 default) serves this machine alone; a scraper on another machine needs
                 ``"0.0.0.0"`` (every interface), which shows the run's metrics (no configs,
                 no code) to anyone who can reach the port.
+            resume: go on with the run of this same search in ``store`` (space, searcher settings,
+                data and seed as its run.json says) as :func:`cerebro.resume` does, bitwise, or
+                return it where it finished; another search there is refused, saying how it
+                differs. The run keeps its limits; this call's backend, ``verbose`` and
+                ``time_budget`` (from now) apply.
         """
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
         limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints, hang_after)
         return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
                    limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow,
-                   metrics_port=metrics_port, metrics_host=metrics_host)
+                   metrics_port=metrics_port, metrics_host=metrics_host, resume=resume)
 
 
 def _shown(value: Any) -> str:

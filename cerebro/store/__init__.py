@@ -8,6 +8,7 @@ from ._events import (
     JournalRepaired,
     PartitionsMoved,
     RunExtended,
+    RunFailed,
     RunFinished,
     RunInterrupted,
     RunResumed,
@@ -54,15 +55,16 @@ from ._state_codec import (
     write_message,
 )
 from ._state_files import read_state_file, remove_state_file, write_state_file
+from ._stop_cause import StopCause
 from ._trust import TrustKeyError, UntrustedCodeError
 
 __all__ = ["BEST", "EVENTS", "STATE_FORMAT", "STOP_FILE", "DamagedLine", "Decided", "DecidedPaused", "EpochEnd",
-           "Event", "Exploited", "JournalRepaired", "Ledger", "PartitionsMoved", "RunExtended", "RunFinished",
-           "RunInfoError", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState", "StateFormatError",
-           "StateLost", "StoreInUseError", "SubEpoch", "SubEpochAborted", "SubEpochStarted", "TaskKind", "TensorBytes",
-           "Traffic", "TrialAdded", "TrialCreated", "TrialEnded", "TrialFacts", "TrialRetried", "TrialRolledBack",
-           "TrialStatus", "TrialStopAsked", "TrialTakenUp", "TrustKeyError", "UntrustedCodeError",
-           "UntrustedStateError", "WorkerLost", "WorkerNotReplaced", "WorkerProgress", "WorkerReplaced",
-           "WorkersRestarted", "improved", "frames", "pack_tensors", "parse", "parse_event", "parse_view",
-           "read_exactly", "read_message", "read_state_file", "remove_state_file", "unpack_tensors", "write_message",
-           "write_state_file"]
+           "Event", "Exploited", "JournalRepaired", "Ledger", "PartitionsMoved", "RunExtended", "RunFailed",
+           "RunFinished", "RunInfoError", "RunInterrupted", "RunResumed", "RunStarted", "RunStore", "SearchState",
+           "StateFormatError", "StateLost", "StopCause", "StoreInUseError", "SubEpoch", "SubEpochAborted",
+           "SubEpochStarted", "TaskKind", "TensorBytes", "Traffic", "TrialAdded", "TrialCreated", "TrialEnded",
+           "TrialFacts", "TrialRetried", "TrialRolledBack", "TrialStatus", "TrialStopAsked", "TrialTakenUp",
+           "TrustKeyError", "UntrustedCodeError", "UntrustedStateError", "WorkerLost", "WorkerNotReplaced",
+           "WorkerProgress", "WorkerReplaced", "WorkersRestarted", "improved", "frames", "pack_tensors", "parse",
+           "parse_event", "parse_view", "read_exactly", "read_message", "read_state_file", "remove_state_file",
+           "unpack_tensors", "write_message", "write_state_file"]

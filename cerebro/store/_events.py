@@ -12,12 +12,15 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from ._stop_cause import StopCause
+
 
 class TrialStatus(enum.StrEnum):
     """Where a trial stands; a ``str``, so it compares and serializes as its value."""
 
     RUNNING = "running"
     PAUSED = "paused"          # waits for the searcher's decision, which needs other trials
+    PARKED = "parked"          # its run stopped first (cb.stop, time_budget, Ctrl-C, a failure); resume goes on
     COMPLETED = "completed"    # trained its max_epochs
     STOPPED = "stopped"        # the searcher stopped it early
     FAILED = "failed"          # its build or a sub-epoch raised, or it took its workers down
@@ -26,7 +29,7 @@ class TrialStatus(enum.StrEnum):
 
     @property
     def is_finished(self) -> bool:
-        return self not in (TrialStatus.RUNNING, TrialStatus.PAUSED)
+        return self not in (TrialStatus.RUNNING, TrialStatus.PAUSED, TrialStatus.PARKED)
 
     @property
     def is_failure(self) -> bool:
@@ -81,6 +84,17 @@ class RunFinished(Event):
 @dataclass(frozen=True)
 class RunInterrupted(Event):
     name = "run_interrupted"
+    time: float
+    cause: StopCause | None = None     # None: written before causes were journaled
+
+
+@dataclass(frozen=True)
+class RunFailed(Event):
+    """The driver raised (its workers lost, a store that cannot be written, ...): the run
+    stopped, resumable once ``reason`` is dealt with."""
+
+    name = "run_failed"
+    reason: str
     time: float
 
 
@@ -362,7 +376,7 @@ class TrialAdded(Event):
 
 
 EVENTS: dict[str, type[Event]] = {cls.name: cls for cls in (
-    RunStarted, RunResumed, RunFinished, RunInterrupted, JournalRepaired, WorkerLost, PartitionsMoved,
+    RunStarted, RunResumed, RunFinished, RunInterrupted, RunFailed, JournalRepaired, WorkerLost, PartitionsMoved,
     WorkerReplaced, WorkerNotReplaced, WorkersRestarted, TrialCreated, SubEpoch, EpochEnd, Decided,
     DecidedPaused, SearchState, Exploited, TrialEnded, TrialRolledBack, StateLost, TrialRetried, RunExtended,
     TrialStopAsked, TrialAdded)}

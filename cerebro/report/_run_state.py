@@ -1,0 +1,75 @@
+"""Where a run stands, as its journal says: running, finished, or stopped before its end and
+why; and so where each of its live trials stands (running, paused by the searcher, or
+parked until a resume)."""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from ..store import (
+    Decided,
+    DecidedPaused,
+    RunExtended,
+    RunFailed,
+    RunFinished,
+    RunInterrupted,
+    RunStarted,
+    StopCause,
+    TrialEnded,
+    TrialStatus,
+)
+
+
+class RunState(enum.StrEnum):
+    """Where a run stands; a ``str``, so it compares and prints as its value."""
+
+    RUNNING = "running"            # no end journaled: a driver runs it (or was killed without a word)
+    FINISHED = "finished"
+    STOPPED = "stopped"            # cb.stop / cerebro stop asked it to
+    BUDGET = "budget"              # its time_budget passed
+    INTERRUPTED = "interrupted"    # Ctrl-C, SIGTERM or a cancelled SQL call
+    FAILED = "failed"              # its driver raised (Result.run_error says what)
+
+    @property
+    def resumable(self) -> bool:
+        """Stopped before its end by a driver that closed it: ``cb.resume`` goes on."""
+        return self in (RunState.STOPPED, RunState.BUDGET, RunState.INTERRUPTED, RunState.FAILED)
+
+
+# A journal written before causes were journaled says None: interrupted, the broadest word.
+_BY_CAUSE = {StopCause.STOP: RunState.STOPPED, StopCause.BUDGET: RunState.BUDGET,
+             StopCause.INTERRUPT: RunState.INTERRUPTED}
+
+
+class RunLine:
+    """Folds the journal's run-level events (and the searcher's pauses) as :class:`Result`
+    reads them, line by line."""
+
+    def __init__(self) -> None:
+        self.state = RunState.RUNNING
+        self.error: str | None = None
+        self.paused: set[str] = set()     # trials the searcher paused and has not decided on yet
+
+    def apply(self, event: Any) -> None:
+        match event:
+            case RunStarted() | RunExtended():      # RunResumed is a RunStarted
+                self.state, self.error = RunState.RUNNING, None
+            case RunFinished():
+                self.state = RunState.FINISHED
+            case RunInterrupted():
+                self.state = _BY_CAUSE.get(event.cause, RunState.INTERRUPTED)
+            case RunFailed():
+                self.state, self.error = RunState.FAILED, event.reason
+            case Decided() if event.decision == "pause":
+                self.paused.add(event.trial_id)
+            case Decided() | TrialEnded():
+                self.paused.discard(event.trial_id)
+            case DecidedPaused():
+                self.paused.difference_update(event.decisions)
+
+    def live_status(self, trial_id: str) -> TrialStatus:
+        """The status of a trial that has not ended: parked where no driver will go on with it
+        before a resume, else paused (by the searcher) or running."""
+        if self.state.resumable:
+            return TrialStatus.PARKED
+        return TrialStatus.PAUSED if trial_id in self.paused else TrialStatus.RUNNING
