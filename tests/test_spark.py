@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -20,6 +22,7 @@ from test_resume import assert_same_results as assert_same_results_as_uninterrup
 from test_resume import crashed_run, uninterrupted
 
 import cerebro as cb
+from cerebro.data._spark_python import ExecutorPythonError
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
@@ -251,3 +254,98 @@ def test_cerebro_predict_on_spark_writes_the_rows_in_order(tmp_path, local_resul
     assert got["id"].tolist() == list(range(100)) and list(got.columns) == ["id", "class_1", "prob_1",
                                                                          "class_2", "prob_2"]
     assert got["class_1"].tolist() == local_result.best.predict(features).argmax(axis=1).tolist()
+
+
+def test_a_spark_udf_takes_vector_array_and_numeric_columns_as_cb_predict_does(tmp_path, local_result):
+    """``VectorAssembler``'s column (dense and sparse rows), a column
+    of sparse vectors, an array column and the 64 numeric columns themselves: every row's
+    outputs are ``cb.predict``'s on the same rows, bit for bit. An executor whose Python lacks
+    Cerebro's dependencies names that Python, in the UDF's error and in ``cb.predict``'s."""
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import Vectors
+    # digits are mostly zeros (VectorAssembler makes them sparse vectors), random rows are not (dense ones)
+    features = np.concatenate([digits(partitions=4).features[:30],
+                               np.random.default_rng(0).random((30, 64), dtype=np.float32)])
+    names = [f"x{i}" for i in range(64)]
+    spark = session("local[1]")
+    try:
+        df = spark.createDataFrame([(i, *map(float, row), Vectors.sparse(64, {j: float(v) for j, v in enumerate(row)
+                                                                              if v}))
+                                    for i, row in enumerate(features)], ["id", *names, "sparse"])
+        df = VectorAssembler(inputCols=names, outputCol="features").transform(df)
+        df = df.withColumn("array", vector_to_array("features"))
+        assembled = {type(v).__name__ for v in df.select("features").toPandas()["features"]}
+        assert assembled == {"DenseVector", "SparseVector"}
+        udf = local_result.best.spark_udf(spark)
+        got = df.select("id", udf("features").alias("vector"), udf("sparse").alias("sparse"),
+                        udf("array").alias("array"), udf(*names).alias("columns")).toPandas().sort_values("id")
+        expected = cb.predict(local_result, df.select("id", "features"), backend="spark").toPandas()
+        expected = expected.sort_values("id").drop(columns="id").to_numpy()
+        for kind in ("vector", "sparse", "array", "columns"):
+            assert np.array_equal(np.stack(got[kind].to_numpy()), expected), kind
+        assert abs(expected - local_result.best.predict(features)).max() <= 1e-6
+
+        python = blocked_python(tmp_path)
+        spark.sparkContext.pythonExec = python
+        said = (f"Spark's executors run the Python {python!r} ({sys.executable} on {socket.gethostname()}), which "
+                f"cannot import what Cerebro needs (ModuleNotFoundError: No module named 'torch'). Install Cerebro "
+                f"with its dependencies into that Python on every node, or point Spark to a Python that has them "
+                f"before the session starts: the environment variable PYSPARK_PYTHON=/path/to/python (or "
+                f"spark-submit --conf spark.pyspark.python=/path/to/python). The driver runs {sys.executable!r}.")
+        with pytest.raises(Exception, match=re.escape(f"ModuleNotFoundError: {said}")):
+            df.select(local_result.best.spark_udf(spark)("features")).collect()
+        with pytest.raises(ExecutorPythonError) as raised:
+            cb.predict(local_result, features, backend="spark")
+        assert str(raised.value) == said and raised.value.__cause__ is None
+    finally:
+        spark.stop()
+
+
+def blocked_python(tmp_path) -> str:
+    """A Python whose ``import cerebro`` fails as where torch is missing."""
+    blocked = tmp_path / "blocked" / "cerebro"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncd {tmp_path}\nPYTHONPATH={blocked.parent} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return str(python)
+
+
+def test_a_fresh_script_without_pyspark_python_predicts_on_a_local_master(tmp_path, local_result):
+    """No PYSPARK_PYTHON and a python3 on the PATH without Cerebro, as in a fresh script:
+    ``spark_udf`` and ``cb.predict(..., backend="spark")`` run the executors on the driver's
+    interpreter (a local master), before a SparkBackend was made and after."""
+    rows = digits(partitions=4).features[:20]
+    np.save(tmp_path / "rows.npy", rows)
+    (tmp_path / "script.py").write_text(textwrap.dedent(f"""
+        import numpy as np
+        from pyspark.sql import SparkSession
+        import cerebro as cb
+
+        rows, result = np.load("rows.npy"), cb.load({str(local_result.run_dir)!r})
+
+        def session():
+            return SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+
+        def predicted(spark, name):
+            df = spark.createDataFrame([(i, row.tolist()) for i, row in enumerate(rows)], ["id", "features"])
+            got = df.select("id", result.best.spark_udf(spark)("features").alias("p")).toPandas().sort_values("id")
+            np.save(name + "-udf.npy", np.stack(got["p"].to_numpy()))
+            np.save(name + "-predict.npy", cb.predict(result, rows, backend="spark").to_numpy())
+
+        spark = session()
+        predicted(spark, "before")
+        cb.SparkBackend(spark, workers=1)
+        predicted(spark, "after")
+    """))
+    env = {key: value for key, value in os.environ.items() if key != "PYSPARK_PYTHON"}
+    env["PATH"] = os.pathsep.join(p for p in ("/usr/bin", "/bin") if os.path.isdir(p))
+    ran = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    expected = local_result.best.predict(rows)
+    for name in ("before", "after"):
+        for way in ("udf", "predict"):
+            assert abs(np.load(tmp_path / f"{name}-{way}.npy") - expected).max() <= 1e-6, (name, way)

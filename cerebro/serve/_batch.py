@@ -9,6 +9,7 @@ from typing import Any
 
 from ..backends import Backend, SparkBackend
 from ..data import FeatureSpec, prediction_rows
+from ..data._spark_python import explained
 from ..report import Result, TrialResult, load
 from ..store import _files as files
 from ..worker._trainable import positive_batch_size
@@ -101,10 +102,13 @@ def _on_spark(spark: Any, trial: TrialResult, epoch: int | str, data: Any, spec:
                                   batch_size=batch_size)
     if order:
         answer = answer.orderBy(*order).drop(*order)
-    if out is not None:
-        answer.write.parquet(os.fspath(out))
-        return str(out)
-    return answer if not order else answer.toPandas()
+    try:
+        if out is not None:
+            answer.write.parquet(os.fspath(out))
+            return str(out)
+        return answer if not order else answer.toPandas()
+    except Exception as error:   # an executor's Python without Cerebro: one message naming it
+        raise explained(error, spark.sparkContext) from None
 
 
 def _trial(result: Result, trial: str) -> TrialResult:

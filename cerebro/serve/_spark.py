@@ -23,8 +23,9 @@ import pandas as pd
 
 from ..data import FeatureSpec, prediction_rows
 from ..data._spark_columns import recorded_features, spark_features
+from ..data._spark_python import importer, use_the_drivers_python_locally
 from ..report import TrialResult
-from ..report._udf import series_rows, spark_udf
+from ..report._udf import batch_rows, spark_udf
 from ._outputs import top_k_classes
 
 ID_COLUMN = "id"
@@ -36,12 +37,13 @@ def spark_predict(spark: Any, trial: TrialResult, epoch: int | str, data: Any, s
     """(the answer as a Spark DataFrame, the columns to sort it by to get the input's order,
     none for a Spark DataFrame). The features are checked, and the output width found, on one
     row in the driver before any task runs."""
+    use_the_drivers_python_locally(spark.sparkContext)
     source, order = _source(spark, data, spec, workers)
     features = _features(source, spec, order)
     first = source.select(features.alias("features")).limit(1).toPandas()
     if first.empty:
         raise ValueError("data has no rows to predict")
-    outputs = trial.predict(series_rows(first["features"], spec), epoch=epoch, batch_size=batch_size)
+    outputs = trial.predict(batch_rows([first["features"]], spec), epoch=epoch, batch_size=batch_size)
     width = int(np.prod(outputs.shape[1:]))
     if top_k is not None:
         top_k_classes(outputs.reshape(len(outputs), -1), top_k)      # refuses a k beyond the classes first
@@ -114,9 +116,10 @@ def _top_k_columns(scored: Any, k: int) -> list[Any]:
 
     names = [name for rank in range(1, k + 1) for name in (f"class_{rank}", f"prob_{rank}")]
     schema = ", ".join(f"{name} {'long' if name.startswith('class') else 'double'}" for name in names)
+    load = importer(scored.sparkSession.sparkContext, top_k_classes.__module__, top_k_classes.__name__)
 
     def ranked(outputs: pd.Series) -> pd.DataFrame:
-        return top_k_classes(np.stack(outputs.to_numpy()), k)
+        return load()(np.stack(outputs.to_numpy()), k)
 
     top = pandas_udf(ranked, schema)(F.col("_outputs"))
     return [top[name].alias(name) for name in names]
