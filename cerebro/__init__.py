@@ -2,14 +2,18 @@
 
 The public names load on first use (PEP 562): a worker process imports ``cerebro.worker``,
 and loading the driver's side with it (pandas, reports, searchers) would cost each worker
-45 MB of resident memory.
+45 MB of resident memory. TensorFlow, wherever it is imported from now on, keeps its start-up
+banners and retracing warnings out of the terminal (:mod:`cerebro._quiet`).
 """
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._quiet import quiet_tensorflow
 from ._version import __version__ as __version__
+
+quiet_tensorflow()
 
 # public name -> the package that defines it
 _EXPORTS = {

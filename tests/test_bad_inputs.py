@@ -93,8 +93,33 @@ def a_file(tmp_path) -> str:
 
 CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message as a regex)
     # --- data --------------------------------------------------------------------------------
-    "string labels": (lambda t: cb.Dataset.from_numpy(X, np.array(["a", "b", "c"] * 20)), TypeError,
-                      r"label must be numeric \(class indices 0\.\.K-1 or float targets\); got dtype <U1"),
+    "string labels": (lambda t: cb.Dataset.from_numpy(X, np.array(["b", "a", "c", "d"] * 15)), TypeError,
+                      r"label holds strings \('a', 'b', 'c', \.\.\.\); a Dataset takes class indices 0\.\.K-1 \(or "
+                      r"float targets\): encode them, e\.g\. y = sklearn\.preprocessing\.LabelEncoder\(\)"
+                      r"\.fit_transform\(y\) \(its classes_ map them back\)"),
+    "a label column of strings": (
+        lambda t: cb.Dataset.from_pandas(pd.DataFrame({"a": X[:, 0], "y": pd.Categorical(["x", "y"] * 30)}),
+                                         label="y"), TypeError,
+        r"label column 'y' holds strings \('x', 'y'\); a Dataset takes class indices 0\.\.K-1 \(or float "
+        r"targets\): encode them, e\.g\. df\['y'\] = df\['y'\]\.astype\('category'\)\.cat\.codes"),
+    "negative labels": (
+        lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, Y - 1, partitions=2)), ValueError,
+        r"one training step of build\(\{'lr': 0\.1\}\) on 4 training rows, run on the driver before any worker "
+        r"starts, fails as every trial would at its first batch: ValueError: the labels hold class indices -1\.\.1 "
+        r"but a class index cannot be negative: the model outputs 3 values per row, one per class 0\.\.2; encode "
+        r"the classes as 0\.\.2 \(e\.g\. y - y\.min\(\)\)"),
+    "one-hot labels for a loss that takes class indices": (
+        lambda t: fit(t, dataset=cb.Dataset.from_numpy(X, np.eye(3, dtype=np.int64)[Y], partitions=2)), ValueError,
+        r"the labels are one-hot \(int64, shape \(rows, 3\)\) but loss=cross_entropy takes one class index a row, "
+        r"shape \(rows,\): give y\.argmax\(1\) \(or the rows as float32, which cross_entropy takes as class "
+        r"probabilities\)"),
+    "one-hot labels for a loss of its own": (
+        lambda t: fit(t, search=cb.GridSearch(build_own_classification_loss, SPACE, epochs=1),
+                      dataset=cb.Dataset.from_numpy(X, np.eye(3, dtype=np.int64)[Y], partitions=2)), ValueError,
+        r"one training step of build\(\{'lr': 0\.1\}\) on 4 training rows, run on the driver before any worker "
+        r"starts, fails as every trial would at its first batch: RuntimeError: .*target.*\. The labels have shape "
+        r"\(rows, 3\) \(int64\): for one class index a row give y\.argmax\(1\); for class probabilities, "
+        r"y\.astype\('float32'\)"),
     "no labels": (lambda t: cb.Dataset.from_numpy(X, None), TypeError,
                   r"label=None: a Dataset needs a label for every row \(class indices 0\.\.K-1 or float targets\)"),
     "float labels for a classification loss": (

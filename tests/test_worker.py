@@ -233,8 +233,8 @@ def test_a_result_the_wire_cannot_carry_fails_its_task_not_the_worker():
 
 
 def test_tensorflows_start_up_banners_are_hidden_and_every_other_line_passed_on(capfd):
-    from cerebro.worker._keras import _start_up_banners_hidden
-    with _start_up_banners_hidden():
+    from cerebro._quiet import start_up_banners_hidden
+    with start_up_banners_hidden():
         os.write(2, b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n")
         os.write(2, b"I0000 00:00:1795726585.270411   26637 port.cc:153] oneDNN custom operations are on.\n")
         os.write(2, b"To enable the following instructions: AVX2 FMA, in other operations, rebuild TensorFlow\n")

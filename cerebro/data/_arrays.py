@@ -58,6 +58,8 @@ def _as_label(label: Any) -> np.ndarray:
     if label is None:
         raise TypeError("label=None: a Dataset needs a label for every row (class indices 0..K-1 or float targets)")
     array = np.asarray(label)
+    _refuse_names("label", array, "y = sklearn.preprocessing.LabelEncoder().fit_transform(y) (its classes_ map "
+                                  "them back)")
     if np.issubdtype(array.dtype, np.unsignedinteger) and array.size and array.max() > np.iinfo(np.int64).max:
         raise ValueError(f"label holds {array.max()}, beyond int64's range; class indices must be 0..K-1")
     if array.dtype == bool or np.issubdtype(array.dtype, np.integer):
@@ -66,6 +68,19 @@ def _as_label(label: Any) -> np.ndarray:
         return np.ascontiguousarray(array, dtype=np.float32)
     raise TypeError(f"label must be numeric (class indices 0..K-1 or float targets); "
                     f"got dtype {array.dtype}")
+
+
+def _refuse_names(what: str, values: np.ndarray, fix: str) -> None:
+    """Labels that are class names (strings), where a Dataset takes class indices 0..K-1."""
+    if values.dtype.kind not in "USO" or not values.size:
+        return
+    sample = values.ravel()[:10_000]
+    if not all(isinstance(v, (str, bytes, np.str_, np.bytes_)) for v in sample):
+        return
+    names = sorted({v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in sample})
+    shown = ", ".join(map(repr, names[:3])) + (", ..." if len(names) > 3 else "")
+    raise TypeError(f"{what} holds strings ({shown}); a Dataset takes class indices 0..K-1 (or float targets): "
+                    f"encode them, e.g. {fix}")
 
 
 def in_content_order(features: Any, label: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -276,6 +291,8 @@ def _frame_arrays(df: pd.DataFrame, features: Sequence[str] | str | None,
     if label in features:
         raise ValueError(f"label column {label!r} is also among features={list(features)}; a model must not "
                          f"see its label")
+    _refuse_names(f"label column {label!r}", np.asarray(df[label].to_numpy()),
+                  f"df[{label!r}] = df[{label!r}].astype('category').cat.codes")
     blocks = [_column_block(df[c], c, keep_shape=len(features) == 1) for c in features]
     if len(blocks) > 1 and any(b.dtype == object for b in blocks):
         raise TypeError(f"a bytes column must be the only feature column; features={list(features)}")

@@ -32,7 +32,8 @@ from ..data import Dataset
 from ..report import flat_config
 from ..worker import Trainable, preflight
 from ..worker._frozen import draws
-from ..worker._torch_checks import CLASS_INDEX_FIX
+from ..worker._label_checks import CLASS_INDEX_FIX, check_class_range
+from ..worker._torch_checks import ignored_class
 from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from", "warm_started_from")
@@ -66,7 +67,31 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
         trainable.check_label(sample[1])
         if trainable.checks_a_step_on_the_driver:
             check_a_step(build, [config, *configs], sample, data)
+        else:
+            check_rows(build, trainable, config, configs, sample, data.label_range())
     return trainable
+
+
+def check_rows(build: Callable[[dict], Any], trainable: Trainable, config: dict[str, Any],
+               configs: Sequence[dict[str, Any]], sample: tuple[np.ndarray, np.ndarray],
+               label_range: tuple[int, int] | None) -> None:
+    """:meth:`Trainable.check_rows` of ``trainable`` (``config``'s), where no step runs on the
+    driver; where it refuses the rows, of the other ``configs`` too, each built: its refusal is
+    raised where every configuration is refused (another model, with more outputs say, may fit
+    the rows, and only its own trials fail)."""
+    try:
+        trainable.check_rows(*sample, label_range)
+        return
+    except ValueError as error:
+        refused = error
+    for other in {repr(c): c for c in configs if c != config}.values():
+        try:
+            with preflight():
+                build(other).check_rows(*sample, label_range)
+            return
+        except Exception:
+            continue
+    raise refused
 
 
 def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
@@ -104,6 +129,9 @@ def _label_hint(label: np.ndarray, error: Exception) -> str:
     the loss wanted one class index a row."""
     if label.ndim == 2 and label.shape[1] == 1 and "target" in str(error):
         return ". The labels have shape (rows, 1); for one class index a row give a 1-D label: label.ravel()"
+    if label.ndim == 2 and np.issubdtype(label.dtype, np.integer) and "target" in str(error):
+        return (f". The labels have shape (rows, {label.shape[1]}) ({label.dtype}): for one class index a row give "
+                f"y.argmax(1); for class probabilities, y.astype('float32')")
     wanted_integers = any(word in str(error) for word in ("Long", "Int", "int64", "integer"))
     if not (wanted_integers and np.issubdtype(label.dtype, np.floating) and np.all(np.mod(label, 1) == 0)):
         return ""
@@ -138,7 +166,7 @@ def _one_step(build: Callable[[dict], Any], config: dict[str, Any], sample: tupl
     trainable = build(config)
     evaluated = [trainable.batch(features, label, rng, train=False, device=cpu)]
     if label.ndim == 1:
-        _check_classes(trainable.predict_batches(evaluated), data.label_range())
+        _check_classes(trainable.predict_batches(evaluated), data.label_range(), getattr(trainable, "loss", None))
     trainable.train_batches([trainable.batch(features, label, rng, train=True, device=cpu)], 0, 1)
     if data.has_validation:
         trainable.evaluate_batches(evaluated)
@@ -149,17 +177,12 @@ def _one_step(build: Callable[[dict], Any], config: dict[str, Any], sample: tupl
             "partition", config)
 
 
-def _check_classes(outputs: np.ndarray, label_range: tuple[int, int] | None) -> None:
-    """Class indices must each have an output: a model with C outputs per row takes 0..C-1.
-    Negative labels are left to the loss: ``cross_entropy`` ignores -100 by default."""
+def _check_classes(outputs: np.ndarray, label_range: tuple[int, int] | None, loss: Any) -> None:
+    """Class indices must each have an output: a model with C outputs per row takes 0..C-1, and
+    none negative but the one the loss ignores (``cross_entropy``'s -100)."""
     if label_range is None or outputs.ndim != 2 or outputs.shape[1] < 2:
         return
-    low, high = label_range
-    classes = outputs.shape[1]
-    if high >= classes:
-        raise ValueError(f"the labels hold class indices {low}..{high} but the model outputs {classes} values per "
-                         f"row, one per class 0..{classes - 1}; give its last layer {high + 1} outputs, or encode "
-                         f"the classes as 0..{classes - 1}")
+    check_class_range(label_range, outputs.shape[1], ignored_class(loss))
 
 
 def first_trials(policy: SearchPolicy, seed: int) -> list[dict[str, Any]]:

@@ -8,25 +8,24 @@ which sets it before unpickling the build.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import math
 import os
 import random
-import re
 import sys
-import threading
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from .._quiet import quiet_tensorflow
 from ._exact import is_metric, merges, sub_epoch_state
 from ._keras_callbacks import history_name, load_plateau_state, plateau_of, plateau_state, step_plateau
+from ._keras_checks import KerasLoss, check_keras_label, check_keras_rows
 from ._keras_frozen import KerasFrozenPart, StoredBatch, frozen_prefix, model_for
 from ._protocol import Sums
 from ._state_check import Spec, check_weights, dtype_name
@@ -58,43 +57,8 @@ def prepare_keras(backend: str, threads: int) -> None:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1").strip()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")     # TensorFlow's C++ INFO lines, once imported
-    with _start_up_banners_hidden():
-        importlib.import_module("keras")
-
-
-# What TensorFlow's C++ prints to fd 2 on import, in every process, before any log level
-# applies: absl's INFO and WARNING lines (``I0000 ...``, ``W0000 ...``), the line before them,
-# and the CPU-feature line's continuation. Errors (``E``) and fatal lines (``F``) are kept.
-_BANNER = re.compile(r"(?:[IW]\d{4} |WARNING: All log messages before absl::InitializeLog\(\)|"
-                     r"To enable the following instructions)")
-
-
-@contextlib.contextmanager
-def _start_up_banners_hidden() -> Iterator[None]:
-    """Keep TensorFlow's start-up banners out of a worker's output (the driver printed them
-    once already). fd 2 goes through a pipe meanwhile, whose other lines are passed on as they
-    come, so an import that crashes the process still shows what it printed."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    read, write = os.pipe()
-    os.dup2(write, 2)
-    os.close(write)
-
-    def forward() -> None:
-        with os.fdopen(read, "rb") as lines:
-            for line in lines:
-                if not _BANNER.match(line.decode(errors="replace")):
-                    os.write(saved, line)
-    thread = threading.Thread(target=forward, name="cerebro-keras-import-stderr", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)          # the pipe's last write end closes: the thread reads to its end
-        thread.join(timeout=5)
-        if not thread.is_alive():
-            os.close(saved)
+    quiet_tensorflow()        # its start-up banners: the driver printed them once already, if at all
+    importlib.import_module("keras")
 
 
 @dataclass
@@ -188,6 +152,13 @@ class KerasTrainable(Trainable):
 
     def exact_metrics(self) -> dict[str, Any]:
         return self._exact
+
+    def check_label(self, label: np.ndarray) -> None:
+        check_keras_label(KerasLoss.of(self.model.loss), label)
+
+    def check_rows(self, features: np.ndarray, label: np.ndarray, label_range: tuple[int, int] | None) -> None:
+        inputs, _ = self.batch(features, label, np.random.default_rng(0), train=True, device=torch.device("cpu"))
+        check_keras_rows(self.model, inputs, label, label_range, transformed=self.transform is not None)
 
     def epoch_metric(self) -> str | None:
         return None if self._plateau is None else history_name(self._plateau.monitor)

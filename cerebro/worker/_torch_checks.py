@@ -1,5 +1,6 @@
 """What a torch trial's loss and outputs are checked for: what the loss object says of the
-labels it takes, and outputs that the loss would broadcast against the labels."""
+labels it takes (:mod:`._label_checks`), and outputs that the loss would broadcast against the
+labels."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +10,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
+
+from ._label_checks import refuse_float_classes, refuse_rows_of_classes
 
 
 @contextlib.contextmanager
@@ -30,11 +33,6 @@ def broadcast_refused(watch: bool) -> Iterator[None]:
         warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-# How to make labels class indices, from numpy or from Spark ML (the driver's preflight says it too).
-CLASS_INDEX_FIX = ("y.astype(int), or for Spark ML's double labels (StringIndexer's), "
-                   "df.withColumn('label', df['label'].cast('int')) before from_spark")
-
-
 def check_loss(loss: Callable, label: np.ndarray) -> None:
     """What can be told from the loss object itself, without running user code: torch's
     classification losses need integer class indices, and every loss must average the batch."""
@@ -47,6 +45,17 @@ def check_loss(loss: Callable, label: np.ndarray) -> None:
                          f"the batch's mean (reduction='mean')")
     classification = function in (torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss) or \
         isinstance(function, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss))
-    if classification and np.issubdtype(label.dtype, np.floating) and label.ndim == 1:
-        raise ValueError(f"the label is {label.dtype} but loss={name} takes class indices; encode the classes as "
-                         f"integers 0..K-1: {CLASS_INDEX_FIX}")
+    if not classification:
+        return
+    if label.ndim == 1:
+        refuse_float_classes(label, name)
+    if not np.issubdtype(label.dtype, np.floating):      # float rows are class probabilities: taken
+        refuse_rows_of_classes(label, name, f" (or the rows as float32, which {name} takes as class probabilities)")
+
+
+def ignored_class(loss: Callable | None) -> int:
+    """The class index a torch loss skips: its ``ignore_index``, -100 where it names none (as
+    ``cross_entropy`` and ``nll_loss`` default to, and a loss of one's own that calls them)."""
+    if isinstance(loss, functools.partial):
+        return int(loss.keywords.get("ignore_index", -100))
+    return int(getattr(loss, "ignore_index", -100))

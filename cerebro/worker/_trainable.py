@@ -88,6 +88,12 @@ class Trainable(abc.ABC):
     def check_label(self, label: np.ndarray) -> None:
         """Raise, naming the problem, if labels like ``label`` (a sample) cannot fit the loss."""
 
+    def check_rows(self, features: np.ndarray, label: np.ndarray, label_range: tuple[int, int] | None) -> None:
+        """Raise ``ValueError``, naming the problem and its fix, if the model cannot train on rows
+        like these (a few training rows, as a worker loads them; ``label_range``: the smallest
+        and largest class index over every row, or None): what a trainer that runs no step on
+        the driver (``checks_a_step_on_the_driver``) can tell before any worker starts."""
+
     @abc.abstractmethod
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each weight's shape, by the name :meth:`state` gives it under ``"model"``."""
