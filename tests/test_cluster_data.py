@@ -170,3 +170,6 @@ def test_the_data_sections_of_the_ray_and_dask_guides_run_as_written(tmp_path, d
                          env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert re.fullmatch(printed, ran.stdout), ran.stdout
+    # Ray Data's INFO lines on Cerebro's jobs ("Running Dataset ...", "Execution plan of Dataset ...")
+    # and its progress stay out of the terminal (issue 52)
+    assert "Dataset" not in ran.stderr and "Progress" not in ran.stderr, ran.stderr[-3000:]

@@ -1,9 +1,19 @@
 """``Dataset.from_ray``: partitions written by Ray's workers from a Ray Dataset's blocks,
-never through the driver (see :mod:`._blocks`)."""
+never through the driver (see :mod:`._blocks`).
+
+Ray Data tells every job it runs on the terminal: INFO lines (the execution plan, progress
+logged where stderr is no terminal) and progress bars. Those of Cerebro's own jobs (the
+checks when the dataset is made, the sample and the writing at ``fit``) are the run's
+business, said by its own progress: they stay out of the terminal (Ray Data's log file in
+the Ray session's ``logs/ray-data`` keeps them), its warnings and errors show. With the
+``cerebro`` logger at DEBUG (``logging.basicConfig(level=logging.DEBUG)``), all of it shows.
+"""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,7 +43,8 @@ class RayDataset(BlockDataset, constructors=("from_ray",)):
         return list(data.columns())
 
     def _map_blocks(self, fn: Callable[[Columns], dict[str, Any]]) -> list[dict[str, Any]]:
-        return self._data.map_batches(partial_row(fn), batch_format="numpy", batch_size=None).take_all()
+        with quietly(self._data):
+            return self._data.map_batches(partial_row(fn), batch_format="numpy", batch_size=None).take_all()
 
     def _write_groups(self, key: Callable[[Columns], dict[str, np.ndarray]],
                       write: Callable[[Columns], dict[str, Any]], groups: int) -> list[dict[str, Any]]:
@@ -42,13 +53,49 @@ class RayDataset(BlockDataset, constructors=("from_ray",)):
         import ray
 
         cut = ray.remote(_cut_block).options(num_returns=groups)
-        pieces = [cut.remote(block, key, groups) for block in self._data.to_numpy_refs()]
+        with quietly(self._data):
+            blocks = self._data.to_numpy_refs()
+        pieces = [cut.remote(block, key, groups) for block in blocks]
         written = ray.remote(_write_pieces)
         records = ray.get([written.remote(write, *(piece[group] for piece in pieces)) for group in range(groups)])
         return [record for record in records if record is not None]
 
     def _head(self, rows: int) -> Columns:
-        return self._data.take_batch(rows, batch_format="numpy")
+        with quietly(self._data):
+            return self._data.take_batch(rows, batch_format="numpy")
+
+
+@contextlib.contextmanager
+def quietly(dataset: Any) -> Iterator[None]:
+    """While the block runs Ray Data jobs on ``dataset`` (or on datasets made from it): no
+    progress bars, and Ray Data's console says warnings and errors only (see the module's
+    docstring); nothing changes where the ``cerebro`` logger is at DEBUG."""
+    if logging.getLogger("cerebro").isEnabledFor(logging.DEBUG):
+        yield
+        return
+    import ray.data
+
+    # A dataset runs with the settings it was made with; datasets made from it copy them.
+    contexts = [ray.data.DataContext.get_current(), dataset.context]
+    bars = [context.enable_progress_bars for context in contexts]
+    consoles = [handler for handler in logging.getLogger("ray.data").handlers
+                if isinstance(handler, logging.StreamHandler)]
+    for context in contexts:
+        context.enable_progress_bars = False
+    for handler in consoles:
+        handler.addFilter(_shown)
+    try:
+        yield
+    finally:
+        for handler in consoles:
+            handler.removeFilter(_shown)
+        for context, shown in zip(contexts, bars):
+            context.enable_progress_bars = shown
+
+
+def _shown(record: logging.LogRecord) -> bool:
+    """Warnings and errors, but not the one that says progress bars are off (they are, here)."""
+    return record.levelno >= logging.WARNING and not record.name.startswith("ray.data._internal.progress")
 
 
 def partial_row(fn: Callable[[Columns], dict[str, Any]]) -> Callable[[Columns], dict[str, np.ndarray]]:
