@@ -22,6 +22,7 @@ _EXPORTS = {
     **dict.fromkeys(["ResumeError", "StoreWriteError", "TooManyFailuresError", "WorkerLostError", "add_trial", "resume",
                      "stop"],
                     ".engine"),
+    "MissingExtraError": "._extras",
     "metrics": ".metrics",
     "predict": ".serve",
     "sql": ".sql",
@@ -33,11 +34,11 @@ _EXPORTS = {
 }
 
 __all__ = ["ASHA", "PBT", "Backend", "DaskBackend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable",
-           "LocalBackend", "RandomSearch", "RayBackend", "Result", "ResumeError", "Searcher", "SparkBackend",
-           "StoreInUseError", "StoreWriteError", "TPESearch", "TooManyFailuresError", "TorchTrainable", "Trainable",
-           "TrialResult", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError", "WorkerLostError", "add_trial",
-           "choice", "load", "loguniform", "metrics", "predict", "quniform", "randint", "resume", "sql", "stop",
-           "uniform"]
+           "LocalBackend", "MissingExtraError", "RandomSearch", "RayBackend", "Result", "ResumeError", "Searcher",
+           "SparkBackend", "StoreInUseError", "StoreWriteError", "TPESearch", "TooManyFailuresError", "TorchTrainable",
+           "Trainable", "TrialResult", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError", "WorkerLostError",
+           "add_trial", "choice", "load", "loguniform", "metrics", "predict", "quniform", "randint", "resume", "sql",
+           "stop", "uniform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -56,6 +57,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from . import metrics, sql
+    from ._extras import MissingExtraError
     from .backends import Backend, DaskBackend, LocalBackend, RayBackend, SparkBackend
     from .data import Dataset
     from .engine import (

@@ -66,12 +66,19 @@ def main() -> None:
 
 def entry() -> None:
     """The ``cerebro`` command: ``main`` with the exit codes of its help."""
+    from ._extras import MissingExtraError, missing_extra
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
     from .report import NoBestTrialError
     from .store import StoreInUseError, TrustKeyError, UntrustedCodeError, UntrustedStateError
     warnings.showwarning = show_warning
     try:
-        main(standalone_mode=False)
+        try:
+            main(standalone_mode=False)
+        except ModuleNotFoundError as error:     # a package of an extra, imported where it was needed
+            extra = missing_extra(error)
+            if extra is None:
+                raise
+            raise extra from None
     except click.exceptions.Abort as error:      # click's form of a KeyboardInterrupt
         _interrupted(error.__cause__)
     except click.ClickException as error:
@@ -86,7 +93,7 @@ def entry() -> None:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
     except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
-            UntrustedCodeError, TrustKeyError) as error:
+            UntrustedCodeError, TrustKeyError, MissingExtraError) as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
 
@@ -345,7 +352,9 @@ def predict_command(run_dir: str, input_path: str, out: str, trial: str, epoch: 
               help="an MLflow pyfunc model (mlflow.pyfunc.load_model(OUT).predict(rows)) in the directory OUT")
 @click.option("--trust", is_flag=True,
               help="load a run's code though no run of yours signed it (safetensors needs no trust)")
-def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, as_mlflow: bool, trust: bool) -> None:
+@click.option("--verbose", is_flag=True, help="show the ONNX exporter's own warnings")
+def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, as_mlflow: bool, trust: bool,
+           verbose: bool) -> None:
     """Save one trial's trained model: by default its weights as safetensors (tensors, with
     the trial id, epoch and config as JSON metadata: data only, loadable without Cerebro);
     with --torchscript a scripted module that loads without Cerebro or the build code; a name
@@ -360,6 +369,12 @@ def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, as
         raise click.BadParameter(f"{out!r}: the weights are written as safetensors, so name the file "
                                  f"*.safetensors (or *.onnx, *.keras for a Keras trial, --torchscript for a "
                                  f"scripted module, --mlflow for an MLflow model directory)", param_hint="--out")
+    from ._extras import require
+    from .serve import check_onnx_installed, export_onnx, export_torchscript
+    if as_mlflow:
+        require("cerebro export --mlflow", "mlflow")
+    elif onnx_file:
+        check_onnx_installed()
     import torch
     result = load(run_dir, trust=trust)
     ids = [t.trial_id for t in result.trials]
@@ -377,13 +392,12 @@ def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, as
                                      param_hint="--out")
         model.save(out)
     elif torchscript:
-        torch.jit.script(chosen.model(which)).save(out)
+        export_torchscript(chosen, out, which)
     elif as_mlflow:
         from .report._pyfunc import save_pyfunc
         save_pyfunc(chosen, out, which)
     elif onnx_file:
-        from .serve import export_onnx
-        export_onnx(chosen, out, which)
+        export_onnx(chosen, out, which, verbose=verbose)
     else:
         chosen.save_weights(out, which)
     click.echo(f"{chosen.trial_id} epoch {chosen.epoch_number(which)} ({json.dumps(chosen.config)}) -> {out}")

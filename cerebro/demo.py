@@ -15,6 +15,8 @@ from sklearn.datasets import load_digits
 
 import cerebro as cb
 
+from ._extras import require
+
 SPACE = {
     "architecture": cb.choice(["mlp", "cnn"]),
     "lr": cb.choice([1e-3, 3e-3]),
@@ -72,8 +74,5 @@ def search(epochs: int = EPOCHS, framework: str = "torch") -> cb.GridSearch:
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework={framework!r} is not one of {', '.join(map(repr, FRAMEWORKS))}")
     if framework == "keras":
-        try:
-            import keras  # noqa: F401
-        except ImportError:
-            raise ImportError('the Keras demo needs Keras 3 and a backend: pip install -e ".[keras]"') from None
+        require("the Keras demo", "keras")
     return cb.GridSearch(FRAMEWORKS[framework], SPACE, epochs=epochs, metric="val_accuracy", mode="max")

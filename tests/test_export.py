@@ -1,19 +1,22 @@
 """Exports for serving: ONNX of a torch trial (dynamic batch, checked with onnxruntime)
-matches its predictions within 1e-4; an MLflow pyfunc model predicts as the trial does
-within 1e-5, in another process, with the run directory gone, and records the trial's
-config; a Keras trial's ONNX export is refused saying what to do instead."""
+matches its predictions within 1e-4, the exporter's warnings kept out of the terminal; an
+MLflow pyfunc model predicts as the trial does within 1e-5, in another process, with the run
+directory gone, and records the trial's config; a Keras trial's ONNX and TorchScript exports
+are refused in one line saying what to do instead."""
 from __future__ import annotations
 
 import json
 import shutil
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 from _models import build, digits
 
 import cerebro as cb
+from cerebro.cli import entry
 from cerebro.serve import export_onnx
 
 pytestmark = pytest.mark.slow
@@ -34,6 +37,7 @@ def test_onnx_export_predicts_as_the_trial_on_any_batch_size(run, tmp_path):
     done = subprocess.run([sys.executable, "-m", "cerebro", "export", run.run_dir, "-o", str(tmp_path / "m.onnx")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+    assert done.stderr == ""        # not torchvision's operators it skips, nor torch's deprecations
     session = onnxruntime.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
     for count in (1, 17, 64):
         got = session.run(None, {"features": rows(count)})[0]
@@ -65,7 +69,7 @@ def test_an_mlflow_model_predicts_as_the_trial_without_the_run_directory(run, tm
         shutil.move(moved, run.run_dir)
 
 
-def test_a_keras_trials_onnx_export_is_refused_with_what_to_do(tmp_path):
+def test_a_keras_trials_onnx_and_torchscript_exports_are_refused_in_one_line(tmp_path, monkeypatch, capsys):
     pytest.importorskip("keras")
     from _keras_models import build as keras_build
     result = cb.GridSearch(keras_build, {"architecture": cb.choice(["plain"])}, epochs=1).fit(
@@ -73,3 +77,12 @@ def test_a_keras_trials_onnx_export_is_refused_with_what_to_do(tmp_path):
     with pytest.raises(ValueError, match=r"^t0000 is a KerasTrainable trial; ONNX export takes torch trials "
                                          r"\(save a Keras trial as model.keras\)$"):
         export_onnx(result.best, tmp_path / "m.onnx")
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)      # entry() sets its own
+    monkeypatch.setattr(sys, "argv", ["cerebro", "export", result.run_dir, "--torchscript", "-o",
+                                      str(tmp_path / "m.pt")])
+    with pytest.raises(SystemExit) as exited:
+        entry()
+    assert (exited.value.code, capsys.readouterr().err) == (
+        2, "error: t0000 is a KerasTrainable trial; TorchScript export takes torch trials (save a Keras trial as "
+           "model.keras)\n")
+    assert not (tmp_path / "m.pt").exists()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import Real
+from .._extras import require
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 SHUTDOWN_GRACE_S = 10.0
@@ -133,6 +134,7 @@ class DaskBackend(Backend):
     def __init__(self, client: Any = None, workers: int = 2, resources: dict[str, float] | None = None,
                  threads_per_worker: int = 1, heartbeat_timeout: float = 60.0, max_restarts: int = 3,
                  hops: str = "direct", worker_wait: float = 10.0) -> None:
+        require("cb.DaskBackend", "distributed", "dask")
         if client is None:
             from distributed import default_client
             try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import Real
+from .._extras import require
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 RESOURCES = Real(low=0, description="a number >= 0")
@@ -64,6 +65,7 @@ class RayBackend(Backend):
     def __init__(self, workers: int = 2, address: str | None = None, num_cpus_per_worker: float = 1,
                  num_gpus_per_worker: float = 0, heartbeat_timeout: float = 60.0, max_restarts: int = 3,
                  hops: str = "direct", placement_wait: float = 120.0) -> None:
+        require("cb.RayBackend", "ray")
         self.workers = check_positive("workers", workers)
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"address={address!r} must be None, 'auto' or a Ray address such as 'ray://host:10001'")

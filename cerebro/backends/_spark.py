@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._checks import Integer
+from .._extras import require
 from ..data._spark_python import explained, use_the_drivers_python_locally
 from ._base import Backend, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
@@ -107,6 +108,7 @@ class SparkBackend(Backend):
     def __init__(self, spark: Any = None, workers: int | None = None, threads_per_worker: int | None = None,
                  heartbeat_timeout: float = 60.0, driver_port: int = 0, slot_wait: float = 10.0,
                  max_restarts: int = 3, hops: str = "direct") -> None:
+        require("cb.SparkBackend", "pyspark")
         if spark is None:
             from pyspark.sql import SparkSession
             spark = SparkSession.getActiveSession()

@@ -20,6 +20,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
+from .._extras import require
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -38,10 +40,8 @@ def read_sql(dsn: str, table_or_query: str, features: Sequence[str] | str | None
     label), or one column of N-D arrays (kept in their shape) or of ``bytea``. Missing
     columns and bad sources are refused before a row is read; NULLs and other types after."""
     source, table_name = _source(table_or_query)
-    try:
-        from adbc_driver_postgresql import dbapi
-    except ImportError:
-        raise ImportError("Dataset.from_sql needs ADBC's PostgreSQL driver: pip install 'cerebro[sql]'") from None
+    require("Dataset.from_sql", "adbc_driver_postgresql")
+    from adbc_driver_postgresql import dbapi
     if not isinstance(dsn, str) or urlsplit(dsn).scheme not in ("postgresql", "postgres"):
         # Not echoed: a malformed DSN may hold a password where no mask would find it.
         raise ValueError("dsn must be a PostgreSQL URI such as 'postgresql://user:password@host:5432/dbname' or "

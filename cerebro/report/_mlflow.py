@@ -11,6 +11,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._extras import require
 from ..store import _files as files
 from ._progress import Progress
 from ._pyfunc import save_pyfunc
@@ -31,10 +32,7 @@ def check_mlflow(setting: Any) -> None:
         return
     if setting is not True and not isinstance(setting, str):
         raise TypeError(f"mlflow={setting!r} must be True, False or a tracking URI such as 'http://host:5000'")
-    try:
-        import mlflow  # noqa: F401
-    except ImportError:
-        raise ImportError("mlflow=... needs the mlflow package: pip install 'cerebro[mlflow]'") from None
+    require("mlflow=...", "mlflow")
 
 
 def tracking_uri(setting: bool | str, run_dir: str) -> str:
