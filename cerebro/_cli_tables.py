@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,6 @@ from rich.table import Table
 from .report import Result
 from .report._progress import rounded
 from .report._run_state import RunState
-from .store._lock import held_locally
 
 
 def print_summary(result: Result, console: Console) -> None:
@@ -126,23 +124,16 @@ def print_state(result: Result, console: Console) -> None:
     counts = f"{done} of {len(trials)} trials ended" + "".join(f", {n} {s}" for s, n in sorted(waiting.items()))
     resume = f"`cerebro resume {result.run_dir}` goes on"
     state = result.state
-    if state is RunState.RUNNING and _driver_gone(result.run_dir):
-        line = f"not finished, and no driver runs it (it was killed?): {counts}; {resume}"
-    elif state is RunState.FAILED:
+    if state is RunState.FAILED:
         first = "failed before its first trial began" if not trials else f"failed: {counts}"
         line = f"{first}; once its driver's error is dealt with, {resume}:\n  {(result.run_error or '').strip()}"
     else:
         line = {RunState.FINISHED: f"finished: {counts}", RunState.RUNNING: f"running: {counts}",
                 RunState.STOPPED: f"stopped by cerebro stop: {counts}; {resume}",
                 RunState.BUDGET: f"stopped by its time_budget: {counts}; {resume}",
-                RunState.INTERRUPTED: f"interrupted (Ctrl-C or SIGTERM): {counts}; {resume}"}[state]
+                RunState.INTERRUPTED: f"interrupted (Ctrl-C or SIGTERM): {counts}; {resume}",
+                RunState.DIED: f"not finished: its driver died (killed, or out of memory?): {counts}; {resume}"}[state]
     console.print(line, highlight=False, soft_wrap=True, markup=False)
-
-
-def _driver_gone(run_dir: str) -> bool:
-    """Whether no driver holds the local run directory ``run_dir`` (a remote one's lease is
-    not read: its driver is taken to be there)."""
-    return "://" not in run_dir and not held_locally(os.path.join(run_dir, ".lock"))
 
 
 def print_trial(result: Result, trial_id: str) -> None:

@@ -174,6 +174,11 @@ def test_the_server_answers_its_three_routes_and_nothing_else(tmp_path, capsys):
     server = RunServer(run_dir, port=0)
     server.serve_in_thread()
     port = server.server_address[1]
+    busy = CliRunner().invoke(main, ["dashboard", run_dir, "--port", str(port)])     # taken: says what to do
+    assert (busy.exit_code, busy.output) == (1, f"Error: cannot serve on 127.0.0.1:{port}: Address already in use; "
+                                                f"another program (an earlier dashboard?) serves there: choose "
+                                                f"another port with --port, e.g. --port {port + 1}, or --port 0 "
+                                                f"for any free one\n")
     only_metrics = RunServer(run_dir, port=0, dashboard=False)
     only_metrics.serve_in_thread()
     try:

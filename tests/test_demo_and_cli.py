@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+from _models import build, digits
 from click.testing import CliRunner
 
 import cerebro as cb
@@ -64,6 +65,44 @@ def test_status_prints_the_ranked_trials(demo_result):
     ranked = re.findall(r"^ ?(t\d{4}) ", output, flags=re.MULTILINE)
     assert ranked == demo_result.summary().trial_id.tolist()
     assert ranked[0] == demo_result.best.trial_id
+
+
+def test_status_fits_80_columns_and_keeps_each_config_apart(demo_result):
+    """The demo's lrs, 0.001 and 0.003, each as it is (not both ``0.00…``); the configs alike
+    in every trial (none here) above the table, which drops the last epoch's metric to fit."""
+    output = CliRunner().invoke(main, ["status", demo_result.run_dir], env={"COLUMNS": "80"}).output
+    lines = output.splitlines()
+    assert all(len(line) <= 80 for line in lines) and "…" not in output, output
+    rows = [line.split() for line in lines if re.match(r"^ ?t\d{4} ", line)]
+    summary = demo_result.summary()
+    assert [row[0] for row in rows] == summary.trial_id.tolist()
+    assert [row[-3:] for row in rows] == [[a, f"{lr:g}", str(b)] for a, lr, b in
+                                          zip(summary.architecture, summary.lr, summary.batch_size)]
+    assert {row[-2] for row in rows} == {"0.001", "0.003"}
+    assert lines[-1] == "(left out to fit 80 columns: last; --trial ID shows one in full)"
+
+
+class WorkersWithoutCerebro(cb.LocalBackend):
+    """Workers whose Python cannot import what they run (as Spark executors without cerebro
+    installed): each exits as it starts."""
+
+    def _spawn(self, worker: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import cerebro_is_not_installed_here"],
+                                stdin=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+
+def test_status_says_why_a_run_failed_before_its_first_trial(tmp_path):
+    store = tmp_path / "run"
+    with pytest.raises(cb.WorkerLostError, match=r"^worker 0 exited with code 1 while starting") as error:
+        cb.GridSearch(build, {"lr": cb.choice([1e-2])}, epochs=1).fit(
+            digits(partitions=1, rows=100), backend=WorkersWithoutCerebro(1, max_restarts=0), store=store, seed=0,
+            verbose=0)
+    loaded = cb.load(store)
+    assert (loaded.state, loaded.run_error, loaded.trials) == ("failed", f"WorkerLostError: {error.value}", [])
+    done = CliRunner().invoke(main, ["status", str(store)])
+    assert (done.exit_code, done.output) == (0, f"failed before its first trial began; once its driver's error is "
+                                                f"dealt with, `cerebro resume {store}` goes on:\n  WorkerLostError: "
+                                                f"{error.value}\n")
 
 
 def test_cerebro_demo_command_runs_a_model_selection(tmp_path):

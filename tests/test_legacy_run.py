@@ -33,8 +33,8 @@ def test_a_run_directory_of_the_old_engine_loads(legacy_run):
     result = cb.load(legacy_run)
     assert not result.finished
     assert [t.trial_id for t in result.trials] == [f"t000{i}" for i in range(7)]
-    assert [t.status for t in result.trials] == ["completed", "completed", "running", "running", "running",
-                                                 "stopped", "running"]
+    assert [t.status for t in result.trials] == ["completed", "completed", "parked", "parked", "parked",
+                                                 "stopped", "parked"]     # its driver died: they wait
     history = result.history()
     assert len(history) == 17
     assert history.groupby("trial_id").epoch.max().to_dict() == {

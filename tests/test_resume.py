@@ -73,6 +73,9 @@ def wait_until(condition, timeout: float) -> bool:
 @pytest.mark.parametrize("point", ["mid-epoch", "after-checkpoint", "decision", "scheduled"])
 def test_a_killed_driver_resumes_to_the_uninterrupted_results(tmp_path, point):
     store = crashed_run(tmp_path, point)
+    killed = cb.load(store)       # no end journaled, and no driver holds it: it died; its live trials wait
+    assert killed.state == "died" and killed.run_error is None
+    assert "parked" in {str(t.status) for t in killed.trials} <= {"parked", "completed", "stopped"}
     orphans = workers_of(store)
     assert orphans and wait_until(lambda: all(gone(pid) for pid in orphans), timeout=10)
     resumed = cb.resume(store, verbose=0)
@@ -123,7 +126,7 @@ def test_a_damaged_checkpoint_is_rolled_back_and_its_epochs_redone(tmp_path, dam
     """A crafted one too: a pickle with a valid header and CRC-32 whose payload would write a
     marker file is reported, names its file, runs nothing, and is rolled back like a CRC error."""
     store = crashed_run(tmp_path, "mid-epoch")
-    live = [t for t in cb.load(store).trials if t.status == "running" and t.epochs >= 1]
+    live = [t for t in cb.load(store).trials if t.status == "parked" and t.epochs >= 1]
     victim = live[0].trial_id
     latest = os.path.join(store, "trials", victim, "checkpoint.state")
     marker = tmp_path / "ran"

@@ -158,6 +158,42 @@ def test_cb_stop_stops_a_live_run_and_resume_goes_on(tmp_path, uninterrupted):
     assert (resumed.trials[3].status, resumed.trials[3].reason) == ("stopped", "stopped by the user")
 
 
+class PausesAfterTheFirstEpoch(cb.Searcher):
+    """One trial, paused after its first epoch; ``decide`` looks at the run (as ``cb.load`` and
+    ``cerebro status`` would from anywhere) once the pause is journaled, then lets it go on."""
+
+    def start(self, seed):
+        self._pending, self._paused = True, False
+
+    def suggest(self):
+        pending, self._pending = self._pending, False
+        return [cb.engine.TrialRequest({"lr": 1e-2}, 2)] if pending else []
+
+    def report(self, trial_id, epoch, metrics):
+        self._paused = epoch == 1
+        return cb.engine.Decision.PAUSE if self._paused else cb.engine.Decision.CONTINUE
+
+    def decide(self):
+        if not self._paused:
+            return {}
+        self._paused = False
+        deadline = time.monotonic() + 60
+        while b'"decision": "pause"' not in open(os.path.join(self.store, "journal.jsonl"), "rb").read():
+            assert time.monotonic() < deadline, "the pause was not journaled"
+            time.sleep(0.05)       # the journal is written off the driver's thread
+        live = cb.load(self.store)
+        self.seen.append((str(live.state), *(f"{t.trial_id} {t.status}" for t in live.trials), live.best.trial_id))
+        return {"t0000": cb.engine.Decision.CONTINUE}
+
+
+def test_a_trial_the_searcher_paused_is_paused_while_the_run_goes(tmp_path):
+    search = PausesAfterTheFirstEpoch(build, {"lr": 1e-2})
+    search.store, search.seen = str(tmp_path / "run"), []
+    result = search.fit(digits(partitions=1, rows=100), workers=1, store=search.store, seed=0, verbose=0)
+    assert search.seen == [("running", "t0000 paused", "t0000")]
+    assert result.state == "finished" and [str(t.status) for t in result.trials] == ["completed"]
+
+
 def test_a_finished_run_cannot_be_stopped(uninterrupted):
     with pytest.raises(ValueError, match=r"has finished; there is nothing to stop$"):
         cb.stop(uninterrupted.run_dir)

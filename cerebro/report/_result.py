@@ -69,6 +69,7 @@ class Result:
         self._run = RunLine()
         for event in events:
             self._apply(event)
+        self._run.settle(store.file(".lock"))
         self._trials: dict[str, TrialResult] = {trial_id: self._trial_result(facts)
                                                 for trial_id, facts in self._ledger.trials.items()}
         # What happened to the run, by journal event name (workers lost, states lost, ...).
@@ -126,8 +127,9 @@ class Result:
     def state(self) -> RunState:
         """Where the run stands: ``running``, ``finished``, or stopped before its end, resumable:
         ``stopped`` (``cb.stop``), ``budget`` (its ``time_budget`` passed), ``interrupted``
-        (Ctrl-C, SIGTERM) or ``failed`` (its driver raised: :attr:`run_error` says what). The
-        trials that had not ended then are ``parked``."""
+        (Ctrl-C, SIGTERM), ``failed`` (its driver raised: :attr:`run_error` says what) or
+        ``died`` (its driver ended without a word: killed, out of memory). The trials that had
+        not ended then are ``parked``."""
         return self._run.state
 
     @property

@@ -4,6 +4,7 @@ parked until a resume)."""
 from __future__ import annotations
 
 import enum
+import os
 from typing import Any
 
 from ..store import (
@@ -18,12 +19,14 @@ from ..store import (
     TrialEnded,
     TrialStatus,
 )
+from ..store._lock import held_locally
 
 
 class RunState(enum.StrEnum):
     """Where a run stands; a ``str``, so it compares and prints as its value."""
 
-    RUNNING = "running"            # no end journaled: a driver runs it (or was killed without a word)
+    RUNNING = "running"            # no end journaled, and a driver runs it (or one cannot tell: a remote store)
+    DIED = "died"                  # no end journaled, and no driver runs it: killed, out of memory, crashed
     FINISHED = "finished"
     STOPPED = "stopped"            # cb.stop / cerebro stop asked it to
     BUDGET = "budget"              # its time_budget passed
@@ -33,7 +36,7 @@ class RunState(enum.StrEnum):
     @property
     def resumable(self) -> bool:
         """Stopped before its end by a driver that closed it: ``cb.resume`` goes on."""
-        return self in (RunState.STOPPED, RunState.BUDGET, RunState.INTERRUPTED, RunState.FAILED)
+        return self in (RunState.STOPPED, RunState.BUDGET, RunState.INTERRUPTED, RunState.FAILED, RunState.DIED)
 
 
 # A journal written before causes were journaled says None: interrupted, the broadest word.
@@ -66,6 +69,13 @@ class RunLine:
                 self.paused.discard(event.trial_id)
             case DecidedPaused():
                 self.paused.difference_update(event.decisions)
+
+    def settle(self, lock: str) -> None:
+        """Once every line is in: a run with no end journaled whose local lock file ``lock`` no
+        driver holds has died (a remote store's lease is not read: its driver is taken to be
+        there; a run directory without the file, from before locks, as well)."""
+        if self.state is RunState.RUNNING and "://" not in lock and os.path.isfile(lock) and not held_locally(lock):
+            self.state = RunState.DIED
 
     def live_status(self, trial_id: str) -> TrialStatus:
         """The status of a trial that has not ended: parked where no driver will go on with it
