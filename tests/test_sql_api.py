@@ -103,6 +103,22 @@ def test_optimizer_names_are_taken_as_keras_spells_them():
         keras_model(arch, "loss='mse', optimizer='adamm'", one_hot=True)
 
 
+def test_keras_2s_decay_on_madlibs_pages_is_the_time_based_schedule_it_was():
+    """MADlib's model selection page passes Adam(lr=..., decay=...); Keras 3 has no such
+    argument: the learning rate at step t is lr / (1 + decay * t), as Keras 2 had it."""
+    import keras
+
+    from cerebro.sql._keras_model import keras_model
+    arch = architectures()[0]
+    model = keras_model(arch, "loss='categorical_crossentropy', optimizer='Adam(lr=0.01, decay=0.5)'", one_hot=True)
+    model.optimizer.iterations.assign(4)
+    assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(0.01 / (1 + 0.5 * 4))
+    plain = keras_model(arch, "loss='mse', optimizer='SGD(decay=0.0)'", one_hot=True)
+    assert float(keras.ops.convert_to_numpy(plain.optimizer.learning_rate)) == pytest.approx(0.01)
+    with pytest.raises(ValueError, match=r"decay=-1 must be a number >= 0"):
+        keras_model(arch, "loss='mse', optimizer='SGD(decay=-1)'", one_hot=True)
+
+
 def test_the_model_selection_table_is_every_combination_in_madlibs_order(database):
     rows = sql(database, "SELECT mst_key, model_id, compile_params, fit_params FROM mst ORDER BY mst_key")
     assert rows == [(i + 1, m, c, f) for i, (m, c, f) in

@@ -7,6 +7,7 @@ Weights travel in and out of tables as MADlib stores them: the float32 values of
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -125,7 +126,7 @@ def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
         raise ValueError(f"compile_params {compile_params!r}: optimizer {params.optimizer!r} is not a class of "
                          f"keras.optimizers (Adam, SGD, RMSprop, AdamW, ...)")
     try:
-        optimizer = optimizer_class(**dict(params.optimizer_args))
+        optimizer = optimizer_class(**_legacy_decay(keras, optimizer_class, dict(params.optimizer_args)))
     except (TypeError, ValueError) as error:
         raise ValueError(f"compile_params {compile_params!r}: {params.optimizer}{dict(params.optimizer_args)} "
                          f"cannot be made: {error}") from None
@@ -138,6 +139,20 @@ def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
                          f"keras.losses") from None
     model.compile(optimizer=optimizer, loss=loss, metrics=list(params.metrics))
     return model
+
+
+def _legacy_decay(keras: Any, optimizer_class: type, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with Keras 2's ``decay=d`` (MADlib's pages pass it; Keras 3 dropped it) as the
+    schedule it was: the learning rate at step t is ``lr / (1 + d * t)``."""
+    if "decay" not in args:
+        return args
+    decay = args.pop("decay")
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or decay < 0:
+        raise ValueError(f"decay={decay!r} must be a number >= 0 (Keras 2's time-based learning rate decay)")
+    if decay:
+        start = args.get("learning_rate", inspect.signature(optimizer_class).parameters["learning_rate"].default)
+        args["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(start, decay_steps=1, decay_rate=decay)
+    return args
 
 
 def optimizer_classes(keras: Any) -> dict[str, type]:
