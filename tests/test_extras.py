@@ -57,6 +57,22 @@ def test_a_backend_whose_extra_is_missing_says_which_to_install(without, backend
     assert isinstance(raised.value, ImportError) and raised.value.name == package
 
 
+def test_spark_prediction_without_pyspark_says_which_to_install_before_reading_the_run(without, tmp_path):
+    without(*EXTRAS["spark"])
+    with pytest.raises(cb.MissingExtraError) as raised:
+        cb.predict(tmp_path / "no-run-here", np.zeros((2, 2), np.float32), backend="spark")
+    assert str(raised.value) == ("cb.predict(..., backend='spark') needs pyspark, which is not installed: "
+                                 'pip install "cerebro[spark]"')
+
+
+def test_sql_install_without_adbc_says_which_to_install(without, tmp_path):
+    from cerebro.sql import install
+    without("adbc_driver_postgresql")
+    with pytest.raises(cb.MissingExtraError, match=r'^cerebro sql install needs adbc_driver_postgresql, which is not '
+                                                   r'installed: pip install "cerebro\[sql\]"$'):
+        install("postgresql://127.0.0.1:1/none", store_root=str(tmp_path))
+
+
 def test_mlflow_logging_without_mlflow_is_refused_before_the_run_begins(without, tmp_path):
     import torch
     without("mlflow")

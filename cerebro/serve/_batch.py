@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._extras import require
 from ..backends import Backend, SparkBackend
 from ..data import FeatureSpec, prediction_rows
 from ..data._spark_python import explained
@@ -87,6 +88,7 @@ def _spark_of(backend: str | Backend, workers: int | None) -> tuple[Any, int | N
     if backend == "local":
         return None, workers
     if backend == "spark":
+        require("cb.predict(..., backend='spark')", "pyspark")
         from pyspark.sql import SparkSession
         spark = SparkSession.getActiveSession()
         if spark is None:

@@ -13,6 +13,7 @@ import site
 import sys
 from dataclasses import asdict, dataclass
 
+from .._extras import require
 from ._database import Installation
 
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]*")
@@ -169,10 +170,8 @@ def install(dsn: str, schema: str = "cerebro", *, store_root: str | None = None,
     if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema):
         raise ValueError(f"schema={schema!r} must be a lower-case SQL name (letters, digits and _)")
     installation = check_installation(store_root, max_workers)
-    try:
-        from adbc_driver_postgresql import dbapi
-    except ImportError:
-        raise ImportError("cerebro sql install needs ADBC's PostgreSQL driver: pip install 'cerebro[sql]'") from None
+    require("cerebro sql install", "adbc_driver_postgresql")
+    from adbc_driver_postgresql import dbapi
     sites, extra = package_paths()
     statements = ["CREATE EXTENSION IF NOT EXISTS plpython3u", f"CREATE SCHEMA IF NOT EXISTS {schema}",
                   *(function_sql(schema, f, sites, extra, installation) for f in FUNCTIONS),
