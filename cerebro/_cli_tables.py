@@ -28,14 +28,13 @@ def print_summary(result: Result, console: Console) -> None:
     columns, shared = _summary_columns(result)
     if shared:
         console.print(f"every trial: {rounded(shared)}", highlight=False, soft_wrap=True)
-    left_out = []
-    while _width(columns) > console.width and any(c.drop_order is not None for c in columns):
+    reason = next((c for c in columns if c.name == "reason"), None)
+    whole, left_out = reason.width if reason is not None else 0, []
+    while _width(columns, reason, whole, console.width) > console.width and \
+            any(c.drop_order is not None for c in columns):
         dropped = min((c for c in columns if c.drop_order is not None), key=lambda c: c.drop_order)
         columns.remove(dropped)
         left_out.append(dropped.header)
-    reason = next((c for c in columns if c.name == "reason"), None)
-    if reason is not None:          # the room left, cut short with an ellipsis
-        reason.width = max(_REASON_WIDTH, min(reason.width, console.width - _width(columns) + reason.width))
     table = Table(title=f"trials ranked by their best {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
                   pad_edge=False)
     for column in columns:
@@ -51,6 +50,7 @@ def print_summary(result: Result, console: Console) -> None:
 
 _REASON_WIDTH = 10      # the least of a reason worth showing
 _HEADER_WORD = 8        # a config's name longer than this folds rather than widening its column
+_LAST_CONFIG = 1000     # configs are left out after every other column that may be, the rightmost first
 
 
 @dataclass
@@ -67,10 +67,16 @@ class _Column:
     overflow: str = "fold"
 
 
-def _width(columns: list[_Column]) -> int:
-    """The table's width: its columns, a space either side of each but at the edges, the
-    (blank) line between two columns and the (blank) edges."""
-    return sum(c.width for c in columns) + 3 * (len(columns) - 1) + 2
+def _width(columns: list[_Column], reason: _Column | None, whole: int, room: int) -> int:
+    """The table's width once the ``reason`` column (``whole`` wide at most) takes the room
+    the others leave of ``room``, cut short with an ellipsis, but never below a few
+    characters: its columns, a space either side of each but at the edges, the (blank) line
+    between two columns and the (blank) edges."""
+    def width() -> int:
+        return sum(c.width for c in columns) + 3 * (len(columns) - 1) + 2
+    if reason is not None and reason in columns:
+        reason.width = max(_REASON_WIDTH, min(whole, room - (width() - reason.width)))
+    return width()
 
 
 def _summary_columns(result: Result) -> tuple[list[_Column], dict[str, Any]]:
@@ -98,20 +104,18 @@ def _summary_columns(result: Result) -> tuple[list[_Column], dict[str, Any]]:
         header = headers.get(name, str(name))
         words = max(len(word) for word in header.split())
         width = max([len(cell) for cell in cells] + [min(words, _HEADER_WORD) if name in config else words])
-        drop = order.get(name, 10 + len(columns) if name in config else None)
+        drop = _LAST_CONFIG - len(columns) if name in config else order.get(name)     # configs: rightmost first
         columns.append(_Column(name, header, cells, width, drop, "ellipsis" if name == "reason" else "fold"))
-    for column in columns:         # configs: the rightmost first
-        if column.name in config:
-            column.drop_order = 100 - columns.index(column)
     return columns, shared
 
 
 def _cell(value: Any, config: bool) -> str:
-    """A config's float to 4 significant digits, a metric's to 4 decimals, nothing for none."""
+    """A config's float to 4 significant digits, a metric's to 4 decimals (3 significant digits
+    below 0.001, where decimals would show 0.0000), nothing for none."""
     if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float) and not value.is_integer():
-        return f"{value:.4g}" if config else f"{value:.4f}"
+        return f"{value:.4g}" if config else f"{value:.4f}" if abs(value) >= 1e-3 else f"{value:.3g}"
     return str(value)
 
 

@@ -323,7 +323,9 @@ def test_more_failures_than_max_failures_stop_the_run(tmp_path):
                         r"t000[23] failed \(ValueError: boom: this configuration cannot be built\); "
                         r"t000[23] failed \(ValueError: boom: this configuration cannot be built\)\. The run "
                         r"stopped; its journal and checkpoints are in .*", str(error.value))
-    assert list(cb.load(tmp_path / "run").store.events())[-1]["event"] == "trial_ended"
+    stopped = cb.load(tmp_path / "run")
+    assert [e["event"] for e in stopped.store.events()][-2:] == ["trial_ended", "run_failed"]
+    assert stopped.run_error == f"TooManyFailuresError: {error.value}"
 
 
 def killed_twice(store: str, markers: str, victim: float):
