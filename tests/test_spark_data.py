@@ -111,7 +111,9 @@ def test_errors_name_the_column(spark, frame):
         with pytest.raises(error, match=re.escape(message)):
             cb.Dataset.from_spark(df, **kwargs)
     text = spark.createDataFrame([([1.0, 2.0], "a")], ["f", "y"])
-    with pytest.raises(TypeError, match=re.escape("label column 'y' must be numeric; it is string")):
+    indexed = ("label column 'y' must be numeric; it is string: encode the classes as indices first, e.g. "
+               "pyspark.ml.feature.StringIndexer(inputCol='y', outputCol='label_index')")
+    with pytest.raises(TypeError, match=re.escape(indexed)):
         cb.Dataset.from_spark(text, features="f", label="y")
     nulls = spark.createDataFrame([([1.0, None], 1), ([1.0, 2.0], 0)], "f array<double>, y int")
     with pytest.raises(ValueError, match=re.escape("feature column 'f': 1 rows hold nulls")):

@@ -43,7 +43,9 @@ class SparkDataset(CountedRows, Dataset, constructors=("from_spark",)):
                          cache_dir=cache_dir)
         label_type = column_type(df, label)
         if not isinstance(label_type, numeric_types()):
-            raise TypeError(f"label column {label!r} must be numeric; it is {label_type.simpleString()}")
+            raise TypeError(f"label column {label!r} must be numeric; it is {label_type.simpleString()}: encode "
+                            f"the classes as indices first, e.g. pyspark.ml.feature.StringIndexer(inputCol={label!r}, "
+                            f"outputCol='label_index')")
         integral = isinstance(label_type, (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.BooleanType))
         self._label_dtype = "int64" if integral else "float32"
         label_column = F.col(label).cast("long" if integral else "float")
