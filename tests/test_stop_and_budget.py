@@ -118,6 +118,10 @@ def test_a_time_budget_stops_the_run_and_the_script_run_again_goes_on(tmp_path, 
         f"or delete that one")
     with pytest.raises(FileExistsError, match=r"\): its seed is 3, this fit's 4\. fit\(\.\.\., resume=True\)"):
         search().fit(digits(partitions=2), workers=2, seed=4, store=store, verbose=0, resume=True)
+    fewer, recorded = digits(partitions=2, rows=500), resumed.store.read_run_info()["data"]["fingerprint"]
+    with pytest.raises(FileExistsError, match=rf"\): its data's fingerprint is {recorded}, this data's "
+                                              rf"{fewer.fingerprint()} \(other rows, labels or split\)\. fit"):
+        search().fit(fewer, workers=2, seed=3, store=store, verbose=0, resume=True)
     assert (store / "journal.jsonl").read_bytes() == journal
 
 
@@ -200,6 +204,15 @@ def test_a_finished_run_cannot_be_stopped(uninterrupted):
     done = subprocess.run([sys.executable, "-m", "cerebro", "stop", uninterrupted.run_dir], capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 2 and "has finished; there is nothing to stop" in done.stderr
+
+
+def test_resume_true_needs_the_store_to_go_on_with(tmp_path):
+    with pytest.raises(ValueError, match=r"^resume=True goes on with the run in store=, so give the store \(the same "
+                                         r"each time the script runs\), e\.g\. store='runs/exp1'$"):
+        fit(None, resume=True)
+    with pytest.raises(TypeError, match=r"^resume='yes' must be"):
+        fit(tmp_path / "run", resume="yes")
+    assert not os.path.exists(tmp_path / "run")
 
 
 @pytest.mark.parametrize("budget", [0, -1.0, "10"])
