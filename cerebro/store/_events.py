@@ -391,7 +391,7 @@ def parse_event(record: dict[str, Any]) -> Event | None:
     cls = EVENTS.get(record.get("event", ""))
     if cls is None:
         return None
-    values = {f.name: record.get(f.name) for f in fields(cls)}
+    values: dict[str, Any] = {f.name: record.get(f.name) for f in fields(cls)}
     if cls is TrialEnded:
         values["status"] = TrialStatus(values["status"])
     elif cls is SubEpoch:

@@ -63,7 +63,7 @@ def malformed(record: dict[str, Any]) -> str | None:
     cls = EVENTS.get(record.get("event", ""))
     if cls is None:
         return None
-    for name, hint in _hints(cls).items():
+    for name, hint in _hints(record["event"]).items():
         value = record.get(name)
         if value is not None and not _fits(value, hint):
             return f"its {record['event']} field {name!r} is {reprlib.repr(value)}, not {hint}"
@@ -71,7 +71,9 @@ def malformed(record: dict[str, Any]) -> str | None:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(event: str) -> dict[str, Any]:
+    # Cached by the event's name: a class object is hashable, but mypy's Hashable check of type[Event] says not.
+    cls = EVENTS[event]
     resolved = typing.get_type_hints(cls)
     return {f.name: resolved[f.name] for f in fields(cls)}
 

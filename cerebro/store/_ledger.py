@@ -74,14 +74,14 @@ class Ledger:
     def apply(self, event: Any) -> TrialFacts | None:
         """Take ``event`` in; the trial it is about (None: none, or one not created)."""
         if isinstance(event, TrialCreated):
-            trial = self.trials[event.trial_id] = self._make(event.trial_id, dict(event.config), event.max_epochs,
-                                                             event.warm_started_from)
-            return trial
+            created = self.trials[event.trial_id] = self._make(event.trial_id, dict(event.config), event.max_epochs,
+                                                               event.warm_started_from)
+            return created
         if isinstance(event, RunExtended):    # cb.resume(..., epochs=N): the completed trials go on
             for trial_id in set(event.trials) & set(self.trials):
                 self.trials[trial_id].status = self.trials[trial_id].reason = None
             return None
-        trial = self.trials.get(getattr(event, "trial_id", None))
+        trial = self.trials.get(getattr(event, "trial_id", ""))
         if trial is None:
             return None
         match event:

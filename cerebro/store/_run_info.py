@@ -25,7 +25,7 @@ def checked_run_info(file: IO, path: str) -> dict[str, Any]:
         raise RunInfoError(f"{path} is damaged: it holds a JSON {type(info).__name__}, not an object")
     for name, kind in REQUIRED.items():
         *parents, key = name.split(".")
-        holder = info
+        holder: Any = info
         for parent in parents:
             holder = holder.get(parent) if isinstance(holder, dict) else None
         value = holder.get(key) if isinstance(holder, dict) else None

@@ -227,7 +227,7 @@ class RunStore:
         for number, line in enumerate(lines, start=1):
             event = parse_record(line)
             why = "it fails its CRC-32" if event is None else malformed(event)
-            if why is None:
+            if event is not None and why is None:
                 events.append(event)
             else:
                 seems = SEEMS.match(line)

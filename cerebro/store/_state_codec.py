@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import io
 import json
 import math
 import mmap
@@ -36,6 +37,8 @@ MAX_BUFFERS = 1 << 20
 MAX_DEPTH = 64
 _CHUNK = 64 << 20              # read larger buffers piecewise (see read_exactly)
 _FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+# What a read hands back: a buffer of its own (mmap for a large one) or a slice of a mapped file.
+Chunk = bytearray | memoryview | mmap.mmap
 
 
 class StateFormatError(ValueError):
@@ -105,7 +108,7 @@ def _describe(value: Any, buffers: list[memoryview]) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else {"$float": repr(value)}
     if isinstance(value, TensorBytes):
-        buffers.append(memoryview(value.data).cast("B"))
+        buffers.append(value.data.data.cast("B"))     # the array's own memoryview: no copy
         return {"$tensor": len(buffers) - 1, "dtype": str(value.dtype).removeprefix("torch."),
                 "shape": list(value.shape)}
     if isinstance(value, (bytes, bytearray)):
@@ -186,7 +189,7 @@ def parse_view(view: memoryview, types: Iterable[type] = ()) -> Any:
     return message
 
 
-def _parse(take: Callable[[int], bytes | bytearray | memoryview], types: Iterable[type]) -> Any:
+def _parse(take: Callable[[int], Chunk], types: Iterable[type]) -> Any:
     magic, length, count = _HEADER.unpack(take(_HEADER.size))
     if magic != MAGIC:
         raise StateFormatError(f"not a Cerebro data message: it starts with {bytes(magic)!r}, "
@@ -198,20 +201,20 @@ def _parse(take: Callable[[int], bytes | bytearray | memoryview], types: Iterabl
     body = take(length)
     buffers = [take(size) for size in sizes]
     try:
-        tree = json.loads(bytes(body) if isinstance(body, memoryview) else body)
+        tree = json.loads(body if isinstance(body, bytearray) else bytes(body))
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
         raise StateFormatError(f"its description is not JSON: {type(error).__name__}: {error}") from None
     return _Reader(buffers, {t.__name__: t for t in types}).build(tree, 0)
 
 
-def read_message(file: BinaryIO, types: Iterable[type] = ()) -> Any:
+def read_message(file: io.BufferedIOBase, types: Iterable[type] = ()) -> Any:
     return parse(file.readinto, types)
 
 
 class _Reader:
     """Turns a parsed description back into values; only ``types`` may be constructed."""
 
-    def __init__(self, buffers: list[bytearray | memoryview], types: Mapping[str, type]) -> None:
+    def __init__(self, buffers: list[Chunk], types: Mapping[str, type]) -> None:
         self.buffers, self.types = buffers, types
 
     def build(self, node: Any, depth: int) -> Any:
@@ -253,12 +256,12 @@ class _Reader:
             raise StateFormatError(f"a dict key must be plain data, not {type(key).__name__}")
         return key
 
-    def _buffer(self, index: int) -> bytearray:
+    def _buffer(self, index: int) -> Chunk:
         if not 0 <= index < len(self.buffers):
             raise StateFormatError(f"buffer {index} does not exist: the message has {len(self.buffers)}")
         return self.buffers[index]
 
-    def _tensor(self, buffer: bytearray, name: str, shape: list) -> TensorBytes:
+    def _tensor(self, buffer: Chunk, name: str, shape: list) -> TensorBytes:
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype):
             raise StateFormatError(f"{name!r} is not a torch dtype")
@@ -270,7 +273,7 @@ class _Reader:
                                    f"its buffer has {len(buffer)}")
         return TensorBytes(dtype, tuple(shape), np.frombuffer(buffer, dtype=np.uint8))
 
-    def _type(self, name: str, base: type) -> Any:
+    def _type(self, name: str, base: type) -> type:
         kind = self.types.get(name)
         if kind is None or not issubclass(kind, base):
             allowed = sorted(n for n, t in self.types.items() if issubclass(t, base)) or "none"
