@@ -9,8 +9,27 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 # Every process this test session starts inherits this mark, workers whose driver was killed
-# too, so another session's workers on the same machine are never counted as ours.
+# too, so another session's workers on the same machine are never counted as ours. Each
+# pytest-xdist worker is a session of its own: it inherits the controller's mark, so it adds
+# its name, else one worker's test would count the other's live workers as left behind.
 SESSION = os.environ.setdefault("CEREBRO_TEST_SESSION", str(os.getpid()))
+if (_XDIST_WORKER := os.environ.get("PYTEST_XDIST_WORKER")) and not SESSION.endswith(f"-{_XDIST_WORKER}"):
+    SESSION = os.environ["CEREBRO_TEST_SESSION"] = f"{SESSION}-{_XDIST_WORKER}"
+
+# The files whose tests share one session-scoped PostgreSQL server (and may apt-get install
+# it): on one xdist worker, so the server starts once and two installs never race for dpkg's lock.
+_POSTGRES_FILES = {"test_sql_api.py", "test_sql_data.py", "test_sql_madlib_session.py", "test_sql_security.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (pyproject's addopts) each test file runs whole on one xdist
+    worker, so its module-scoped clusters and finished runs are made once; the PostgreSQL files
+    share one group."""
+    for item in items:
+        name = item.path.name
+        group = "postgres" if name in _POSTGRES_FILES else name
+        if not any(mark.name == "xdist_group" for mark in item.iter_markers()):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _ours(process: psutil.Process) -> bool:

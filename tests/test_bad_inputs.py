@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -434,15 +432,16 @@ def test_a_model_too_large_to_build_on_the_driver_skips_the_preflight_step(tmp_p
     ('{"seed": 1, "workers": 2, "searcher": {"class": "GridSearch", "metric": "val_loss", "mode": "min"}, '
      '"data": {"partitions": true}}', r"its 'data.partitions' must be a whole number, not True"),
 ])
-def test_a_damaged_run_json_is_named_with_what_is_wrong_not_a_traceback(tmp_path, text, says):
+def test_a_damaged_run_json_is_named_with_what_is_wrong_not_a_traceback(tmp_path, text, says, monkeypatch, capsys):
+    from _cli import cerebro
+
     from cerebro.store import RunInfoError
     (tmp_path / "run.json").write_text(text)
     (tmp_path / "journal.jsonl").write_text("")
     message = f"{re.escape(str(tmp_path))}/run.json is damaged: {says}"
     with pytest.raises(RunInfoError, match=f"^{message}$"):
         cb.load(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "cerebro", "status", str(tmp_path)], capture_output=True, text=True,
-                          timeout=120)
+    done = cerebro(monkeypatch, capsys, "status", str(tmp_path))
     assert done.returncode == 2 and re.fullmatch(f"error: {message}\n", done.stderr), done.stderr
 
 
