@@ -38,7 +38,7 @@ class ASHA(Searcher):
         True
     """
 
-    _not_extensible: ClassVar[str] = (
+    cannot_extend: ClassVar[str] = (
         "its rungs are placed by max_epochs, so with another budget other trials would have been promoted")
     _parameters: ClassVar[dict[str, Constraint]] = {
         "num_trials": Integer(low=1), "max_epochs": Integer(low=1), "grace_period": Integer(low=1),

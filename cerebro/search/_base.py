@@ -64,11 +64,26 @@ class Searcher(metaclass=_CheckedOnConstruction):
     stored as given and checked when the constructor returns (a typo fails where it is
     written), and again at ``fit``, before any worker starts.
 
-    Subclasses implement narrow waist 1 (:class:`cerebro.engine.SearchPolicy`):
-    :meth:`suggest` (which trials to start now), :meth:`start` (reset for a run with its
-    seed) and, optionally, :meth:`report` (continue, stop or pause a trial after an epoch),
-    :meth:`decide` (for paused trials), :meth:`trial_ended`, :meth:`stop_reason` and
-    :meth:`state`.
+    Writing a searcher (docs/extending.md has a worked one): subclass this and implement
+    narrow waist 1 (:class:`cerebro.engine.SearchPolicy`): :meth:`suggest` (which trials to
+    start now) and :meth:`start` (reset for a run with its seed); optionally :meth:`report`
+    (continue, stop or pause a trial after an epoch), :meth:`decide` (for paused trials),
+    :meth:`continues_after`, :meth:`trial_ended`, :meth:`stop_reason` and :meth:`state`.
+    Decisions may depend on the seed and the trials' metrics only, never on the order in
+    which reports arrive. A subclass also sets, as class attributes:
+
+    - ``_parameters``: its own constructor arguments, name -> constraint (below).
+    - ``cannot_extend``: why a finished run of it cannot be trained on to more epochs
+      (:func:`cerebro.resume` with ``epochs=N``, :meth:`extend`), or ``""`` where it can:
+      where its decisions up to any epoch never depend on the epoch budget, so that the
+      extended run is the run that had ``epochs=N`` from the start. Set ``""`` only then;
+      :meth:`extend` raises ``self.epochs``, which such a searcher keeps.
+    - ``cannot_add``: why a user cannot add a trial to a live run of it
+      (:func:`cerebro.add_trial`, ``cerebro add``, :meth:`added`), or ``""`` where they
+      can: where each trial is decided on its own metrics alone, as in grid and random
+      search, so an added trial changes no other's decisions. It runs ``self.epochs``.
+
+    The defaults refuse both, with the reason, so a searcher never gets either by accident.
 
     Args:
         build: ``build(config)`` -> a :class:`cerebro.TorchTrainable` or :class:`cerebro.KerasTrainable`;
@@ -110,11 +125,10 @@ class Searcher(metaclass=_CheckedOnConstruction):
     min_delta: float = 0.0
     warm_start: Any = None
     warm_start_epoch: str = "best"
-    # Why a run of this searcher cannot be trained longer (``resume(..., epochs=N)``), or ""
-    # where it can: where its decisions up to an epoch never depend on the epoch budget.
-    _not_extensible: ClassVar[str] = "it does not say whether its decisions depend on the epoch budget"
-    # Why a user cannot add trials to a live run of this searcher (``cb.add_trial``), or "".
-    _not_addable: ClassVar[str] = "it chooses its trials itself, and its decisions depend on which it chose"
+    # Refused by default: a new searcher is extended or added to only once its author has
+    # said why that keeps its decisions what they would have been (see the class docstring).
+    cannot_extend: ClassVar[str] = "it does not say whether its decisions depend on the epoch budget"
+    cannot_add: ClassVar[str] = "it chooses its trials itself, and its decisions depend on which it chose"
 
     def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min", patience: int | None = None,
@@ -165,8 +179,8 @@ class Searcher(metaclass=_CheckedOnConstruction):
         """Raise every trial's epoch budget to ``epochs``: what :func:`cerebro.resume` does
         with ``epochs=N``, so that the run goes on as if it had had ``epochs=N`` from the
         start. Refused, with the reason, by searchers whose decisions depend on the budget."""
-        if self._not_extensible:
-            raise ValueError(f"a {type(self).__name__} run cannot be extended: {self._not_extensible}; to train "
+        if self.cannot_extend:
+            raise ValueError(f"a {type(self).__name__} run cannot be extended: {self.cannot_extend}; to train "
                              f"its best trials longer, run cb.GridSearch over their configs "
                              f"([t.config for t in result.ranked()[:k]]) with the epochs you want")
         current = self.epochs
@@ -179,8 +193,8 @@ class Searcher(metaclass=_CheckedOnConstruction):
         """The trial a user adds to a live run (:func:`cerebro.add_trial`): ``config``, checked
         against the space, for the run's epochs. The searcher needs to know nothing else of
         it where its trials are independent of each other (grid and random search)."""
-        if self._not_addable:
-            raise ValueError(f"trials cannot be added to a {type(self).__name__} run: {self._not_addable}")
+        if self.cannot_add:
+            raise ValueError(f"trials cannot be added to a {type(self).__name__} run: {self.cannot_add}")
         return TrialRequest(check_config(self.space, config), self.epochs)
 
     # --- the declared arguments -----------------------------------------------------------

@@ -28,8 +28,8 @@ class GridSearch(Searcher):
         True
     """
 
-    _not_extensible: ClassVar[str] = ""
-    _not_addable: ClassVar[str] = ""
+    cannot_extend: ClassVar[str] = ""
+    cannot_add: ClassVar[str] = ""
     _parameters: ClassVar[dict[str, Constraint]] = {"epochs": Integer(low=1)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, epochs: int = 10,

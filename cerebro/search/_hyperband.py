@@ -51,7 +51,7 @@ class Hyperband(Searcher):
         True
     """
 
-    _not_extensible: ClassVar[str] = (
+    cannot_extend: ClassVar[str] = (
         "its brackets and rungs are sized by max_epochs, so with another budget other trials would have run")
     _parameters: ClassVar[dict[str, Constraint]] = {"max_epochs": Integer(low=1), "eta": Real(low=2)}
 

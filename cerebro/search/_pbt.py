@@ -49,7 +49,7 @@ class PBT(Searcher):
         True
     """
 
-    _not_extensible: ClassVar[str] = ""
+    cannot_extend: ClassVar[str] = ""
     _parameters: ClassVar[dict[str, Constraint]] = {
         "population": All(Integer(low=1), Integer(low=2, description="at least 2: PBT copies between trials")),
         "epochs": Integer(low=1),

@@ -28,8 +28,8 @@ class RandomSearch(Searcher):
         True
     """
 
-    _not_extensible: ClassVar[str] = ""
-    _not_addable: ClassVar[str] = ""
+    cannot_extend: ClassVar[str] = ""
+    cannot_add: ClassVar[str] = ""
     _parameters: ClassVar[dict[str, Constraint]] = {"num_trials": Integer(low=1), "epochs": Integer(low=1)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 10,

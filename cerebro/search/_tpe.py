@@ -92,7 +92,7 @@ class TPESearch(Searcher):
         True
     """
 
-    _not_extensible: ClassVar[str] = (
+    cannot_extend: ClassVar[str] = (
         "each trial it suggested was drawn from the metrics the trials before it ended with, which a longer "
         "budget changes")
     _parameters: ClassVar[dict[str, Constraint]] = {

@@ -19,7 +19,7 @@ class SelectionSearch(GridSearch):
     iterations: each trial trains ``epochs`` times its row's ``epochs`` (``build`` is a
     :class:`._keras_model.SelectionBuild`, which knows them)."""
 
-    _not_extensible: ClassVar[str] = "its trials' epochs are iterations times each row's fit_params epochs"
+    cannot_extend: ClassVar[str] = "its trials' epochs are iterations times each row's fit_params epochs"
 
     def suggest(self) -> list[TrialRequest]:
         return [TrialRequest(request.config, request.max_epochs * self.build.epochs(request.config))
