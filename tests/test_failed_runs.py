@@ -11,12 +11,13 @@ import sys
 
 import pandas as pd
 import pytest
+from _cli import cerebro
 from _models import build, digits, failing_after
 
 import cerebro as cb
 
 
-def test_a_run_whose_every_trial_diverged_says_so_and_logs_it(tmp_path, caplog):
+def test_a_run_whose_every_trial_diverged_says_so_and_logs_it(tmp_path, caplog, monkeypatch, capsys):
     search = cb.GridSearch(build, {"diverge": cb.choice([True]), "lr": cb.choice([1e-2, 1e-3])}, epochs=2)
     with caplog.at_level(logging.ERROR, logger="cerebro"):
         result = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
@@ -29,14 +30,14 @@ def test_a_run_whose_every_trial_diverged_says_so_and_logs_it(tmp_path, caplog):
     assert [r.getMessage().splitlines()[0] for r in caplog.records if r.name == "cerebro"] == \
         [result.failure.splitlines()[0]]
     assert cb.load(tmp_path / "run").failure == result.failure
-    with pytest.raises(cb.report.NoBestTrialError, match=rf"^no trial of run '{re.escape(str(tmp_path / 'run'))}' "
+    with pytest.raises(cb.results.NoBestTrialError, match=rf"^no trial of run '{re.escape(str(tmp_path / 'run'))}' "
                                                         r"finished with a finite 'val_loss'; its trials: "
                                                         r"t0000 diverged, t0001 diverged$"):
         _ = result.best
     pd.DataFrame({"x": [1.0]}).to_parquet(tmp_path / "in.parquet")
+    monkeypatch.chdir(tmp_path)
     for command in (["export", "run", "-o", "m.safetensors"], ["predict", "run", "in.parquet", "-o", "o.parquet"]):
-        done = subprocess.run([sys.executable, "-m", "cerebro", *command], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=120)
+        done = cerebro(monkeypatch, capsys, *command)
         assert (done.returncode, done.stderr) == (1, f"error: no trial of run '{tmp_path / 'run'}' finished with a "
                                                      f"finite 'val_loss'; its trials: t0000 diverged, t0001 diverged\n")
 
@@ -49,7 +50,7 @@ def test_one_good_trial_makes_the_run_a_success(tmp_path, caplog):
     assert result.failure is None and not [r for r in caplog.records if r.name == "cerebro"]
 
 
-def test_cerebro_run_and_resume_exit_1_when_every_trial_failed(tmp_path):
+def test_cerebro_run_and_resume_exit_1_when_every_trial_failed(tmp_path, monkeypatch, capsys):
     script = tmp_path / "experiment.py"
     script.write_text("""
 import cerebro as cb, torch
@@ -67,13 +68,11 @@ def build(config):
 search = cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1)
 """)
     store = str(tmp_path / "run")
-    ran = subprocess.run([sys.executable, "-m", "cerebro", "run", str(script), "--workers", "1", "--store", store,
-                          "--seed", "0", "--quiet"], capture_output=True, text=True, timeout=600)
+    ran = cerebro(monkeypatch, capsys, "run", str(script), "--workers", "1", "--store", store, "--seed", "0", "--quiet")
     assert ran.returncode == 1, ran.stderr[-2000:]
     assert "the run failed: every trial of the run failed (1 failed)" in ran.stderr
     assert "RuntimeError: the loss of lr=0.1 is broken" in ran.stderr
-    resumed = subprocess.run([sys.executable, "-m", "cerebro", "resume", store, "--quiet"], capture_output=True,
-                             text=True, timeout=600)
+    resumed = cerebro(monkeypatch, capsys, "resume", store, "--quiet")
     assert resumed.returncode == 1 and "the run failed: every trial of the run failed (1 failed)" in resumed.stderr
 
 

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _cli import cerebro
 
 import cerebro as cb
 from cerebro.data import read_layout
 from cerebro.engine._control import _ask, answer, stop_asked, take_commands
-from cerebro.report._live import read_live
+from cerebro.results._live import read_live
 from cerebro.store import STATE_FORMAT, RunStore
 from cerebro.store._files import UnsafeFileError, write_atomic
 from cerebro.store._lock import held_locally
@@ -83,7 +84,8 @@ def finishes(call: Callable[[], object], seconds: float = 20.0) -> object:
 
 # --- writes ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("link", [os.symlink, os.link], ids=["symlink", "hard link"])
-def test_a_lock_file_linked_to_another_file_is_refused_by_every_writer_and_the_file_is_untouched(run, canary, link):
+def test_a_lock_file_linked_to_another_file_is_refused_by_every_writer_and_the_file_is_untouched(run, canary, link,
+                                                                                              monkeypatch, capsys):
     link(canary, os.path.join(run, ".lock"))
     with pytest.raises(UnsafeFileError, match=r"\.lock is (a symbolic link|not the lock file Cerebro makes)"):
         RunStore.open(run).lock()
@@ -91,7 +93,7 @@ def test_a_lock_file_linked_to_another_file_is_refused_by_every_writer_and_the_f
         cb.stop(run)
     with pytest.raises(UnsafeFileError):
         cb.add_trial(run, {"lr": 0.1})
-    done = subprocess.run([sys.executable, "-m", "cerebro", "stop", run], capture_output=True, text=True, timeout=120)
+    done = cerebro(monkeypatch, capsys, "stop", run)
     assert done.returncode == 2 and done.stderr.startswith("error: ") and ".lock" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not os.path.exists(os.path.join(run, "stop"))
@@ -126,7 +128,7 @@ def test_a_trial_directory_linked_elsewhere_gets_no_config_checkpoint_or_error(r
 
 
 def test_a_tensorboard_directory_linked_elsewhere_gets_no_logs_and_the_run_goes_on(run, elsewhere, caplog):
-    from cerebro.report._tensorboard import TensorBoardLog
+    from cerebro.observe._tensorboard import TensorBoardLog
     os.symlink(elsewhere, os.path.join(run, "tensorboard"))
     log = TensorBoardLog(run)
     with caplog.at_level(logging.WARNING, logger="cerebro"):
@@ -210,7 +212,7 @@ def test_a_file_linked_to_dev_zero_is_not_read_under_a_memory_cap(run, name):
     script = textwrap.dedent(f"""
         import resource, cerebro
         from cerebro.store import RunStore
-        from cerebro.report._live import read_live
+        from cerebro.results._live import read_live
         from cerebro.engine._control import take_commands
         size = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024
         resource.setrlimit(resource.RLIMIT_AS, (size + (512 << 20), resource.RLIM_INFINITY))
@@ -254,7 +256,7 @@ def test_a_run_directorys_mlflow_store_that_is_not_its_own_is_refused(run, canar
     artifacts elsewhere would have MLflow write models there."""
     from mlflow.tracking import MlflowClient
 
-    from cerebro.report._mlflow import EXPERIMENT, MLflowLog, tracking_uri
+    from cerebro.observe._mlflow import EXPERIMENT, MLflowLog, tracking_uri
     uri = tracking_uri(True, run)
     os.symlink(canary, os.path.join(run, "mlflow.db"))
     with pytest.raises(UnsafeFileError, match=r"mlflow\.db is a symbolic link, not the MLflow store Cerebro makes"):
