@@ -26,7 +26,7 @@ _EXPORTS = {
     "metrics": ".metrics",
     "predict": ".serve",
     "sql": ".sql",
-    **dict.fromkeys(["Result", "TrialResult", "load"], ".report"),
+    **dict.fromkeys(["Result", "TrialResult", "load"], ".results"),
     **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
                      "loguniform", "quniform", "randint", "uniform"], ".search"),
     **dict.fromkeys(["StoreInUseError", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError"], ".store"),
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         resume,
         stop,
     )
-    from .report import Result, TrialResult, load
+    from .results import Result, TrialResult, load
     from .search import (
         ASHA,
         PBT,

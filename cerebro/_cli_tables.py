@@ -13,9 +13,9 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .report import Result
-from .report._progress import rounded
-from .report._run_state import RunState
+from .results import Result
+from .results._run_state import RunState
+from .results._trial_result import rounded
 
 
 def print_summary(result: Result, console: Console) -> None:

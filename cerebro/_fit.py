@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .backends import Backend
     from .data import Dataset
     from .engine._settings import Limits
-    from .report import Result
+    from .results import Result
     from .search import Searcher
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from ._cli_dashboard import dashboard, metrics_options
 from ._cli_sql import sql
 from ._cli_tables import print_state, print_summary, print_trial, show_warning
-from .report import Result, load
+from .results import Result, load
 from .store._files import check_output
 
 
@@ -68,7 +68,7 @@ def entry() -> None:
     """The ``cerebro`` command: ``main`` with the exit codes of its help."""
     from ._extras import MissingExtraError, missing_extra
     from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
-    from .report import NoBestTrialError
+    from .results import NoBestTrialError
     from .store import StoreInUseError, TrustKeyError, UntrustedCodeError, UntrustedStateError
     warnings.showwarning = show_warning
     try:
@@ -394,7 +394,7 @@ def export(run_dir: str, trial: str, out: str, epoch: str, torchscript: bool, as
     elif torchscript:
         export_torchscript(chosen, out, which)
     elif as_mlflow:
-        from .report._pyfunc import save_pyfunc
+        from .serve._pyfunc import save_pyfunc
         save_pyfunc(chosen, out, which)
     elif onnx_file:
         export_onnx(chosen, out, which, verbose=verbose)

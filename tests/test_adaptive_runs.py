@@ -94,7 +94,7 @@ def test_pbt_exploit_copies_the_source_state_bitwise(tmp_path):
     assert len(lineage) == 1 and lineage.epoch.tolist() == [2]       # ceil(4 * 0.25) trial, once
     exploited, source = lineage.trial_id[0], lineage.source[0]
     from cerebro.report._figures import lineage as lineage_chart
-    from cerebro.report._progress import rounded
+    from cerebro.results._trial_result import rounded
     changed = {k: v for k, v in lineage.config[0].items() if lineage.previous_config[0].get(k) != v}
     labels = [a.text for a in lineage_chart(run).layout.annotations if a.text]
     assert labels == [f"from {source}: {rounded(changed)}"]        # the report labels the arrow

@@ -27,8 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import cerebro as cb
 from cerebro.cli import main
-from cerebro.report._http import MetricsEndpoint, RunServer
-from cerebro.report._live import read_live
+from cerebro.observe._metrics import MetricsEndpoint
+from cerebro.report._http import RunServer
+from cerebro.results._live import read_live
 
 pytestmark = pytest.mark.slow
 TESTS = os.path.dirname(__file__)

@@ -217,7 +217,7 @@ def test_frozen_weights_are_stored_once_per_run_and_serve_the_winner_after_the_p
     assert all(np.array_equal(t.predict(features), before[t.trial_id]) for t in loaded.trials)
     import mlflow.pyfunc
 
-    from cerebro.report._pyfunc import save_pyfunc
+    from cerebro.serve._pyfunc import save_pyfunc
     save_pyfunc(loaded.trials[1], str(tmp_path / "served"))          # the weights it trained on, both parts
     served = mlflow.pyfunc.load_model(str(tmp_path / "served"))
     assert np.array_equal(served.predict(features), before["t0001"])

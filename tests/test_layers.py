@@ -69,7 +69,8 @@ def test_a_worker_loads_none_of_the_drivers_side():
     # worker tens of MB of resident memory it never uses.
     code = ("import sys, cerebro.worker.__main__; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas' "
-            "or m.startswith(('cerebro.report', 'cerebro.search', 'cerebro.engine', 'cerebro.backends'))))")
+            "or m.startswith(('cerebro.report', 'cerebro.results', 'cerebro.observe', 'cerebro.search', "
+            "'cerebro.engine', 'cerebro.backends'))))")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "[]"

@@ -1,4 +1,4 @@
-"""``live.json`` (:mod:`cerebro.report._live`): rewritten while the driver lives, news or not,
+"""``live.json`` (:mod:`cerebro.observe._live`): rewritten while the driver lives, news or not,
 so a reader tells a live run from a dead one by its age; the newest state always reaches the
 file; and what a reader accepts from it is only what a driver writes."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from cerebro.report._live import LiveFile, read_live, well_formed
+from cerebro.observe._live import LiveFile
+from cerebro.results._live import read_live, well_formed
 from cerebro.store import RunStore, SubEpochStarted, TaskKind
 
 

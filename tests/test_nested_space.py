@@ -16,7 +16,7 @@ from _models import digits, make_model
 from _search_sim import no_build, outcome, simulate
 
 import cerebro as cb
-from cerebro.report import flat_config
+from cerebro.results import flat_config
 from cerebro.search._configs import check_config, grid_values
 from cerebro.search._space import Distribution, sample_config
 
@@ -168,7 +168,7 @@ def _stub_result(space_text: dict, configs: list[dict], values: list[float]):
 
 def test_the_report_finds_log_uniform_keys_inside_nested_spaces_and_skips_importance_without_variance():
     from cerebro.report._figures import log_keys
-    from cerebro.report._importance import importances
+    from cerebro.results._importance import importances
     space = {"lr": repr(cb.loguniform(1e-4, 1e-1)), "model": repr(SPACE["model"]), "optimizer": "{'momentum': 0.9}"}
     configs = [{"lr": 1e-3 * (i + 1), "model": {"kind": "mlp", "hidden": 64 * (i % 2 + 1)}, "optimizer": {}}
                for i in range(5)]

@@ -81,7 +81,7 @@ def test_the_eta_waits_for_as_many_epochs_as_workers_after_the_first(workers):
 
     from rich.console import Console
 
-    from cerebro.report._progress import ConsoleProgress
+    from cerebro.observe._progress import ConsoleProgress
     out = io.StringIO()
     progress = ConsoleProgress("val_loss", "min", console=Console(file=out, width=200))
     progress.start("run", workers)

@@ -22,7 +22,7 @@ from _cli import cerebro
 import cerebro as cb
 from cerebro.data import read_layout
 from cerebro.engine._control import _ask, answer, stop_asked, take_commands
-from cerebro.report._live import read_live
+from cerebro.results._live import read_live
 from cerebro.store import STATE_FORMAT, RunStore
 from cerebro.store._files import UnsafeFileError, write_atomic
 from cerebro.store._lock import held_locally

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ..backends import Backend, Hops
 from ..data import PartitionFileError
-from ..report import Progress
+from ..observe import Progress
 from ..store import (
     PartitionsMoved,
     RunFailed,

@@ -23,10 +23,11 @@ import torch
 from .._version import __version__
 from ..backends import Backend
 from ..data import Dataset
-from ..report import ConsoleProgress, Fanout, NoProgress, Progress, Result, TensorBoardLog
-from ..report._http import MetricsEndpoint
-from ..report._live import LiveFile
-from ..report._mlflow import MLflowLog, tracking_uri
+from ..observe import ConsoleProgress, Fanout, NoProgress, Progress, TensorBoardLog
+from ..observe._live import LiveFile
+from ..observe._metrics import MetricsEndpoint
+from ..observe._mlflow import MLflowLog, tracking_uri
+from ..results import Result
 from ..store import STATE_FORMAT, RunStore
 from ..store._files import UnsafeFileError
 from ..store._trust import check_key, new_run_id

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from .._checks import Boolean, Integer, Optional, Real
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
-from ..report._http import check_port
-from ..report._mlflow import check_mlflow
+from ..observe._metrics import check_port
+from ..observe._mlflow import check_mlflow
 from ..store._files import check_location
 from ._settings import Limits
 

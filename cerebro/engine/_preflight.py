@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..data import Dataset
-from ..report import flat_config
+from ..results import flat_config
 from ..worker import Trainable, preflight
 from ..worker._frozen import draws
 from ..worker._label_checks import CLASS_INDEX_FIX, check_class_range

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..data import Dataset
-from ..report import Result
+from ..results import Result
 from ..store import RunStore
 from ._how import How
 from ._resume import has_finished, resume

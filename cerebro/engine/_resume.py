@@ -18,7 +18,7 @@ import cloudpickle
 
 from ..backends import Backend
 from ..data import read_layout
-from ..report import Result
+from ..results import Result
 from ..store import (
     DamagedLine,
     DecidedPaused,

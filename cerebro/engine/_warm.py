@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any
 
-from ..report import load
+from ..results import load
 from ..store import BEST, RunStore, TrialStatus
 from ._settings import WarmStartFrom
 

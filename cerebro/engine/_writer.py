@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..report import Progress
+from ..observe import Progress
 from ..store import Event, RunStore
 from ._errors import StoreWriteError
 from ._shelf import Shelved, Stored

@@ -1,23 +1,21 @@
-"""``live.json``: what a run's workers are doing now, beside its journal, for the dashboard
-and ``/metrics`` (which read a run directory, perhaps from another machine, and never talk
-to the driver).
+"""Writing ``live.json``: what a run's workers are doing now, beside its journal, for the
+dashboard and ``/metrics`` (which read a run directory, perhaps from another machine, and
+never talk to the driver; :mod:`cerebro.results._live` reads it).
 
 The journal says what is done; this file says what is under way: each worker's sub-epoch,
 since when, and the batches it has begun of all it has (from the workers' heartbeats, so a
 long sub-epoch is seen alive), the workers alive, and the bytes moved so far. The driver
 rewrites it once a second (every 5 s on a remote store), news or not, atomically, from a
-thread of its own: a slow store never slows the run, and its errors never reach it. A
-reader takes a file older than :data:`STALE_AFTER`, or one that says the run ended, for a
-run no driver is running.
+thread of its own: a slow store never slows the run, and its errors never reach it.
 """
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from typing import Any
 
+from ..results._live import LIVE_FILE
 from ..store import (
     RunFinished,
     RunStore,
@@ -31,12 +29,8 @@ from ..store import (
 from ..store import _files as files
 from ._progress import Progress
 
-LIVE_FILE = "live.json"
 INTERVAL = 1.0      # seconds between rewrites (REMOTE_INTERVAL on a store at a URL)
 REMOTE_INTERVAL = 5.0
-MAX_LIVE_BYTES = 16 << 20   # ~200 bytes a worker: room for tens of thousands
-STALE_AFTER = 15.0  # seconds without a rewrite after which no driver is taken to be running
-LARGEST = 2**53     # no count or time a driver writes is larger; a float holds every int up to it
 
 
 class LiveFile(Progress):
@@ -114,60 +108,3 @@ class LiveFile(Progress):
                 pass
             if closing:
                 return
-
-
-def is_stale(live: dict[str, Any]) -> bool:
-    """Whether no driver runs the run: it ended, or nothing rewrote the file for a while (a
-    driver killed without a word)."""
-    return bool(live.get("outcome")) or time.time() - float(live.get("updated", 0)) > STALE_AFTER
-
-
-def read_live(run_dir: str) -> dict[str, Any] | None:
-    """``run_dir``'s ``live.json``, or None where the run has none (written before it, or
-    by a driver that has not started yet) or it cannot be read as one. What it holds is
-    for :func:`well_formed` to check."""
-    try:       # a regular file of a bounded size: a FIFO or a link to /dev/zero must not hang or fill a reader
-        content = files.read_regular(files.join(str(run_dir), LIVE_FILE), MAX_LIVE_BYTES)
-        live = json.loads(content, parse_constant=_no_constant)
-    except (OSError, ValueError, RecursionError):
-        return None
-    return live if isinstance(live, dict) else None
-
-
-def well_formed(live: dict[str, Any]) -> bool:
-    """Whether ``live`` has the fields and types a driver writes, and no others a reader
-    would trip on: a run directory is data that anyone may have written. Types are checked
-    in full, so a reader may use each field as what it is: workers are short decimal ASCII
-    digits (``int("²")`` raises), numbers are finite and no larger than a driver writes."""
-    running = live.get("running")
-    traffic = live.get("traffic", {})
-    return (_number(live.get("updated")) and (live.get("outcome") is None or isinstance(live["outcome"], str))
-            and isinstance(live.get("alive"), list) and all(_integer(w) for w in live["alive"])
-            and isinstance(traffic, dict) and all(isinstance(k, str) and _number(v) for k, v in traffic.items())
-            and isinstance(running, dict) and all(_doing(k, v) for k, v in running.items()))
-
-
-def _doing(worker: Any, doing: Any) -> bool:
-    """One entry of ``running``: a worker's sub-epoch under way."""
-    return (_worker(worker) and isinstance(doing, dict)
-            and isinstance(doing.get("trial_id"), str) and isinstance(doing.get("kind"), str)
-            and all(_integer(doing.get(k)) for k in ("epoch", "partition", "batches")) and _number(doing.get("since"))
-            and (doing.get("total") is None or _integer(doing["total"])))
-
-
-def _worker(key: Any) -> bool:
-    """A worker's number as ``running`` keys it: ``str.isdigit`` alone passes "²" and "٣"."""
-    return isinstance(key, str) and 0 < len(key) <= 9 and key.isascii() and key.isdigit()
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and -LARGEST <= value <= LARGEST
-
-
-def _number(value: Any) -> bool:
-    # json reads 1e999 as inf without asking parse_constant: finiteness is checked here
-    return _integer(value) or (isinstance(value, float) and math.isfinite(value))
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{LIVE_FILE} holds {name}, which a driver never writes")

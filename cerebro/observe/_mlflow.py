@@ -12,13 +12,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._extras import require
+from ..results import flat_config
+from ..serve._pyfunc import save_pyfunc
 from ..store import _files as files
 from ._progress import Progress
-from ._pyfunc import save_pyfunc
-from ._trial_result import flat_config
 
 if TYPE_CHECKING:
-    from ._result import Result
+    from ..results import Result
 
 EXPERIMENT = "cerebro"
 STATUSES = {"completed": "FINISHED", "stopped": "FINISHED", "failed": "FAILED", "diverged": "FAILED",

@@ -10,6 +10,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from ..results._trial_result import rounded
 from ..store import (
     EpochEnd,
     Event,
@@ -21,7 +22,6 @@ from ..store import (
     TrialTakenUp,
     improved,
 )
-from ._trial_result import flat_config
 
 
 class Progress:
@@ -178,16 +178,6 @@ class ConsoleProgress(Progress):
         header = (f"{self._done}/{self._total()} epochs · {sum(s == 'running' for s in self._status.values())} "
                   f"trials live · {_duration(elapsed)} elapsed{self._eta()}")
         return Group(header, workers, top)
-
-
-def rounded(config: dict[str, Any]) -> str:
-    """``lr=0.003162 hidden=64``: a config's (dotted) keys with floats to 4 significant digits.
-
-    >>> rounded({"lr": 0.0031622776601683794, "model": {"kind": "mlp", "hidden": 64}})
-    'lr=0.003162 model.kind=mlp model.hidden=64'
-    """
-    return " ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
-                    for key, value in flat_config(config).items())
 
 
 def _duration(seconds: float) -> str:

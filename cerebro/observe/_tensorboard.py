@@ -15,10 +15,10 @@ import sys
 import types
 from typing import Any
 
+from ..results import flat_config
 from ..store import Event
 from ..store import _files as files
 from ._progress import Progress
-from ._trial_result import flat_config
 
 
 class TensorBoardLog(Progress):

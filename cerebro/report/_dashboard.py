@@ -20,11 +20,11 @@ import os
 import time
 from typing import Any
 
+from ..results import Result, load
+from ..results._live import LIVE_FILE, is_stale, read_live, well_formed
 from . import _figures
 from ._html import _CSS, headline, trial_table
-from ._live import LIVE_FILE, is_stale, read_live, well_formed
 from ._prometheus import Reread
-from ._result import Result, load
 
 FIGURES = (("Learning curves", "curves"), ("Workers over time", "gantt"), ("Best so far", "best-so-far"),
            ("Configurations against the objective", "parallel"), ("Epochs each trial trained", "rungs"))

@@ -11,9 +11,9 @@ from typing import Any
 
 import pandas as pd
 
-from ._importance import importances
-from ._result import Result
-from ._trial_result import flat_config
+from ..results import Result, flat_config
+from ..results._importance import importances
+from ..results._trial_result import rounded
 
 STATUS_COLORS = {"completed": "#2a9d8f", "stopped": "#e9c46a", "failed": "#e76f51", "diverged": "#9b2226",
                  "timeout": "#6d597a", "running": "#457b9d"}
@@ -224,7 +224,6 @@ def lineage(result: Result) -> Any:
     with the source and the hyperparameters the copy went on with."""
     import plotly.graph_objects as go
 
-    from ._progress import rounded
     history = result.history()
     figure = go.Figure()
     for trial in result.trials:

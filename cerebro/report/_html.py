@@ -13,11 +13,10 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
+from ..results import Result, TrialResult, flat_config, load
+from ..results._trial_result import rounded
 from ..store import _files as files
 from . import _figures
-from ._progress import rounded
-from ._result import Result, load
-from ._trial_result import TrialResult, flat_config
 
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> str:

@@ -21,12 +21,12 @@ import pandas as pd
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..results import Result, load
+from ..results._live import is_stale, read_live, well_formed
 from ..store import TrialStatus
 from ..store import _files as files
 from ._figures import utilization
 from ._html import leader
-from ._live import is_stale, read_live, well_formed
-from ._result import Result, load
 
 SUB_EPOCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

@@ -6,9 +6,9 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,10 +21,20 @@ from ..worker._frozen_weights import restore_frozen
 from ..worker._state_check import check_tensors, model_part
 from ..worker._trainable import positive_batch_size
 
-if TYPE_CHECKING:
-    from ._result import Result
-
 _RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*:")     # "ValueError: ..."
+
+
+class Run(Protocol):
+    """What a trial needs of the run it is one of (a :class:`~cerebro.results.Result` is
+    one): its directory and its ``build``. A protocol, as the Result imports this module."""
+
+    store: RunStore
+    run_dir: str
+    metric: str
+    keep_checkpoints: int | None
+
+    @property
+    def build(self) -> Callable[[dict], Any]: ...
 
 
 @dataclass
@@ -49,7 +59,7 @@ class TrialResult:
     best_epoch: int | None = None        # the epoch with the best ``metric`` under ``mode``
     best_metrics: dict[str, float] = field(default_factory=dict)     # that epoch's metrics
     warm_started_from: str | None = None     # RUN_DIR:TRIAL@EPOCH whose state it started from (warm_start)
-    _result: Result | None = field(default=None, repr=False, compare=False)
+    _result: Run | None = field(default=None, repr=False, compare=False)
 
     @property
     def cause(self) -> str | None:
@@ -179,14 +189,14 @@ class TrialResult:
         executors: weights broadcast once, the model built once per Python worker; it takes
         the feature column (an array column; numeric columns as ``F.array(*columns)``, in the
         training's order) and returns each row's outputs as an array of floats. The build is
-        the run's (see :mod:`._udf`).
+        the run's (see :mod:`cerebro.serve._udf`).
 
         Example (a fragment: it needs a Spark session and a finished run):
             >>> udf = result.best.spark_udf(spark)  # doctest: +SKIP
             >>> spark_df.withColumn("prediction", udf("features"))  # doctest: +SKIP
         """
-        from ._udf import spark_udf
-        return spark_udf(self, spark, epoch, batch_size)
+        from ..serve._udf import spark_udf  # the serving adapter: see pyproject's layer contract
+        return spark_udf(spark, self._require_result().store, self.config, self.state_dict(epoch), batch_size)
 
     def epoch_number(self, epoch: int | str) -> int:
         """The epoch number ``epoch`` (as :meth:`state_dict` takes it) names."""
@@ -194,7 +204,7 @@ class TrialResult:
             return self.epochs
         return self.best_epoch if epoch == "best" else epoch
 
-    def _require_result(self) -> Result:
+    def _require_result(self) -> Run:
         if self._result is None:
             raise RuntimeError(f"trial {self.trial_id} is not attached to a run directory")
         return self._result
@@ -235,3 +245,13 @@ def flat_config(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def rounded(config: dict[str, Any]) -> str:
+    """``lr=0.003162 hidden=64``: a config's (dotted) keys with floats to 4 significant digits.
+
+    >>> rounded({"lr": 0.0031622776601683794, "model": {"kind": "mlp", "hidden": 64}})
+    'lr=0.003162 model.kind=mlp model.hidden=64'
+    """
+    return " ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+                    for key, value in flat_config(config).items())

@@ -19,7 +19,7 @@ from ._space import SearchSpace
 if TYPE_CHECKING:
     from ..backends import Backend
     from ..data import Dataset
-    from ..report import Result
+    from ..results import Result
     from ..worker import Trainable
 
 

@@ -11,7 +11,7 @@ from .._extras import require
 from ..backends import Backend, SparkBackend
 from ..data import FeatureSpec, prediction_rows
 from ..data._spark_python import explained
-from ..report import Result, TrialResult, load
+from ..results import Result, TrialResult, load
 from ..store import _files as files
 from ..worker._trainable import positive_batch_size
 from ._local import predict_over_workers

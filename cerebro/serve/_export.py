@@ -1,6 +1,6 @@
 """Exports for serving a trial without Cerebro's run directory: ONNX (torch trials, checked
 with onnxruntime before the file is written), TorchScript (torch trials) and an MLflow pyfunc
-model (:func:`cerebro.report._pyfunc.save_pyfunc`)."""
+model (:func:`cerebro.serve._pyfunc.save_pyfunc`)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,7 +16,7 @@ import torch
 
 from .._extras import require
 from ..data import FeatureSpec
-from ..report import TrialResult
+from ..results import TrialResult
 from ..worker import TorchTrainable
 
 ONNX_TOLERANCE = 1e-4      # the largest difference from torch's outputs an export may show

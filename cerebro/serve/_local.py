@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..report import Result, TrialResult
+from ..results import Result, TrialResult
 from ..worker import inference_device, predict_rows
 from ..worker._serve import write_rows
 

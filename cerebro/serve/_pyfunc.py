@@ -25,7 +25,7 @@ from ..data import FeatureSpec, prediction_rows
 from ..worker import predict_rows
 
 if TYPE_CHECKING:
-    from ._trial_result import TrialResult
+    from ..results import TrialResult
 
 # What MLflow says of predict's type hints, which are no input schema: the signature is.
 _NO_SCHEMA_WARNINGS = ("Type hint used in the model's predict", "Failed to infer signature from type hint",

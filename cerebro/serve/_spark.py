@@ -1,5 +1,5 @@
 """``cb.predict(..., backend="spark")``: batch inference in Spark tasks, with the trial's pandas
-UDF (:mod:`cerebro.report._udf`: the weights broadcast once, the model built once per Python
+UDF (:mod:`cerebro.serve._udf`: the weights broadcast once, the model built once per Python
 worker on an executor).
 
 Where the rows come from decides where they are cut and how their order is kept:
@@ -24,9 +24,9 @@ import pandas as pd
 from ..data import FeatureSpec, prediction_rows
 from ..data._spark_columns import recorded_features, spark_features
 from ..data._spark_python import importer, use_the_drivers_python_locally
-from ..report import TrialResult
-from ..report._udf import batch_rows, spark_udf
+from ..results import TrialResult
 from ._outputs import top_k_classes
+from ._udf import batch_rows
 
 ID_COLUMN = "id"
 _FILE, _ROW = "_cerebro_file", "_cerebro_row"   # the order a Parquet path or in-driver rows had
@@ -48,7 +48,8 @@ def spark_predict(spark: Any, trial: TrialResult, epoch: int | str, data: Any, s
     if top_k is not None:
         top_k_classes(outputs.reshape(len(outputs), -1), top_k)      # refuses a k beyond the classes first
     keep = [ID_COLUMN] if ID_COLUMN in source.columns and ID_COLUMN not in (spec.columns or ()) else []
-    scored = source.select(*keep, *order, spark_udf(trial, spark, epoch, batch_size)(features).alias("_outputs"))
+    udf = trial.spark_udf(spark, epoch=epoch, batch_size=batch_size)
+    scored = source.select(*keep, *order, udf(features).alias("_outputs"))
     columns = _top_k_columns(scored, top_k) if top_k is not None else _output_columns(width)
     return scored.select(*keep, *order, *columns), order
 

@@ -15,36 +15,35 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd  # at run time: Spark reads the UDF's type hints (pd.Series -> pd.Series)
 
 from ..data import FeatureSpec, prediction_rows
 from ..data._spark_python import importer, use_the_drivers_python_locally
+from ..store import RunStore
 from ..worker import inference_device, predict_rows
-
-if TYPE_CHECKING:
-    from ._trial_result import TrialResult
 
 _BUILT: dict[str, Any] = {}      # in an executor's Python worker: UDF -> its built trainable and features
 _VECTOR_FIELDS = {"type", "size", "indices", "values"}   # a Vector's struct, as Arrow hands it to pandas
 _DENSE = 1
 
 
-def spark_udf(trial: TrialResult, spark: Any, epoch: int | str = "best", batch_size: int | None = None) -> Any:
-    """The pandas UDF of ``trial`` (the weights of ``epoch``), returning each row's outputs as
-    an array of floats."""
+def spark_udf(spark: Any, store: RunStore, config: dict[str, Any], weights: dict[str, Any],
+              batch_size: int | None = None) -> Any:
+    """The pandas UDF of a trial of the run in ``store`` (its ``config`` and ``weights``, as
+    :meth:`cerebro.TrialResult.spark_udf` hands them), returning each row's outputs as an
+    array of floats."""
     from pyspark.sql.functions import pandas_udf
     from pyspark.sql.types import ArrayType, FloatType
     from safetensors.torch import save
 
     context = spark.sparkContext
     use_the_drivers_python_locally(context)
-    result = trial._require_result()
-    info = result.store.read_run_info()["data"]
-    payload = {"build": result.store.read_build(), "config": dict(trial.config),
-               "weights": save({k: v.contiguous() for k, v in trial.state_dict(epoch).items()}),
+    info = store.read_run_info()["data"]
+    payload = {"build": store.read_build(), "config": dict(config),
+               "weights": save({k: v.contiguous() for k, v in weights.items()}),
                "spec": [info["feature_shape"], info["feature_dtype"], info.get("feature_columns")],
                "batch_size": batch_size}
     shared, token = context.broadcast(payload), uuid.uuid4().hex

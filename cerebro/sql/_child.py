@@ -19,7 +19,7 @@ import numpy as np
 from ..backends import LocalBackend
 from ..data import Dataset
 from ..engine import resume
-from ..report import Result
+from ..results import Result
 from ..search import Hyperband, Searcher, TPESearch, choice
 from ._grid import ConfigGrid
 from ._job import POLL_SECONDS, STOP_SECONDS

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._version import __version__
-from ..report import Result
+from ..results import Result
 from ._database import Database
 from ._keras_model import ModelSpec, flat_weights
 from ._params import parse_compile_params, parse_fit_params
