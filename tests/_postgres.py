@@ -12,15 +12,18 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 
+from _apt import one_install_at_a_time
+
 
 def server_binaries() -> str | None:
     """The directory of ``initdb`` and ``pg_ctl``, installing Debian's PostgreSQL 15 if it is
     missing and this is root on Debian; None where that cannot be done."""
-    found = _installed()
-    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-q", "postgresql-15"], capture_output=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
+    with one_install_at_a_time():
         found = _installed()
+        if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+            subprocess.run(["apt-get", "install", "-y", "-q", "postgresql-15"], capture_output=True,
+                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
+            found = _installed()
     return os.path.dirname(found[-1]) if found else None
 
 
@@ -61,10 +64,11 @@ def plpython_installed(binaries: str) -> bool:
     """Whether the server has PL/Python, installing Debian's package for its version if it is
     missing and this is root on Debian."""
     library = os.path.join(os.path.dirname(binaries), "lib", "plpython3.so")
-    if not os.path.exists(library) and os.geteuid() == 0 and shutil.which("apt-get"):
-        version = os.path.basename(os.path.dirname(binaries))
-        subprocess.run(["apt-get", "install", "-y", "-q", f"postgresql-plpython3-{version}"], capture_output=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
+    with one_install_at_a_time():
+        if not os.path.exists(library) and os.geteuid() == 0 and shutil.which("apt-get"):
+            version = os.path.basename(os.path.dirname(binaries))
+            subprocess.run(["apt-get", "install", "-y", "-q", f"postgresql-plpython3-{version}"],
+                           capture_output=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, timeout=600)
     return os.path.exists(library)
 
 
