@@ -6,11 +6,12 @@ narrow waist 1 (``cerebro.engine._interface``) and the seeds, never the run mach
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .engine import execute
+from .engine import SearchPolicy, execute
 from .engine._how import check_how
 from .engine._rerun import go_on
 from .search._space import sample_config
@@ -20,10 +21,23 @@ if TYPE_CHECKING:
     from .data import Dataset
     from .engine._settings import Limits
     from .results import Result
-    from .search import Searcher
 
 
-def fit(searcher: Searcher, data: Dataset, *, backend: str | Backend, workers: int | None,
+class Search(SearchPolicy, Protocol):
+    """What ``fit`` asks of the searcher that hands itself over (a :class:`cerebro.Searcher`
+    is one): narrow waist 1, and the WHAT. A protocol: the searchers import this module, so it
+    imports none of theirs but the space's sampling."""
+
+    build: Callable[[dict], Any]
+    space: Mapping[str, Any]
+    metric: str
+    mode: str
+
+    def _validate(self) -> None: ...
+    def _settings(self) -> dict[str, Any]: ...
+
+
+def fit(searcher: Search, data: Dataset, *, backend: str | Backend, workers: int | None,
         store: str | os.PathLike | None, seed: int | None, verbose: int, limits: Limits,
         time_budget: float | None, tensorboard: bool, mlflow: bool | str, metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1", resume: bool = False) -> Result:

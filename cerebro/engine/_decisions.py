@@ -10,11 +10,9 @@ from typing import TYPE_CHECKING, Any
 from ..store import Decided, DecidedPaused, Exploited, SearchState, TrialStatus
 from ._epoch_rules import USER_STOP, diverged
 from ._interface import Decision, Exploit, SearchPolicy, describe
+from ._recorder import Recorder
 from ._search_state import SearchStateLog
 from ._trial import Phase, Trial
-
-if TYPE_CHECKING:     # the book's parts, which this mixin's methods use through ``self``
-    from ._trials import Recorder
 
 
 class Decisions:

@@ -17,12 +17,10 @@ import functools
 import math
 import traceback
 from collections.abc import Iterable
-from typing import Any, Protocol
 
 from ..store import (
     Decided,
     EpochEnd,
-    Event,
     StateLost,
     TrialCreated,
     TrialEnded,
@@ -36,6 +34,7 @@ from ._decisions import Decisions
 from ._epoch_rules import LEARNING_RATE, USER_STOP, diverged, mean_metrics, merged_states, plateau
 from ._errors import TooManyFailuresError
 from ._interface import Decision, SearchPolicy, TrialRequest
+from ._recorder import Recorder
 from ._retention import Retention
 from ._scheduler import TRAIN, MOPScheduler, Task
 from ._search_state import SearchStateLog
@@ -45,21 +44,6 @@ from ._shelf import StateShelf
 from ._trial import Evaluation, Phase, Trial
 from ._visit_order import visit_order
 from ._warm import WarmStarts
-
-
-class Recorder(Protocol):
-    """Where the book's events go (the journal and the observers) and a trial's files (the
-    run directory), in order."""
-
-    path: str     # the run directory, for error messages
-
-    def emit(self, event: Event) -> None: ...
-    def write_checkpoint(self, trial_id: str, state: Any, epoch: int, exploit: bool = False,
-                         best: bool = False) -> None: ...
-    def remove_checkpoints(self, trial_id: str, keep: tuple[str, ...] = ()) -> None: ...
-    def write_config(self, trial_id: str, config: dict[str, Any]) -> None: ...
-    def write_error(self, trial_id: str, error: str) -> None: ...
-    def now(self) -> float: ...
 
 
 class TrialBook(Decisions):
