@@ -14,7 +14,7 @@ import re
 
 ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
 DOCS = ("README.md", "docs/guide.md", "docs/spark.md", "docs/ray.md", "docs/dask.md", "docs/sql.md",
-        "docs/security.md")
+        "docs/security.md", "docs/extending.md")
 FRAGMENT = "# fragment"
 
 
@@ -55,3 +55,15 @@ def script_of_section(doc: str, title: str, blocks: int) -> str:
     found = [code for section, code in python_blocks(doc) if section == title and not code.startswith(FRAGMENT)]
     assert len(found) == blocks, f"{doc} § {title}: {len(found)} blocks, expected {blocks}"
     return "\n".join(found)
+
+
+def module_of_section(doc: str, title: str) -> dict:
+    """What the first block of ``doc``'s section ``title`` defines (its namespace): a worked
+    example's module, its classes, for the common tests to take through their properties
+    without the blocks after it that run it."""
+    found = [code for section, code in python_blocks(doc)
+             if section.startswith(title) and not code.startswith(FRAGMENT)]
+    assert found, f"{doc} § {title}: no Python block"
+    namespace: dict = {}
+    exec(compile(found[0], os.path.join(ROOT, doc), "exec"), namespace)     # noqa: S102  (our own docs)
+    return namespace

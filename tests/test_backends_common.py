@@ -1,12 +1,15 @@
 """The tests every backend passes (scikit-learn's common-tests idea): local processes, Spark
-(``local[2]``), Ray (an in-process ``ray.init``) and Dask (a ``LocalCluster`` of two
-processes). Each gives the local backend's bits on the same grid (and on one whose trials have
-frozen layers computed once on the workers), replaces a worker whose
+(``local[2]``), Ray (an in-process ``ray.init``), Dask (a ``LocalCluster`` of two processes)
+and docs/extending.md's worked example (``NiceBackend``: local processes under ``nice``, its
+section run as written first). Each gives the local backend's bits on the same grid (and,
+but for the example, whose workers are LocalBackend's own, on one whose trials have frozen
+layers computed once on the workers), replaces a worker whose
 process is killed by SIGKILL alone while the other trains on (the same bits again), and
 keeps the ``Backend`` contract: its settings as attributes, nothing to report or stop
 before it starts. A backend's own tests (its cluster, its errors) are in its own module."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 import pytest
 import torch
+from _docs import run_section
 from _faults import assert_replaced_alone, waiting_for_the_replacement
 from _frozen_models import builds
 from _models import build, crashing_once, digits
@@ -33,13 +37,25 @@ class Kind:
     make: Callable[[], cb.Backend]
     launched_by: Callable[[int], str]
     names_the_launch: bool = True      # a replacement's launched_by differs from the one it replaces
+    # Another backend whose workers are LocalBackend's own (``python -m cerebro.worker`` on
+    # this machine): what happens inside them (frozen layers) is proven with LocalBackend.
+    same_workers_as_local: bool = False
 
 
-@pytest.fixture(scope="module", params=["local", "spark", "ray", "dask"])
-def kind(request: pytest.FixtureRequest) -> Iterator[Kind]:
+@pytest.fixture(scope="module", params=["local", "spark", "ray", "dask", "extending"])
+def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
     name = request.param
     if name == "local":
         yield Kind(lambda: cb.LocalBackend(2), lambda worker: r"local process", names_the_launch=False)
+    elif name == "extending":
+        with contextlib.chdir(tmp_path_factory.mktemp("extending")):
+            namespace, printed = run_section("docs/extending.md", "A backend", 2)
+        assert printed.splitlines()[0] == "['process at niceness 10']"
+        assert namespace["result"].best.metrics["val_accuracy"] > 0.8
+        # Its niceness changes none of the properties here, and a niced run waits on every other
+        # process of the machine (another test's workers): these runs take it at 0.
+        yield Kind(lambda: namespace["NiceBackend"](workers=2, niceness=0), lambda worker: r"process at niceness 0",
+                   names_the_launch=False, same_workers_as_local=True)
     elif name == "spark":
         from _spark import session
         spark = session("local[2]")
@@ -96,6 +112,8 @@ def plain_frozen_result(tmp_path_factory: pytest.TempPathFactory) -> cb.Result:
 
 @pytest.mark.slow
 def test_frozen_layers_computed_once_on_the_workers_give_the_plain_runs_bits(kind, plain_frozen_result, tmp_path):
+    if kind.same_workers_as_local:
+        pytest.skip("its workers are local worker processes, as LocalBackend's: frozen layers are proven there")
     result = cb.GridSearch(builds()[0], FROZEN_SPACE, epochs=2).fit(
         digits(partitions=4), backend=kind.make(), seed=3, verbose=0, store=tmp_path / "run")
     pd.testing.assert_frame_equal(result.history(), plain_frozen_result.history(), check_exact=True)

@@ -24,7 +24,10 @@ RUN_BY = {("README.md", ""): "test_docs_run.py",
           ("docs/sql.md", "The data"): "_sql.py",
           ("docs/sql.md", "Model architectures"): "test_docs_run.py",
           ("docs/ray.md", "Data in Ray"): "test_cluster_data.py",
-          ("docs/dask.md", "Data in Dask"): "test_cluster_data.py"}
+          ("docs/dask.md", "Data in Dask"): "test_cluster_data.py",
+          ("docs/extending.md", "A searcher"): "test_docs_run.py",
+          ("docs/extending.md", "A backend"): "test_backends_common.py",
+          ("docs/extending.md", "A trainer"): "test_trainers_common.py"}
 
 
 def test_every_python_block_is_run_by_a_test_or_marked_a_fragment():
@@ -64,3 +67,21 @@ def test_the_sql_guide_architectures_are_keras_json(tmp_path, monkeypatch):
     namespace, _ = run_section("docs/sql.md", "Model architectures", 1)
     assert [layer.units for layer in namespace["deep"].layers if hasattr(layer, "units")] == [128, 64, 10]
     assert '"class_name": "Sequential"' in namespace["mlp"].to_json()
+
+
+@pytest.mark.slow
+def test_the_worked_searcher_runs_as_written(tmp_path, monkeypatch):
+    """Successive halving by hand: four trials, the better half of each rung going on."""
+    monkeypatch.chdir(tmp_path)
+    namespace, printed = run_section("docs/extending.md", "A searcher", 2)
+    result = namespace["result"]
+    assert sorted(t.epochs for t in result.trials) == [1, 1, 2, 3]
+    assert [t.status for t in sorted(result.trials, key=lambda t: t.epochs)] == ["stopped"] * 3 + ["completed"]
+    assert sorted(t.reason for t in result.trials if t.status == "stopped") == [
+        "ranked 2 of 2 at a rung; the top 1 went on", "ranked 3 of 4 at a rung; the top 2 went on",
+        "ranked 4 of 4 at a rung; the top 2 went on"]
+    assert cb.load("runs/halving").best.trial_id == result.best.trial_id
+    assert printed.splitlines()[-1].startswith(f"SuccessiveHalving(build=build, space={{'architecture': 'mlp', "
+                                               f"'lr': loguniform(0.0001, 0.01), 'batch_size': 64}}, num_trials=4, "
+                                               f"rung_epochs=1, metric='val_accuracy', mode='max') -> "
+                                               f"{result.best.trial_id} val_accuracy 0.")

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from _docs import module_of_section
 from _search_sim import expected_asha, no_build, outcome, simulate
 
 import cerebro as cb
@@ -22,7 +23,9 @@ def improving(config: dict, epoch: int, values: list[float]) -> float:
     return previous - min(config.get("lr", 0.05) * 5, 0.9) * (previous - config["penalty"])
 
 
+HALVING = module_of_section("docs/extending.md", "A searcher")["SuccessiveHalving"]     # the worked example
 SEARCHERS = {
+    "halving": lambda: HALVING(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=7, rung_epochs=2),
     "asha": lambda: cb.ASHA(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=30, max_epochs=9, grace_period=1,
                             reduction_factor=3, max_concurrent=6),
     "hyperband": lambda: cb.Hyperband(no_build, {"penalty": cb.uniform(0, 1)}, max_epochs=27, eta=3),
@@ -62,6 +65,17 @@ def test_asha_failed_trials_do_not_block_a_rung():
     assert {t.status for t in trials.values()} <= {"completed", "stopped", "failed"}
     assert sum(t.status == "failed" for t in trials.values()) >= 1
     assert all(t.status != "running" for t in trials.values())
+
+
+def test_the_worked_examples_halving_keeps_the_better_half_of_each_rung_and_waits_for_no_failed_trial():
+    trials = simulate(HALVING(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=7, rung_epochs=2), constant,
+                      seed=5, timing_seed=1)
+    by_penalty = sorted(trials.values(), key=lambda t: t.config["penalty"])
+    assert [t.epoch for t in by_penalty] == [8, 6, 4, 4, 2, 2, 2]       # 7 -> 4 -> 2 -> 1, two epochs a rung
+    assert [t.status for t in by_penalty] == ["completed"] + ["stopped"] * 6
+    failing = simulate(HALVING(no_build, {"penalty": cb.uniform(0, 1)}, num_trials=7, rung_epochs=2), constant,
+                       seed=5, fail=lambda config: config["penalty"] == by_penalty[0].config["penalty"])
+    assert sorted(t.status for t in failing.values()) == ["completed", "failed"] + ["stopped"] * 5
 
 
 def test_hyperband_brackets_are_the_papers_table():

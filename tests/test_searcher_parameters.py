@@ -14,13 +14,17 @@ import warnings
 import cloudpickle
 import numpy as np
 import pytest
+from _docs import module_of_section
 from _models import build, digits
 
 import cerebro as cb
 from cerebro import _checks
 from cerebro._checks import All, Boolean, Integer, Items, OneOf, Optional, Real, String
+from cerebro.engine import TrialRequest
 
-SEARCHERS = [cb.GridSearch, cb.RandomSearch, cb.TPESearch, cb.Hyperband, cb.ASHA, cb.PBT]
+# The built-in searchers and docs/extending.md's worked example: what every searcher passes.
+HALVING = module_of_section("docs/extending.md", "A searcher")["SuccessiveHalving"]
+SEARCHERS = [cb.GridSearch, cb.RandomSearch, cb.TPESearch, cb.Hyperband, cb.ASHA, cb.PBT, HALVING]
 SPACE = {"lr": cb.loguniform(1e-4, 1e-1), "hidden": cb.choice([8, 16])}
 SHOWN_SPACE = "space={'lr': loguniform(0.0001, 0.1), 'hidden': choice([8, 16])}"
 LEGACY_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "legacy_run")
@@ -36,6 +40,44 @@ def test_every_constructor_argument_is_declared_once_in_signature_order(cls):
 @pytest.mark.parametrize("cls", SEARCHERS)
 def test_a_subclass_declares_only_its_own_arguments(cls):
     assert set(vars(cls)["_parameters"]).isdisjoint(cb.Searcher._parameters)
+
+
+@pytest.mark.parametrize("cls", SEARCHERS)
+def test_extend_and_add_go_on_or_are_refused_with_the_classs_own_reason(cls):
+    """``cannot_extend`` and ``cannot_add`` are the reasons ``extend`` and ``added`` refuse
+    with, word for word, or "" where they go on: for the run's epochs, from the space."""
+    space, config = ({"hidden": cb.choice([8, 16])}, {"hidden": 8}) if cls is cb.GridSearch else \
+        (SPACE, {"lr": 0.01, "hidden": 8})
+    search = cls(build, space)
+    assert isinstance(cls.cannot_extend, str) and isinstance(cls.cannot_add, str)
+    if cls.cannot_extend:
+        with pytest.raises(ValueError, match=f"^a {cls.__name__} run cannot be extended: "
+                                             f"{re.escape(cls.cannot_extend)}; to train its best trials longer"):
+            search.extend(50)
+    else:
+        search.extend(search.epochs + 2)
+        assert search.epochs == 12
+    if cls.cannot_add:
+        with pytest.raises(ValueError, match=f"^trials cannot be added to a {cls.__name__} run: "
+                                             f"{re.escape(cls.cannot_add)}$"):
+            search.added(config)
+    else:
+        assert search.added(config) == TrialRequest(config, search.epochs)
+
+
+def test_a_new_searcher_is_refused_both_by_default_saying_why():
+    class Mine(cb.Searcher):
+        def suggest(self) -> list:
+            return []
+
+    search = Mine(build, SPACE)
+    with pytest.raises(ValueError, match=r"^a Mine run cannot be extended: it does not say whether its decisions "
+                                         r"depend on the epoch budget; to train its best trials longer, run "
+                                         r"cb.GridSearch over their configs"):
+        search.extend(5)
+    with pytest.raises(ValueError, match=r"^trials cannot be added to a Mine run: it chooses its trials itself, and "
+                                         r"its decisions depend on which it chose$"):
+        search.added({"lr": 0.1, "hidden": 8})
 
 
 @pytest.mark.parametrize("search, shown", [

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from typing import Any
 
 from .._checks import Integer, Real
 
@@ -25,7 +26,7 @@ HEARTBEAT_TIMEOUT = Real(low=1, low_open=True, description="a number of seconds 
 MAX_RESTARTS = Integer(low=0)
 
 
-def check_hops(value: object) -> Hops:
+def check_hops(value: Any) -> Hops:
     """``value`` as :class:`Hops`; raises unless it is ``"direct"`` or ``"driver"``."""
     try:
         return Hops(value)
@@ -34,19 +35,19 @@ def check_hops(value: object) -> Hops:
                          f"worker to worker, \"driver\" through the driver") from None
 
 
-def check_positive(name: str, value: object) -> int:
+def check_positive(name: str, value: Any) -> int:
     """``value`` as an int; raises unless it is a positive integer."""
     POSITIVE.check(name, value)
     return int(value)
 
 
-def check_heartbeat_timeout(value: object) -> float:
+def check_heartbeat_timeout(value: Any) -> float:
     """``value`` in seconds; raises unless it is a number > 1."""
     HEARTBEAT_TIMEOUT.check("heartbeat_timeout", value)
     return float(value)
 
 
-def check_max_restarts(value: object) -> int:
+def check_max_restarts(value: Any) -> int:
     """``value`` as an int; raises unless it is an integer >= 0."""
     MAX_RESTARTS.check("max_restarts", value)
     return int(value)
@@ -55,14 +56,23 @@ def check_max_restarts(value: object) -> int:
 class Backend(ABC):
     """Launches ``workers`` worker processes that connect back to the driver.
 
-    A worker is started as ``python -m cerebro.worker HOST PORT INDEX`` (or by calling
-    :func:`cerebro.worker.run_worker`) with the auth token on its stdin; it then
-    speaks the protocol of :mod:`cerebro.worker._protocol`.
+    A worker is started as ``python -m cerebro.worker HOST PORT INDEX [LAUNCHED_BY]`` (or by
+    calling :func:`cerebro.worker.run_worker`) with the auth token, one line of hex, on its
+    stdin (never on the command line, which ``ps`` shows, nor in the environment); it then
+    speaks the protocol of :mod:`cerebro.worker._protocol`. ``LAUNCHED_BY`` says how, for
+    the journal and ``result.workers`` (e.g. ``"spark task 3 of stage 0, attempt 0"``).
+
+    Writing a backend (docs/extending.md has a worked one): a subclass sets ``workers`` and
+    implements :meth:`start`, :meth:`exited` and :meth:`stop`; :meth:`release` and
+    :meth:`replace` let the driver end a hung worker and start a lost one anew (without
+    them the run goes on with the others). Scheduling, hops, heartbeats and failures are
+    the engine's: a backend only starts processes, and ``fit(backend=...)`` takes any
+    instance, with nothing to register.
     """
 
     workers: int
-    threads_per_worker: int
-    heartbeat_timeout: float   # a worker silent this many seconds is lost
+    threads_per_worker: int = 1     # torch intra-op threads; 1 gives the same bits on any worker count
+    heartbeat_timeout: float = 60.0  # a worker silent this many seconds is lost
     max_restarts: int = 0      # times a lost worker may be started anew, and all workers after losing all
     hops: Hops = Hops.DIRECT   # how states go from worker to worker (see Hops)
 
@@ -89,3 +99,8 @@ class Backend(ABC):
         """Start ``worker`` anew in the running launch after the driver gave it up; False
         where this backend cannot (the default): the run goes on with the others."""
         return False
+
+    def __repr__(self) -> str:
+        """The class and its workers, for logs and run.json; a backend with more settings
+        shows them in its own."""
+        return f"{type(self).__name__}(workers={self.workers})"

@@ -3,8 +3,9 @@
 The engine never touches a framework: a worker builds a :class:`Trainable` from the user's
 ``build(config)``, feeds it a partition's batches for one sub-epoch with the sub-epoch's seed,
 and sends back its :meth:`Trainable.state` (a tree of CPU torch tensors, data only). Another
-framework needs one new module that subclasses :class:`Trainable` (see ``_torch.py`` and
-``_keras.py``).
+framework needs one new module that subclasses :class:`Trainable` (see ``_torch.py``,
+``_keras.py`` and the numpy trainer in docs/extending.md) and nothing else: ``build`` returns
+it, and the engine, the store and the workers take any :class:`Trainable`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -24,6 +25,7 @@ from ._protocol import Sums
 from ._state_check import Spec, check_weights, model_part
 
 Transform = Callable[[np.ndarray, np.random.Generator], Any]
+Batch = TypeVar("Batch")
 _preflight = threading.local()
 
 
@@ -53,8 +55,22 @@ def preflight() -> Iterator[None]:
 class Trainable(abc.ABC):
     """A trial's model with how to train it, as a worker holds it.
 
-    Subclasses are dataclasses with at least ``batch_size``, ``transform`` and
-    ``eval_transform`` (see :class:`cerebro.TorchTrainable` for what those mean).
+    Writing a trainer (docs/extending.md has a worked one): a subclass, a dataclass by
+    convention, has the attributes ``batch_size``, ``transform`` and ``eval_transform`` (see
+    :class:`cerebro.TorchTrainable` for what those mean) and implements the abstract methods:
+
+    - :meth:`metric_names`, :meth:`weight_shapes`, :meth:`nbytes`: what the driver checks and
+      sizes before any worker starts;
+    - :meth:`_to_batch` (a batch as the framework takes it), :meth:`train_batches`,
+      :meth:`evaluate_batches` (each returns the sub-epoch's row-weighted :class:`Sums`) and
+      :meth:`predict_batches`: the sub-epochs, deterministic given the seed and the batches;
+    - :meth:`state` and :meth:`load_state`: the state that hops, CPU torch tensors and plain
+      data with the weights under ``"model"``; a trainable that loads another's state and
+      trains on must give the bits the other would have given (a hop changes nothing);
+    - :meth:`load_weights` and :meth:`trained_model`: the finished trial, for the user.
+
+    The other methods have defaults (no check, no exact metrics, no schedule, no frozen
+    layers); the class attributes below say what the framework allows, all False by default.
     """
 
     batch_size: int
@@ -165,6 +181,15 @@ class Trainable(abc.ABC):
     @abc.abstractmethod
     def evaluate_batches(self, batches: Iterable[Any], deadline: float | None = None) -> Sums:
         """Loss and metrics over ``batches``."""
+
+    @staticmethod
+    def before_deadline(batches: Iterable[Batch], deadline: float | None) -> Iterator[Batch]:
+        """``batches`` one by one, raising :class:`SubEpochTimeout` once a batch ends past
+        ``deadline``: a trainer loops ``for batch in self.before_deadline(batches, deadline)``
+        to end a sub-epoch that runs past its trial's ``trial_timeout``."""
+        for batch in batches:
+            yield batch
+            check_deadline(deadline)
 
     @abc.abstractmethod
     def predict_batches(self, batches: Iterable[Any]) -> np.ndarray:
