@@ -456,6 +456,7 @@ def logging_build(log: str):
     return build_that_logs
 
 
+@pytest.mark.slow
 def test_the_drivers_builds_are_in_preflight_and_the_workers_are_not(tmp_path):
     log = str(tmp_path / "builds.log")
     cb.GridSearch(logging_build(log), {"lr": cb.choice([0.1, 0.2])}, epochs=1).fit(

@@ -16,6 +16,9 @@ from _models import build, digits, failing_after
 
 import cerebro as cb
 
+# Every test here runs real workers.
+pytestmark = pytest.mark.slow
+
 
 def test_a_run_whose_every_trial_diverged_says_so_and_logs_it(tmp_path, caplog, monkeypatch, capsys):
     search = cb.GridSearch(build, {"diverge": cb.choice([True]), "lr": cb.choice([1e-2, 1e-3])}, epochs=2)

@@ -97,6 +97,7 @@ def _build_noting_the_workers_modules(config):
                              batch_size=8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("in_memory", [True, False])
 def test_a_training_worker_loads_none_of_the_drivers_libraries(tmp_path, in_memory):
     # Reading a partition must not pull pandas in through Arrow's to_numpy either.

@@ -11,6 +11,7 @@ from cerebro.data import read_layout, read_partition, sample_order
 from cerebro.engine import init_seed, subepoch_seed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step", ["epoch", "batch"])
 def test_a_scheduled_clipped_trial_on_one_partition_equals_a_plain_torch_loop(tmp_path, step):
     config, seed, epochs = {"lr": 0.1, "step": step}, 4, 3
@@ -48,6 +49,7 @@ def test_a_scheduled_clipped_trial_on_one_partition_equals_a_plain_torch_loop(tm
         assert torch.equal(trained[name], tensor), name
 
 
+@pytest.mark.slow
 def test_a_schedule_continues_exactly_across_hops_and_pbt_exploits(tmp_path):
     search = cb.PBT(scheduled, {"lr": cb.loguniform(0.02, 0.2)}, population=3, epochs=4, perturbation_interval=2)
     one, two = (search.fit(digits(partitions=4), workers=workers, store=tmp_path / str(workers), seed=1, verbose=0)
@@ -72,6 +74,7 @@ def test_bad_schedule_settings_are_refused():
         cb.TorchTrainable(model, optimizer, torch.nn.functional.cross_entropy, 8, clip_grad_norm=-1)
 
 
+@pytest.mark.slow
 def test_a_plateau_schedule_steps_on_the_epoch_befores_val_loss_the_same_on_any_worker_count(tmp_path):
     """ReduceLROnPlateau in "max" mode on val_loss: each epoch's learning rate (history's
     train_lr) is what the scheduler gives stepped on the recorded val_loss of the epochs
