@@ -1,3 +1,4 @@
+import collections
 import os
 import time
 
@@ -24,12 +25,15 @@ _POSTGRES_FILES = {"test_sql_api.py", "test_sql_data.py", "test_sql_madlib_sessi
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under ``--dist loadgroup`` (pyproject's addopts) each test file runs whole on one xdist
     worker, so its module-scoped clusters and finished runs are made once; the PostgreSQL files
-    share one group."""
-    for item in items:
-        name = item.path.name
-        group = "postgres" if name in _POSTGRES_FILES else name
-        if not any(mark.name == "xdist_group" for mark in item.iter_markers()):
-            item.add_marker(pytest.mark.xdist_group(group))
+    share one group. On an xdist worker the groups with the most slow tests come first: the
+    longest start first and the short ones fill in at the end, so neither worker finishes
+    long before the other (the scheduler hands out groups in this order)."""
+    groups = {item: "postgres" if item.path.name in _POSTGRES_FILES else item.path.name for item in items}
+    for item, group in groups.items():
+        item.add_marker(pytest.mark.xdist_group(group))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        slow = collections.Counter(group for item, group in groups.items() if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[groups[item]])        # stable: a file's tests keep their order
 
 
 def _ours(process: psutil.Process) -> bool:
