@@ -99,6 +99,8 @@ def test_a_time_budget_stops_the_run_and_the_script_run_again_goes_on(tmp_path, 
     messages = [r.getMessage() for r in caplog.records if r.name == "cerebro"]
     assert messages[0] == note["note"] and "its time_budget of 1 s has passed" in messages[1]
     best = assert_best_so_far(stopped)
+    page = open(cb.report.write_report(str(store), tmp_path / "report.html"), encoding="utf-8").read()
+    assert f"Best so far: <b>{best.trial_id}</b> at epoch {best.best_epoch}: val_loss = " in page
     assert status_lines(store) == [f"stopped by its time_budget: 0 of 4 trials ended, 4 parked; `cerebro resume "
                                    f"{store}` goes on", *(f"{t.trial_id} parked" for t in stopped.ranked())]
     assert status_lines(store)[1] == f"{best.trial_id} parked"

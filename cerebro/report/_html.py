@@ -83,7 +83,8 @@ def headline(result: Result) -> str:
                         f"<b>{_number(ahead.best_metrics.get(result.metric))}</b></p>")
         return f"<div class='card'>{''.join(lines)}</div>"
     export = f"cerebro export {shlex.quote(result.run_dir)} --trial {best.trial_id} -o model.safetensors"
-    lines.insert(1, f"<p class='best' id='best'>Best: <b>{html.escape(best.trial_id)}</b> at epoch "
+    title = "Best" if result.finished else "Best so far"     # an unfinished run's best may still change
+    lines.insert(1, f"<p class='best' id='best'>{title}: <b>{html.escape(best.trial_id)}</b> at epoch "
                     f"{_text(best.best_epoch)}: {html.escape(result.metric)} = "
                     f"<b>{_number(best.best_metrics.get(result.metric))}</b>"
                     f"<br><code>{html.escape(rounded(best.config))}</code></p>"
