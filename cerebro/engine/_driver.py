@@ -207,7 +207,7 @@ class Driver(DirectHops):
             self.recorder.emit(task.told(SubEpochStarted))
         for task in tasks:
             worker = self.pool.workers.get(task.worker)
-            if worker is not None:
+            if worker is not None and worker.running is not None:     # not lost, nor aborted, meanwhile
                 self._send_task(worker, worker.running.task_id, task, self.book.live[task.trial_id])
         if not tasks and idle and not self._busy() and (waiting := self.scheduler.unfinished()):
             # Every partition's holder is idle, so any waiting sub-epoch could start: a
@@ -221,12 +221,13 @@ class Driver(DirectHops):
         """Send ``task`` with where its state is: nothing where the worker already holds this
         version (an eval visit of an earlier epoch takes the state that epoch's training left),
         else the peer whose outbox holds it (direct hops), else the driver's copy."""
-        source = trial.evaluations.get(task.epoch, trial)
-        state = fetch = worker.running.fetch_from = None
+        source, running = trial.evaluations.get(task.epoch, trial), worker.running
+        assert running is not None, f"{worker.describe()} was sent a task it does not run (a bug)"
+        state = fetch = running.fetch_from = None
         if worker.index not in source.holders and source.version > 0:
             peer = self.outboxes.where(trial.trial_id, source.version) if self.direct else None
             if peer is not None and peer in self.pool.workers:
-                fetch, worker.running.fetch_from = self.pool.workers[peer].peer, peer
+                fetch, running.fetch_from = self.pool.workers[peer].peer, peer
             else:
                 shelved = source.held_state()
                 assert shelved is not None, f"{trial.trial_id}'s state {source.version} is nowhere (a bug)"
@@ -251,7 +252,9 @@ class Driver(DirectHops):
     def _finish_task(self, worker: Worker, message: SubEpochDone | SubEpochFailed) -> None:
         """Journal ``worker``'s finished sub-epoch and hand its result to the trial book; a
         failed one ends its trial (failed, or timeout)."""
-        task_id, task, start = worker.running.task_id, worker.running.task, worker.running.started
+        running = worker.running
+        assert running is not None, f"{worker.describe()} finished a task it was not running (a bug)"
+        task_id, task, start = running.task_id, running.task, running.started
         assert message.task_id == task_id, f"{worker.describe()} answered task {message.task_id}, not {task_id}"
         worker.running = None
         self.recorder.emit(SubEpoch(task.trial_id, task.epoch, task.partition, worker.index, task.kind, start,
@@ -303,6 +306,7 @@ class Driver(DirectHops):
     def _stuck(self, worker: Worker, why: str) -> None:
         """``worker`` is inside a batch that does not end: its trial ends as ``timeout``
         (``why``) and the worker, which cannot be interrupted, is given up."""
+        assert worker.running is not None, f"{worker.describe()} is stuck running nothing (a bug)"
         task = worker.running.task
         trial = self.book.live.get(task.trial_id)
         if trial is not None:

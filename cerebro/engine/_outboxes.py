@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..store import SubEpochAborted
@@ -92,6 +92,9 @@ class DirectHops:
     store: RunStore
     scheduler: MOPScheduler
     recorder: StoreRecorder
+    # The driver's own steps that these call (see :class:`._driver.Driver`).
+    _handle_pool_events: Callable[[], None]
+    _send_task: Callable[[Worker, int, Task, Trial], None]
 
     def _unreachable(self, worker: Worker, peer: int, why: str) -> None:
         """``worker`` could not reach ``peer``. Where ``peer`` is alive, the workers cannot
@@ -168,18 +171,20 @@ class DirectHops:
                           RuntimeWarning, stacklevel=2)
         if not done.stored:
             return done.state
-        return Stored(self.store, self.book.recorder.staged_state(task.trial_id, task_id), task.trial_id, task.epoch)
+        return Stored(self.store, self.recorder.staged_state(task.trial_id, task_id), task.trial_id, task.epoch)
 
     def _resend_with_state(self, worker: Worker, missing: StateMissing) -> None:
         """``worker`` did not have, or could not fetch, the state its task needs: send the task
         again from where the state is now; where it is nowhere, the trial goes back (see
         :meth:`_recover_states`) and the task is to run again."""
-        task = worker.running.task
+        running = worker.running
+        assert running is not None, f"{worker.describe()} answered for a task it was not running (a bug)"
+        task = running.task
         trial = self.book.live.get(task.trial_id)
         if trial is None:      # it ended meanwhile: nothing left to run
             worker.running = None
             return
-        source, peer = trial.evaluations.get(task.epoch, trial), worker.running.fetch_from
+        source, peer = trial.evaluations.get(task.epoch, trial), running.fetch_from
         why = missing.unreachable or "not there"
         if peer is not None:   # it no longer holds that state, sent a wrong one, or cannot be reached
             self.outboxes.drop(peer, trial.trial_id, source.version)
@@ -200,4 +205,4 @@ class DirectHops:
             self.recorder.emit(task.told(SubEpochAborted))
             self._recover_states(f"{worker.describe()} could not fetch it: {why}")
             return
-        self._send_task(worker, worker.running.task_id, task, trial)
+        self._send_task(worker, running.task_id, task, trial)

@@ -18,7 +18,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 
 from ..backends import Backend, Hops
 from ..store import Event, RunStore, StateFormatError, WorkerLost, WorkerNotReplaced
@@ -145,6 +144,7 @@ class WorkerPool:
     def _launch(self) -> None:
         # A fresh token each time: tasks of an abandoned launch can never join a new one.
         self._authkey = secrets.token_bytes(32)
+        assert self._server is not None, "open() listens before the first launch"
         self.backend.start(self._server.getsockname()[:2], self._authkey)
         self._connect()
         self._starting = False
@@ -171,7 +171,7 @@ class WorkerPool:
                     pending[worker.index] = worker
                 except (EOFError, OSError, StateFormatError):
                     channel.close()   # it died right after connecting; _check_startup names it
-            for ready in wait([w.channel for w in pending.values()], timeout=0):
+            for ready in Channel.readable([w.channel for w in pending.values()], timeout=0):
                 worker = next(w for w in pending.values() if w.channel is ready)
                 message = self.receive(worker)
                 if isinstance(message, SetupFailed):
@@ -198,7 +198,7 @@ class WorkerPool:
     @staticmethod
     def _take_ready(worker: Worker, ready: Ready) -> None:
         worker.device, worker.data, worker.last_seen = ready.device, ready.data, time.monotonic()
-        worker.peer = None if ready.peer is None else tuple(ready.peer)
+        worker.peer = None if ready.peer is None else (ready.peer[0], ready.peer[1])
 
     def _check_startup(self, deadline: float) -> None:
         for index, what in self.backend.exited().items():
@@ -246,7 +246,7 @@ class WorkerPool:
         loading are taken in on the way (a :class:`Joined` event each)."""
         channels = [w.channel for w in [*self.workers.values(), *self._arriving.values()]]
         messages = []
-        for ready in wait(channels, timeout=timeout):
+        for ready in Channel.readable(channels, timeout=timeout):
             arriving = next((w for w in self._arriving.values() if w.channel is ready), None)
             if arriving is not None:
                 self._arrived(arriving)
@@ -307,7 +307,7 @@ class WorkerPool:
         # A worker whose messages wait unread was not silent: the driver was late (a long
         # epoch end, a slow store). Its next poll reads them (a worker that died meanwhile
         # is then found by its closed connection or its exit).
-        unread = set(wait([w.channel for w in silent], timeout=0)) if silent else set()
+        unread = set(Channel.readable([w.channel for w in silent], timeout=0)) if silent else set()
         for worker in silent:
             if worker.channel not in unread:
                 self.lose(worker, f"sent no heartbeat for {now - worker.last_seen:.0f} s")

@@ -114,13 +114,13 @@ def check_a_step(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]]
             failures.append((config, error))
     if not failures:
         return
-    config, error = failures[0]
+    config, failure = failures[0]
     which, tried = ((f" of build({config})", "") if len(failures) == 1 else
                     ("", f" for each of the {len(failures)} configurations tried, e.g. build({config}),"))
     raise ValueError(f"one training step{which} on {len(sample[1])} training rows, run on the driver before any "
                      f"worker starts, fails{tried} as every trial would at its first batch: "
-                     f"{type(error).__name__}: {error}{_label_hint(sample[1], error)}{_list_hint(config, error)}"
-                     ) from error
+                     f"{type(failure).__name__}: {failure}{_label_hint(sample[1], failure)}"
+                     f"{_list_hint(config, failure)}") from failure
 
 
 def _label_hint(label: np.ndarray, error: Exception) -> str:
@@ -216,14 +216,14 @@ def _first_that_builds(build: Callable[[dict], Any], configs: Sequence[dict[str,
             return build_cheaply(build, config), config
         except Exception as error:
             failures.append((config, error))
-    config, error = failures[0]
+    config, failure = failures[0]
     tried = f"each of the {len(failures)} configurations tried on the driver, e.g." if len(failures) > 1 \
         else "the configuration tried on the driver,"
     # Its traceback is in the message (where a command line shows only the message), and so
     # not chained as well: it would be printed twice.
-    raise ValueError(f"build(config) fails for {tried} {config}: {type(error).__name__}: {error}"
-                     f"{_list_hint(config, error)}\n"
-                     + "".join(traceback.format_exception(error))) from None
+    raise ValueError(f"build(config) fails for {tried} {config}: {type(failure).__name__}: {failure}"
+                     f"{_list_hint(config, failure)}\n"
+                     + "".join(traceback.format_exception(failure))) from None
 
 
 def build_cheaply(build: Callable[[dict], Any], config: dict[str, Any]) -> Any:

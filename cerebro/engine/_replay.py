@@ -79,17 +79,17 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
         last_time = max(last_time, getattr(event, "time", None) or getattr(event, "end", None) or 0.0)
         if isinstance(event, TrialCreated):
             _check_created(event, policy, added, suggested)
-        trial = ledger.apply(event)
+        trial = ledger.apply(event)       # None: an event of no trial, or of one never created (ignored)
         match event:
             case TrialAdded():
                 added.append(policy.added(event.config))     # type: ignore[attr-defined]  # it had it then
-            case EpochEnd():
+            case EpochEnd() if trial is not None:
                 trial.pending, trial.decision, trial.decision_journaled = None, None, False
                 if not diverged(trial.metrics):
                     trial.decision = policy.report(trial.trial_id, trial.epoch, trial.metrics)
                     trial.improved_at, trial.decision, trial.stop_reason = plateau(
                         trial.improved_at, trial.epoch, trial.max_epochs, trial.metrics, trial.decision, settings)
-            case Decided():
+            case Decided() if trial is not None:
                 if trial.decision is None or trial.decision.value != event.decision:
                     raise ResumeError(f"the searcher answers {trial.decision} for {trial.trial_id} after epoch "
                                       f"{trial.epoch}; the journal says {event.decision}")
@@ -100,12 +100,12 @@ def replay(policy: SearchPolicy, events: list[dict[str, Any]], settings: RunSett
                     raise ResumeError(f"the searcher decides {decided}; the journal says {event.decisions}")
                 for trial_id, decision in decided.items():
                     ledger.trials[trial_id].pending = decision
-            case Exploited():
+            case Exploited() if trial is not None:
                 trial.pending = Decision.CONTINUE
-            case TrialEnded():
+            case TrialEnded() if trial is not None:
                 trial.pending = None
-                policy.trial_ended(trial.trial_id, trial.status)
-    return Recovered(ledger.trials, added + suggested, last_time)     # type: ignore[arg-type]  # made by make=
+                policy.trial_ended(trial.trial_id, event.status)
+    return Recovered(ledger.trials, added + suggested, last_time)
 
 
 def _check_created(event: TrialCreated, policy: SearchPolicy, added: list[TrialRequest],

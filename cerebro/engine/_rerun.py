@@ -23,8 +23,8 @@ def go_on(how: How, settings: dict[str, Any], data: Dataset, build: Callable[[di
     """The run in ``how.store`` gone on with, or as it is where it finished; None where the
     store holds no run (a fit starts one). ``settings`` are the searcher's, as run.json
     records them; ``build`` replaces the stored one (it must make the run's models)."""
-    if not RunStore(how.store).has("run.json"):
-        return None            # nothing there, or what a fit stopped before its run began left
+    if how.store is None or not RunStore(how.store).has("run.json"):
+        return None            # no store, nothing there, or what a fit stopped before its run began left
     store = RunStore.open(how.store)
     info = store.read_run_info()
     difference = _difference(info, json.loads(json.dumps(settings, default=str)), data, how.seed)

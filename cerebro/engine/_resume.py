@@ -144,8 +144,8 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     events, damaged = store.read_journal()
     retry = failed_trials(events) if retry_failed else {}
     kept, cut = replayable(events, damaged)
-    policy = cloudpickle.loads(store.read_searcher()) if epochs is not None else None
-    extended = None if policy is None else extension(policy, typed_events(kept), epochs)
+    extended = None if epochs is None else extension(cloudpickle.loads(store.read_searcher()), typed_events(kept),
+                                                     epochs)
     if has_finished(events) and not retry and extended is None:
         warnings.warn(f"run {store.path!r} has finished{' and no trial failed' if retry_failed else ''}"
                       f"{f' with epochs={epochs} already' if epochs is not None else ''}; there is nothing to "
@@ -158,9 +158,10 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     policy = cloudpickle.loads(store.read_searcher())
     if build is not None:
         check_fits_checkpoints(build, store, kept, info)
-    retry_build = (build or cloudpickle.loads(store.read_build())) if retry else None
-    for trial_id, config in retry.items():
-        check_build(retry_build, trial_id, config, info)
+    if retry:
+        retry_build = build or cloudpickle.loads(store.read_build())
+        for trial_id, config in retry.items():
+            check_build(retry_build, trial_id, config, info)
     policy.start(info["seed"])
     settings = RunSettings.from_run_info(info, trusted=trust)
     added = [{"event": TrialRetried.name, "trial_id": t} for t in retry]
@@ -275,13 +276,13 @@ def take_up(book: TrialBook, store: RunStore, recovered: Recovered, retry: dict[
         book.recorder.emit(TrialRolledBack(trial.trial_id, rt.epoch, trial.epoch, checkpoints, book.recorder.now()))
         actions.append((trial, None))
     for trial, _ in actions:      # a schedule on a metric steps on the epoch before's (see Trial)
-        found = recovered.trials[trial.trial_id].epoch_metrics.get(trial.epoch)
-        trial.last_metrics = None if found is None else (trial.epoch, found)
-    for trial, rt in actions:
-        if rt is None:
+        metrics = recovered.trials[trial.trial_id].epoch_metrics.get(trial.epoch)
+        trial.last_metrics = None if metrics is None else (trial.epoch, metrics)
+    for trial, journaled in actions:
+        if journaled is None:
             book.start_epoch(trial)
         else:
-            book.carry_on(trial, rt)
+            book.carry_on(trial, journaled)
     book.carry_out({rt.trial_id: rt.pending for rt in recovered.trials.values()
                     if rt.status is None and rt.pending is not None})
     for request in recovered.unstarted:

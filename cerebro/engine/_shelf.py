@@ -41,7 +41,7 @@ class Shelved:
 
     def get(self) -> Any:
         state = self._state
-        if state is not None:
+        if state is not None or self._path is None:      # in memory, or never spilled
             return state
         with open(self._path, "rb") as f:     # copy-on-write: a tensor written to never reaches the file
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)

@@ -244,7 +244,7 @@ class TrialBook(Decisions):
                                f"where its continues_after promised CONTINUE whatever the metrics")
         elif decision is None:
             pass                               # diverged: ended
-        elif trial.phase is Phase.ENDING:
+        elif trial.phase is Phase.ENDING and trial.ending is not None:      # set with the phase
             self.end(trial, *trial.ending)
         elif trial.phase is Phase.WAITING:
             self._end_epoch(trial, trial.epoch)

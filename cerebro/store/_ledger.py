@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from ._events import (
     EpochEnd,
@@ -55,23 +55,31 @@ class TrialFacts:
     stop_epoch: int | None = None             # cb.stop(run_dir, trial=...): it ends going on after it
 
 
-class Ledger:
+Facts = TypeVar("Facts", bound=TrialFacts)
+
+
+class Ledger(Generic[Facts]):
     """Folds journal events (parsed: :func:`parse_event`) into each trial's :class:`TrialFacts`;
     ``make`` builds them (a subclass adds a reader's own fields). The best epoch is by
     ``metric`` under ``mode`` (None: not tracked). An event of a trial whose creation the
     ledger did not see (on a damaged line) is ignored."""
 
-    def __init__(self, metric: str | None = None, mode: str = "min",
-                 make: Callable[..., TrialFacts] = TrialFacts) -> None:
-        self.metric, self.mode, self._make = metric, mode, make
-        self.trials: dict[str, TrialFacts] = {}
+    # Without ``make`` a ledger holds TrialFacts; with it, what ``make`` builds (typed as such).
+    @overload
+    def __init__(self: Ledger[TrialFacts], metric: str | None = None, mode: str = "min") -> None: ...
+    @overload
+    def __init__(self, metric: str | None = None, mode: str = "min", *, make: Callable[..., Facts]) -> None: ...
 
-    def fold(self, events: Iterable[Any]) -> Ledger:
+    def __init__(self, metric: str | None = None, mode: str = "min", make: Callable[..., Any] = TrialFacts) -> None:
+        self.metric, self.mode, self._make = metric, mode, make
+        self.trials: dict[str, Facts] = {}
+
+    def fold(self, events: Iterable[Any]) -> Ledger[Facts]:
         for event in events:
             self.apply(event)
         return self
 
-    def apply(self, event: Any) -> TrialFacts | None:
+    def apply(self, event: Any) -> Facts | None:
         """Take ``event`` in; the trial it is about (None: none, or one not created)."""
         if isinstance(event, TrialCreated):
             created = self.trials[event.trial_id] = self._make(event.trial_id, dict(event.config), event.max_epochs,

@@ -223,16 +223,18 @@ class RunStore:
         if not files.exists(path):
             return [], []
         lines = files.read_regular(path, MAX_JOURNAL_BYTES).splitlines(keepends=True)
-        events, damaged, offset = [], [], 0
+        events: list[dict[str, Any]] = []
+        damaged: list[DamagedLine] = []
+        offset = 0
         for number, line in enumerate(lines, start=1):
             event = parse_record(line)
             why = "it fails its CRC-32" if event is None else malformed(event)
-            if event is not None and why is None:
-                events.append(event)
-            else:
+            if why is not None:
                 seems = SEEMS.match(line)
                 damaged.append(DamagedLine(path, number, offset, len(events), seems and seems[1].decode(),
                                            torn=number == len(lines) and not line.endswith(b"\n"), why=why))
+            elif event is not None:     # always, where nothing is wrong with the line
+                events.append(event)
             offset += len(line)
         return events, damaged
 

@@ -17,6 +17,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterable
+from multiprocessing.connection import wait
 from typing import Any
 
 from ..store import frames, parse, read_exactly
@@ -56,6 +58,12 @@ class Channel:
     def close(self) -> None:
         self.sock.close()
 
+    @staticmethod
+    def readable(channels: Iterable[Channel], timeout: float | None) -> list[Channel]:
+        """The ``channels`` with a message waiting (or closed) within ``timeout`` seconds."""
+        # wait() takes any object with fileno(); typeshed's annotation names only its own kinds.
+        return wait(list(channels), timeout)  # type: ignore[arg-type, return-value]
+
     # --- authentication: an HMAC challenge each way -----------------------------------
     def _challenge(self, authkey: bytes, peer: bytes, deadline: float) -> None:
         """Send a fresh nonce; the peer must answer with its HMAC under ``authkey``, bound to
@@ -71,11 +79,11 @@ class Channel:
 
     def _answer(self, authkey: bytes, me: bytes, deadline: float) -> None:
         nonce = self._read(NONCE_BYTES, deadline)
-        self.sock.sendall(_proof(authkey, me, bytes(nonce)))
-        if bytes(self._read(2, deadline)) != b"ok":
+        self.sock.sendall(_proof(authkey, me, nonce))
+        if self._read(2, deadline) != b"ok":
             raise PermissionError("the peer refused this side's proof of the token")
 
-    def _read(self, n: int, deadline: float) -> bytearray:
+    def _read(self, n: int, deadline: float) -> bytes:
         """``n`` bytes before ``deadline`` (time.monotonic), however slowly they trickle in."""
         def read_into(buffer: memoryview) -> int:
             left = deadline - time.monotonic()
@@ -83,7 +91,7 @@ class Channel:
                 raise TimeoutError("the handshake ran past its deadline")
             self.sock.settimeout(left)
             return self.sock.recv_into(buffer)
-        return read_exactly(read_into, n)
+        return bytes(read_exactly(read_into, n))      # a nonce or an answer: a few bytes
 
 
 NONCE_BYTES = 32
