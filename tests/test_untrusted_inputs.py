@@ -27,6 +27,7 @@ from cerebro.worker._loop import _Trainables
 from cerebro.worker._outbox import Outbox
 from cerebro.worker._peers import StateServer
 from cerebro.worker._protocol import RunSubEpoch, StateMissing, TaskKind
+from cerebro.worker._state_check import check_weights
 
 KEY = b"k" * 32
 
@@ -92,6 +93,13 @@ def test_a_peer_answering_with_a_state_that_is_not_the_models_is_refused_not_loa
     # The same state from the driver's own copy (a damaged checkpoint) fails the trial, saying why.
     with pytest.raises(StateMismatchError, match=f"^{re.escape(PEER_STATES[how])}$"):
         _Trainables(build, torch.device("cpu"), 1 << 30, [100], KEY).take(_task(state=crafted))
+
+
+def test_a_state_without_an_entry_that_is_no_tensor_is_refused_naming_it():
+    """A module's ``_extra_state`` has no tensor to describe; its absence was a TypeError."""
+    expected = "weight '1._extra_state' is missing: expected an entry, of any value"
+    with pytest.raises(StateMismatchError, match=f"^{re.escape(expected)}$"):
+        check_weights({"0.weight": ((2, 2), "float32"), "1._extra_state": None}, {"0.weight": torch.zeros(2, 2)})
 
 
 def test_the_models_own_state_from_a_peer_is_loaded_bitwise():

@@ -15,20 +15,26 @@ import json
 import sys
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
 from ..store import pack_tensors, unpack_tensors
 
+if TYPE_CHECKING:
+    import torchmetrics
+
 _MERGES = {"dim_zero_sum": "sum", "dim_zero_cat": "cat", "dim_zero_max": "max", "dim_zero_min": "min"}
 _CACHED_CONFIGS = 32        # the driver's Metric objects, for this many configs at most
+# Each merge of two partitions' values, the earlier partition's first.
+_COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add, "cat": lambda p, q: torch.cat([p, q]), "max": torch.maximum, "min": torch.minimum}
 
 
-def is_metric(value: Any) -> bool:
+def is_metric(value: Any) -> TypeGuard[torchmetrics.Metric]:
     """Whether ``value`` is a torchmetrics ``Metric`` (torchmetrics is loaded if it is one)."""
-    torchmetrics = sys.modules.get("torchmetrics")
-    return torchmetrics is not None and isinstance(value, torchmetrics.Metric)
+    loaded = sys.modules.get("torchmetrics")
+    return loaded is not None and isinstance(value, loaded.Metric)
 
 
 def merges(name: str, metric: Any) -> dict[str, str]:
@@ -67,8 +73,7 @@ def merge_states(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         values = {}
         for key, how in state["merge"].items():
             x, y = unpack_tensors(merged[name]["values"][key]), unpack_tensors(state["values"][key])
-            values[key] = {"sum": torch.add, "cat": lambda p, q: torch.cat([p, q]), "max": torch.maximum,
-                           "min": torch.minimum}[how](x, y)
+            values[key] = _COMBINE[how](x, y)
         merged[name] = {"merge": state["merge"], "values": values}
     return merged
 

@@ -183,8 +183,8 @@ class KerasTrainable(Trainable):
 
     # --- the state that hops ------------------------------------------------------------
     def state(self) -> dict:
-        state = {"model": {name: _tensor(v) for name, v in self._weights().items()},
-                 "optimizer": {name: _tensor(v) for name, v in self._optimizer_variables().items()}}
+        state: dict[str, Any] = {"model": {name: _tensor(v) for name, v in self._weights().items()},
+                                 "optimizer": {name: _tensor(v) for name, v in self._optimizer_variables().items()}}
         if self._plateau is not None:
             state["plateau"] = {**plateau_state(self._plateau), "epochs": float(self._stepped_epochs)}
         return state
@@ -313,10 +313,10 @@ def _split_metrics(metrics: list | dict | None) -> tuple[dict[str, Any] | None, 
                                  f"which is always logged")
         named = dict(metrics)
     elif isinstance(metrics, (list, tuple)):
-        exact = [type(m).__name__ for m in metrics if is_metric(m)]
-        if exact:
-            raise ValueError(f"metrics=[... {exact[0]}(...) ...]: a torchmetrics Metric needs a name to be logged "
-                             f"under; give metrics as a dict, e.g. {{'f1': {exact[0]}(...)}}")
+        unnamed = [type(m).__name__ for m in metrics if is_metric(m)]
+        if unnamed:
+            raise ValueError(f"metrics=[... {unnamed[0]}(...) ...]: a torchmetrics Metric needs a name to be logged "
+                             f"under; give metrics as a dict, e.g. {{'f1': {unnamed[0]}(...)}}")
         named = {_metric_name(m): m for m in metrics}
     else:
         raise TypeError(f"metrics must be a list or a dict {{name: metric}}; got {type(metrics).__name__}")

@@ -129,6 +129,7 @@ class _Trainables:
         trainable = cached[0] if cached is not None and not task.retune else self._build(task.config)
         state = task.state
         if state is None:
+            assert task.fetch is not None       # a task with neither its state nor a peer returned above
             try:
                 state, self.fetched = fetch(task.fetch, self.authkey, task.trial_id, task.version)
             except (OSError, EOFError, StateFormatError) as error:
@@ -161,13 +162,14 @@ class _Trainables:
     def reserve(self, trial_id: str, version: int, state: Any) -> tuple[HandedBack, ...]:
         """Room in the outbox for the packed ``state`` just trained; :meth:`fill` copies it
         there once the driver has the answer (the trainable must not change before)."""
+        assert self.outbox is not None, "only direct hops reserve, and they keep an outbox"
         self._unfilled = (trial_id, version, frames(state))
         return self.outbox.reserve(trial_id, version)
 
     def fill(self, answered: bool) -> None:
         """Copy the state :meth:`reserve` made room for, now the driver has the answer; where
         the answer failed instead, the driver knows no such state: drop it."""
-        if self._unfilled is not None:
+        if self._unfilled is not None and self.outbox is not None:     # an outbox: reserve made it
             trial_id, version, parts = self._unfilled
             if answered:
                 self.outbox.fill(trial_id, version, parts)
@@ -240,7 +242,8 @@ def _serve(channel: Channel, trainables: _Trainables, data: WorkerData, device: 
         if isinstance(message, Release):
             data.release(message.partitions)
         elif isinstance(message, Forget):
-            trainables.outbox.forget(message.trial_id, message.version)
+            if trainables.outbox is not None:     # sent with direct hops only, where the worker keeps one
+                trainables.outbox.forget(message.trial_id, message.version)
         elif isinstance(message, TakeOver):
             try:
                 data.load(message.partitions)
@@ -320,20 +323,20 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
                                                    source, device)
         source = frozen or source
         rng = transform_rng(task.seed, train)
-        stored = source.train_batches(task.seed, trainable.batch_size) if train else \
+        read = source.train_batches(task.seed, trainable.batch_size) if train else \
             source.eval_batches(trainable.batch_size)
         batches = (trainable.stored_batch(features, label, device) if frozen is not None else
-                   trainable.batch(features, label, rng, train=train, device=device) for features, label in stored)
+                   trainable.batch(features, label, rng, train=train, device=device) for features, label in read)
         started = time.perf_counter()
         deadline = None if task.timeout is None else time.monotonic() + task.timeout
         # A thread makes batches ahead where that costs more than a few microseconds.
         ahead = isinstance(source, StreamedPartition) or (trainable.transform if train else trainable.eval_transform)
-        with Prefetched(batches) if ahead else contextlib.nullcontext(batches) as batches:
-            batches = PROGRESS.counted(task.task_id, batches, -(-source.rows // trainable.batch_size))
+        with Prefetched(batches) if ahead else contextlib.nullcontext(batches) as made:
+            counted = PROGRESS.counted(task.task_id, made, -(-source.rows // trainable.batch_size))
             if train:
-                sums = trainable.train_batches(batches, task.seed, task.epoch, deadline, task.metrics)
+                sums = trainable.train_batches(counted, task.seed, task.epoch, deadline, task.metrics)
             else:
-                sums = trainable.evaluate_batches(batches, deadline)
+                sums = trainable.evaluate_batches(counted, deadline)
         compute = time.perf_counter() - started
         state = pack_tensors(trainable.state()) if train else None
         handed_back = () if state is None or trainables.outbox is None else \

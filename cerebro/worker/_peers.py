@@ -92,7 +92,7 @@ def fetch(address: tuple[str, int], authkey: bytes, trial_id: str, version: int,
     """``trial_id``'s packed state ``version`` from the peer at ``address`` (None where the peer
     does not hold it), and the bytes that came. Raises ``OSError`` or ``EOFError`` where the peer cannot be reached or
     stops sending, :class:`cerebro.store.StateFormatError` where it sends garbage."""
-    channel = connect_peer(tuple(address), authkey, timeout)
+    channel = connect_peer((address[0], address[1]), authkey, timeout)
     try:
         channel.send(Fetch(trial_id, version))
         answer = channel.recv()

@@ -48,6 +48,8 @@ def _got(value: Any) -> str:
 
 
 def _expected(spec: Spec) -> str:
+    if spec is None:           # an entry that is no tensor (a module's _extra_state)
+        return "an entry, of any value"
     return f"a tensor of shape {spec[0]} {spec[1]}".rstrip()
 
 

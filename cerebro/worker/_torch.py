@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -221,8 +222,8 @@ class TorchTrainable(Trainable):
 
     # --- the state that hops ------------------------------------------------------------
     def state(self) -> dict:
-        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.lr_scheduler is not None:
+        state: dict[str, Any] = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if isinstance(self.lr_scheduler, LRScheduler):     # a factory's is made by steps_per_epoch
             state["lr_scheduler"] = self.lr_scheduler.state_dict()
             state["lr_scheduler_epochs"] = self._stepped_epochs
         if self._scaler.is_enabled():
@@ -235,7 +236,7 @@ class TorchTrainable(Trainable):
         built = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.lr_scheduler is not None and "lr_scheduler" in state:
+        if isinstance(self.lr_scheduler, LRScheduler) and "lr_scheduler" in state:
             base_lrs = getattr(self.lr_scheduler, "base_lrs", None)     # ReduceLROnPlateau has none
             self.lr_scheduler.load_state_dict(state["lr_scheduler"])
             self._stepped_epochs = int(state.get("lr_scheduler_epochs", getattr(self.lr_scheduler, "last_epoch", 0)))
@@ -246,7 +247,7 @@ class TorchTrainable(Trainable):
         if keep_hyperparameters:
             for group, hyperparameters in zip(self.optimizer.param_groups, built):
                 group.update(hyperparameters)
-            if self.lr_scheduler is not None:
+            if isinstance(self.lr_scheduler, LRScheduler):
                 self.lr_scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
@@ -301,7 +302,7 @@ class TorchTrainable(Trainable):
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
             self._scaler.step(self.optimizer)
             self._scaler.update()
-            if self.lr_scheduler is not None and self.lr_scheduler_step is SchedulerStep.BATCH:
+            if isinstance(self.lr_scheduler, LRScheduler) and self.lr_scheduler_step is SchedulerStep.BATCH:
                 self.lr_scheduler.step()
             sums += self._batch_sums(loss, outputs.detach(), targets)
             if not math.isfinite(sums.loss):
@@ -345,21 +346,22 @@ class TorchTrainable(Trainable):
     def _schedule_epoch(self, epoch: int, metrics: Mapping[str, float] | None) -> None:
         """Step an epoch-wise schedule to ``epoch``, wherever the trial's last epoch ended; a
         plateau schedule on ``metrics``, the epoch before's."""
-        if self.lr_scheduler is None or self.lr_scheduler_step is not SchedulerStep.EPOCH:
+        scheduler = self.lr_scheduler
+        if not isinstance(scheduler, LRScheduler) or self.lr_scheduler_step is not SchedulerStep.EPOCH:
             return
         if self._stepped_epochs >= epoch - 1:
             return
-        value = None
-        if isinstance(self.lr_scheduler, ReduceLROnPlateau):
+        step: Callable[[], object] = scheduler.step
+        if isinstance(scheduler, ReduceLROnPlateau):
             if not metrics or self.lr_scheduler_metric not in metrics:
                 raise ValueError(f"lr_scheduler=ReduceLROnPlateau steps on lr_scheduler_metric="
                                  f"{self.lr_scheduler_metric!r}, which epoch {epoch - 1} did not log; it logged "
                                  f"{sorted(metrics or {})}")
-            value = metrics[self.lr_scheduler_metric]
+            step = functools.partial(scheduler.step, metrics[self.lr_scheduler_metric])
         with warnings.catch_warnings():     # a freshly loaded optimizer has not stepped in this process
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)`", UserWarning)
             while self._stepped_epochs < epoch - 1:
-                self.lr_scheduler.step() if value is None else self.lr_scheduler.step(value)
+                step()
                 self._stepped_epochs += 1
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

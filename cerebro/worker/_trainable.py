@@ -152,6 +152,12 @@ class Trainable(abc.ABC):
         once per partition, or None."""
         return None
 
+    def trained_weights(self) -> dict[str, torch.Tensor]:
+        """The weights of :meth:`trained_model`, frozen layers too, by its own names: asked only
+        of a trainer with a :meth:`frozen_part` (the others' are ``state()["model"]``)."""
+        raise NotImplementedError(f"{type(self).__name__} has frozen layers but says not what its trained model's "
+                                  f"weights are: it needs a trained_weights()")
+
     @abc.abstractmethod
     def _to_batch(self, inputs: Any, label: np.ndarray, device: torch.device) -> Any:
         """``(inputs, targets)`` as the framework takes them; ``inputs`` is an array or a tensor."""
