@@ -182,14 +182,15 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
     # --- the split ----------------------------------------------------------------------
     def _split(self, validation: Validation) -> tuple[np.ndarray, np.ndarray, ArrayDataset | None]:
         rows = np.random.default_rng(self.seed).permutation(len(self.features))
-        is_number = isinstance(validation, numbers.Real) and not isinstance(validation, (bool, np.bool_))
-        if validation is None or (is_number and validation == 0):
+        number = validation if isinstance(validation, numbers.Real) and not isinstance(validation, (bool, np.bool_)) \
+            else None
+        if validation is None or (number is not None and number == 0):
             return rows, rows[:0], None
-        if is_number:
-            if not 0 < validation < 1:
+        if number is not None:
+            if not 0 < number < 1:
                 raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), "
                                  f"a Dataset or a (features, label) pair")
-            held_out = int(round(len(rows) * validation))
+            held_out = int(round(len(rows) * number))
             if held_out >= len(rows):
                 raise ValueError(f"validation={validation!r} leaves no training rows out of {len(rows)}")
             return rows[held_out:], rows[:held_out], None

@@ -14,7 +14,7 @@ import os
 import stat
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 _CHUNK = 8 << 20
 
@@ -26,7 +26,7 @@ class PartitionFileError(ValueError):
 class Checksummed:
     """A writable file that keeps the size and CRC-32 of what goes through it."""
 
-    def __init__(self, file: BinaryIO) -> None:
+    def __init__(self, file: IO[bytes]) -> None:
         self.file, self.size, self.crc = file, 0, 0
 
     def write(self, data: Any) -> int:

@@ -175,7 +175,12 @@ def _page_header(data: bytes) -> _PageHeader | None:
         plain = fields.get(2) == _PLAIN
     else:       # V2: no level bytes (required columns have none)
         plain = fields.get(4) == _PLAIN and not fields.get(5) and not fields.get(6)
-    return _PageHeader(header.get(2, -1), header.get(3, -1), fields.get(1, -1), plain, reader.at)
+    return _PageHeader(_number(header.get(2)), _number(header.get(3)), _number(fields.get(1)), plain, reader.at)
+
+
+def _number(value: object) -> int:
+    """A header field that must be an integer; -1, which matches no size, where it is not."""
+    return value if isinstance(value, int) else -1
 
 
 class _Compact:

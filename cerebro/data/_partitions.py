@@ -49,7 +49,10 @@ class PartitionLayout:
 
     def file_check(self, split: str, partition: int) -> tuple[int, int] | None:
         """The (size, CRC-32) ``split``'s file of ``partition`` was written with, where recorded."""
-        return None if self.files is None else tuple(self.files[split][partition])
+        if self.files is None:
+            return None
+        size, crc = self.files[split][partition]
+        return size, crc
 
     @property
     def has_validation(self) -> bool:
@@ -150,7 +153,8 @@ def read_partition(data_dir: str, split: str, partition: int,
     copies)."""
     layout = layout or read_layout(data_dir)
     with files.open_file(partition_file(data_dir, split, partition)) as f:
-        return tuple(np.array(a) for a in arrays(pq.ParquetFile(f).read(), layout))
+        features, label = arrays(pq.ParquetFile(f).read(), layout)
+    return np.array(features), np.array(label)
 
 
 def arrays(table: pa.Table, layout: PartitionLayout) -> tuple[np.ndarray, np.ndarray]:

@@ -55,7 +55,8 @@ class RayDataset(BlockDataset, constructors=("from_ray",)):
         cut = ray.remote(_cut_block).options(num_returns=groups)
         with quietly(self._data):
             blocks = self._data.to_numpy_refs()
-        pieces = [cut.remote(block, key, groups) for block in blocks]
+        # num_returns=groups: each call returns a list of refs, one per group (Ray's types say one ref).
+        pieces: list[list[Any]] = [cut.remote(block, key, groups) for block in blocks]  # type: ignore[misc]
         written = ray.remote(_write_pieces)
         records = ray.get([written.remote(write, *(piece[group] for piece in pieces)) for group in range(groups)])
         return [record for record in records if record is not None]

@@ -71,7 +71,7 @@ class StreamedPartition(PartitionSource):
             raise ValueError("this run's partitions were written before row groups and cannot be streamed; "
                              "hold them in memory (in_memory=True)")
         super().__init__(layout, rows)
-        self.path = path
+        self.path, self._group_rows = path, layout.row_group_rows
         self._checked = check_file(path, expected)     # in full once; then by size and time (_open)
         self._mapped: MappedPartition | None = None      # or, for files not in that form:
         self._parquet: pq.ParquetFile | None = None      # opened once: its footer lists every row group
@@ -82,11 +82,11 @@ class StreamedPartition(PartitionSource):
         return self._mapped is not None
 
     def _train_parts(self, seed: int) -> Iterator[Part]:
-        order = windows(seed, self.rows, self.layout.row_group_rows, self.layout.window)
+        order = windows(seed, self.rows, self._group_rows, self.layout.window)
         return self._parts((w.groups, w.rows, w.shuffle) for w in order)
 
     def _eval_parts(self) -> Iterator[Part]:
-        group_rows, window = self.layout.row_group_rows, self.layout.window
+        group_rows, window = self._group_rows, self.layout.window
         groups = -(-self.rows // group_rows)
 
         def in_stored_order() -> Iterator[tuple[list[int], np.ndarray, np.ndarray]]:
@@ -100,7 +100,8 @@ class StreamedPartition(PartitionSource):
         self._open()
         if self._mapped is None:
             for groups, _, positions in order:
-                yield *self._read(groups), positions
+                features, label = self._read(groups)
+                yield features, label, positions
             return
         mapped = self._mapped
         ahead = next(order, None)
@@ -112,7 +113,8 @@ class StreamedPartition(PartitionSource):
             if ahead is not None:
                 mapped.will_need(ahead[0])     # the kernel reads it while this window is batched
             try:
-                yield *mapped.rows(rows), positions
+                in_place, labels_in_place = mapped.rows(rows)
+                yield in_place, labels_in_place, positions
             finally:
                 mapped.done_with(groups)
 
@@ -124,11 +126,12 @@ class StreamedPartition(PartitionSource):
         layout = self.layout
         if layout.feature_dtype != BYTES:
             columns = [(layout.feature_shape, layout.feature_dtype), (layout.label_shape, layout.label_dtype)]
-            self._mapped = map_partition(self.path, columns, self.rows, layout.row_group_rows)
+            self._mapped = map_partition(self.path, columns, self.rows, self._group_rows)
         if self._mapped is None:
             self._parquet = pq.ParquetFile(files.open_file(self.path))
 
     def _read(self, groups: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        assert self._parquet is not None, "_open opens the file mapped or with Arrow"
         # One thread: the worker's cores are busy training; this runs on its prefetch thread.
         return arrays(self._parquet.read_row_groups(groups, use_threads=False), self.layout)
 

@@ -111,7 +111,7 @@ class SparkDataset(CountedRows, Dataset, constructors=("from_spark",)):
         """``rows`` rows of the data (training or validation: the checks need only their form),
         as the workers load them: one small job, without the shuffle that the split's window
         over all rows would take."""
-        group = self._rows.limit(rows).toPandas()
+        group: pd.DataFrame = self._rows.limit(rows).toPandas()
         label = group["label"].to_numpy().astype(self._label_dtype)
         if self._binary:
             return np.array([bytes(v) for v in group["features"]], dtype=object), label

@@ -159,7 +159,7 @@ def _read_in_parallel(dbapi: Any, dsn: str, cursor: Any, queries: list[str]) -> 
 
     cursor.execute("SELECT pg_catalog.pg_export_snapshot()")
     snapshot = cursor.fetchone()[0]
-    unread = queue.SimpleQueue()
+    unread: queue.SimpleQueue[tuple[int, str]] = queue.SimpleQueue()
     for index, query in enumerate(queries):
         unread.put((index, query))
     tables: list[pa.Table | None] = [None] * len(queries)
