@@ -10,7 +10,7 @@ from typing import Any
 import click
 import pandas as pd
 from rich import box
-from rich.console import Console
+from rich.console import Console, OverflowMethod
 from rich.table import Table
 
 from .results import Result
@@ -32,7 +32,7 @@ def print_summary(result: Result, console: Console) -> None:
     whole, left_out = reason.width if reason is not None else 0, []
     while _width(columns, reason, whole, console.width) > console.width and \
             any(c.drop_order is not None for c in columns):
-        dropped = min((c for c in columns if c.drop_order is not None), key=lambda c: c.drop_order)
+        dropped = min((c for c in columns if c.drop_order is not None), key=lambda c: c.drop_order or 0)
         columns.remove(dropped)
         left_out.append(dropped.header)
     table = Table(title=f"trials ranked by their best {result.metric} ({result.mode})", box=box.SIMPLE_HEAD,
@@ -64,7 +64,7 @@ class _Column:
     cells: list[str]
     width: int
     drop_order: int | None
-    overflow: str = "fold"
+    overflow: OverflowMethod = "fold"
 
 
 def _width(columns: list[_Column], reason: _Column | None, whole: int, room: int) -> int:
@@ -96,7 +96,7 @@ def _summary_columns(result: Result) -> tuple[list[_Column], dict[str, Any]]:
     order = {metric: 0, "epochs": 1, "best_epoch": 2, "reason": 3} if ranked else {"epochs": 1, "reason": 3}
     config = [c for c in summary.columns if c not in headers and c not in ("status", "epochs")]
     shared = {c: summary[c].iloc[0] for c in config if len(summary) > 1 and summary[c].map(repr).nunique() == 1}
-    columns = []
+    columns: list[_Column] = []
     for name in summary.columns:
         if name in shared:
             continue

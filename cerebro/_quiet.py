@@ -72,7 +72,9 @@ class _QuietLoader(importlib.abc.Loader):
         return self.loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__loader__ = module.__spec__.loader = self.loader     # TensorFlow sees its own loader
+        spec = module.__spec__
+        assert spec is not None, "the import system sets a module's spec before exec_module"
+        module.__loader__ = spec.loader = self.loader     # TensorFlow sees its own loader
         with start_up_banners_hidden():
             self.loader.exec_module(module)
         _errors_only()

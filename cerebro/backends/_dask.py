@@ -47,6 +47,7 @@ def _dask_task(address: tuple[str, int], authkey: bytes, worker: int, key: str, 
                                 f"dask task {key} on {here}"], env=env, stdin=subprocess.PIPE,
                                preexec_fn=_die_with_parent)
     Variable(f"{key}-pid").set([here, process.pid])
+    assert process.stdin is not None       # stdin=PIPE
     try:      # on stdin: never on the command line (``ps``) or in the environment
         process.stdin.write(authkey.hex().encode() + b"\n")
         process.stdin.close()

@@ -62,6 +62,7 @@ class LocalBackend(Backend):
         process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", self._address[0], str(self._address[1]),
                                     str(worker)], env=env, stdin=subprocess.PIPE)
         # On stdin: never on the command line (``ps``) or in the environment (/proc/PID/environ).
+        assert process.stdin is not None               # stdin=PIPE
         with contextlib.suppress(BrokenPipeError):     # it died at once: exited() says so
             process.stdin.write(self._authkey.hex().encode() + b"\n")
             process.stdin.close()

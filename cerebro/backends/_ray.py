@@ -27,7 +27,7 @@ def _run_actor_worker(address: tuple[str, int], authkey: bytes, worker: int) -> 
 
     from ..worker import run_worker
     context = ray.get_runtime_context()
-    run_worker(address, authkey, worker, f"ray actor {context.get_actor_id()[:12]} on node "
+    run_worker(address, authkey, worker, f"ray actor {(context.get_actor_id() or '?')[:12]} on node "
                                          f"{context.get_node_id()[:12]}")
     return worker
 

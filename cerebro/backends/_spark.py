@@ -56,6 +56,7 @@ def _spark_task(address: tuple[str, int], authkey_hex: str, rows: Iterator[int])
     from ..worker import run_worker
     [worker] = list(rows)      # read to the end, or Spark will not reuse this Python worker
     context = TaskContext.get()
+    assert context is not None, "a Spark task has its TaskContext"
     if context.attemptNumber() > 0:
         return iter([worker])      # Spark retrying a lost worker: the driver starts its replacement
     gpus = context.resources().get("gpu")
@@ -71,7 +72,7 @@ class _WorkerJob:
     """The Spark job that runs one worker, on a driver thread of its own."""
 
     group: str
-    thread: threading.Thread | None = None
+    thread: threading.Thread
     error: BaseException | None = field(default=None)
 
 
@@ -167,17 +168,18 @@ class SparkBackend(Backend):
 
     def _launch(self, worker: int) -> None:
         context = self.spark.sparkContext
-        job = self._jobs[worker] = _WorkerJob(f"cerebro-{secrets.token_hex(4)}-worker-{worker}")
+        group = f"cerebro-{secrets.token_hex(4)}-worker-{worker}"
         task = self._task
 
         def run_job() -> None:
-            context.setJobGroup(job.group, f"Cerebro MOP worker {worker}", interruptOnCancel=True)
+            context.setJobGroup(group, f"Cerebro MOP worker {worker}", interruptOnCancel=True)
             try:
                 context.parallelize([worker], 1).mapPartitions(task).collect()
             except BaseException as error:   # reported through exited()
                 job.error = error
 
-        job.thread = threading.Thread(target=run_job, name=f"cerebro-spark-worker-{worker}", daemon=True)
+        job = self._jobs[worker] = _WorkerJob(group, threading.Thread(target=run_job, daemon=True,
+                                                                      name=f"cerebro-spark-worker-{worker}"))
         job.thread.start()
 
     def replace(self, worker: int) -> bool:
