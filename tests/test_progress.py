@@ -94,3 +94,23 @@ def test_the_eta_waits_for_as_many_epochs_as_workers_after_the_first(workers):
     rendered = Console(file=io.StringIO(), width=200)
     rendered.print(progress._render())
     assert "lr=0.003162" in rendered.file.getvalue() and "0.0031622776" not in rendered.file.getvalue()
+
+
+def test_a_trial_whose_first_epoch_has_no_finite_metric_is_left_out_of_the_top():
+    """It has no best epoch yet; the live view ranked it as None and failed to render."""
+    import io
+
+    from rich.console import Console
+
+    from cerebro.observe._progress import ConsoleProgress
+    progress = ConsoleProgress("val_loss", "min", console=Console(file=io.StringIO(), width=200))
+    progress.start("run", 1)
+    progress.epoch_end("t0000", 1, {"val_loss": float("nan")})
+    progress.epoch_end("t0001", 1, {"val_loss": 0.5})
+    assert progress.ranked() == [("t0001", 0.5)]
+    progress.epoch_end("t0000", 2, {"val_loss": 0.25})
+    assert progress.ranked() == [("t0000", 0.25), ("t0001", 0.5)]
+    rendered = Console(file=io.StringIO(), width=200)
+    rendered.print(progress._render())
+    assert [line.split()[:4] for line in rendered.file.getvalue().splitlines() if line.startswith("t000")] == \
+        [["t0000", "2", "0.2500", "2"], ["t0001", "1", "0.5000", "1"]]

@@ -36,7 +36,8 @@ def check_mlflow(setting: Any) -> None:
 
 
 def tracking_uri(setting: bool | str, run_dir: str) -> str:
-    return f"sqlite:///{os.path.join(run_dir, 'mlflow.db')}" if setting is True else setting
+    """The MLflow tracking URI of ``fit(mlflow=setting)`` where it is not False: True is the run's own."""
+    return setting if isinstance(setting, str) else f"sqlite:///{os.path.join(run_dir, 'mlflow.db')}"
 
 
 def _check_own_files(run_dir: str) -> None:
@@ -138,7 +139,7 @@ class MLflowLog(Progress):
 
     def log_best(self, result: Result) -> None:
         """The best trial (its best epoch's weights, its config) as the parent run's
-        ``best_model`` artifact: an MLflow pyfunc model (see :mod:`._pyfunc`)."""
+        ``best_model`` artifact: an MLflow pyfunc model (see :mod:`cerebro.serve._pyfunc`)."""
         try:
             best = result.best
         except RuntimeError:

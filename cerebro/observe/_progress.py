@@ -116,8 +116,9 @@ class ConsoleProgress(Progress):
     def epoch_end(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> None:
         with self._lock:
             self._last[trial_id] = (epoch, metrics)
-            self._best[trial_id] = improved(self._best.get(trial_id), epoch, metrics, self.metric, self.mode) \
-                or self._best.get(trial_id)
+            best = improved(self._best.get(trial_id), epoch, metrics, self.metric, self.mode)
+            if best is not None:        # a first epoch without a finite metric leaves it without a best
+                self._best[trial_id] = best
             self._done += 1
             if self._first_epoch is None:
                 self._first_epoch = time.monotonic()

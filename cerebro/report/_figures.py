@@ -175,8 +175,9 @@ def parallel_coordinates(result: Result, log: Collection[str]) -> Any:
         values = [config.get(key) for config in configs]
         if len({json.dumps(v) for v in values}) == 1:
             continue
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            dimensions.append(_numeric_axis(key, values, key in log and min(values) > 0))
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if len(numbers) == len(values):
+            dimensions.append(_numeric_axis(key, numbers, key in log and min(numbers) > 0))
         else:
             labels = sorted({json.dumps(v) for v in values})
             dimensions.append({"label": key, "values": [labels.index(json.dumps(v)) for v in values],

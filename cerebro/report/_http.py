@@ -85,8 +85,14 @@ class RunServer(ThreadingHTTPServer):
             raise OSError(error.errno, f"cannot serve on {host}:{port}: {error.strerror or error}") from None
 
     @property
-    def url(self) -> str:
+    def bound(self) -> tuple[str, int]:
+        """The address and port it listens on (asked for port 0: the one the system chose)."""
         host, port = self.server_address[:2]
+        return str(host), port        # an IP server's host is a str already
+
+    @property
+    def url(self) -> str:
+        host, port = self.bound
         return f"http://{shown_host(host)}:{port}/"
 
     def page(self) -> bytes:
@@ -169,7 +175,7 @@ class _Reader(io.RawIOBase):
         return self.deadline.arm().recv_into(buffer)
 
 
-class _Writer(io.RawIOBase):
+class _Writer(io.BufferedIOBase):     # as socketserver's own writer: each write sends it all
     def __init__(self, deadline: _Deadline) -> None:
         self.deadline = deadline
 
@@ -226,7 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
         if found is None or (found["port"] is not None and int(found["port"]) > 65535):
             return False
         host = (found["v6"] or found["name"]).rstrip(".").lower()
-        if is_loopback(self.server.server_address[0]):
+        if is_loopback(self.server.bound[0]):
             return is_loopback(host)
         return _is_address(host) or host in _own_names()
 

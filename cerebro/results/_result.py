@@ -73,7 +73,7 @@ class Result:
         self._trials: dict[str, TrialResult] = {trial_id: self._trial_result(facts)
                                                 for trial_id, facts in self._ledger.trials.items()}
         # What happened to the run, by journal event name (workers lost, states lost, ...).
-        self.incidents: Counter[str] = Counter(event.get("event") for event in events)
+        self.incidents: Counter[str] = Counter(name for event in events if isinstance(name := event.get("event"), str))
 
     def _apply(self, record: dict[str, Any]) -> None:
         """Take one journal line in: the trials' facts through the :class:`Ledger` every reader
@@ -84,7 +84,7 @@ class Result:
         if trial is None and getattr(event, "trial_id", None) is not None:
             return                             # its trial's creation is on a damaged line
         match event:
-            case EpochEnd() as event:
+            case EpochEnd() as event if trial is not None:     # not None: returned above
                 exploited = [e["source"] for e in self._exploits
                              if e["trial_id"] == trial.trial_id and e["epoch"] == event.epoch - 1]
                 # The config this epoch trained with: PBT may have changed it since the trial began.

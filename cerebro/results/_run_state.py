@@ -40,8 +40,9 @@ class RunState(enum.StrEnum):
 
 
 # A journal written before causes were journaled says None: interrupted, the broadest word.
-_BY_CAUSE = {StopCause.STOP: RunState.STOPPED, StopCause.BUDGET: RunState.BUDGET,
-             StopCause.INTERRUPT: RunState.INTERRUPTED}
+# An interruption's cause (None: journaled by a version that did not say) as the run's state.
+_BY_CAUSE: dict[StopCause | None, RunState] = {StopCause.STOP: RunState.STOPPED, StopCause.BUDGET: RunState.BUDGET,
+                                               StopCause.INTERRUPT: RunState.INTERRUPTED}
 
 
 class RunLine:

@@ -66,8 +66,8 @@ class TrialResult:
         """``reason`` in one line: the exception a traceback ends in (``Type: message``),
         else its last line; None while the trial has no reason."""
         lines = [line.strip() for line in (self.reason or "").strip().splitlines() if line.strip()]
-        raised = [line for line in lines if _RAISED.match(line)]
-        return (raised or lines or [None])[-1]
+        found = [line for line in lines if _RAISED.match(line)] or lines
+        return found[-1] if found else None
 
     def state_dict(self, epoch: int | str = "best") -> dict[str, torch.Tensor]:
         """The model's weights on the CPU after ``epoch``: ``"best"`` (the default: the epoch
@@ -98,17 +98,17 @@ class TrialResult:
         wanted = self.best_epoch if epoch == "best" else epoch
         if isinstance(wanted, bool) or not isinstance(wanted, int):
             raise ValueError(f"epoch={epoch!r} must be 'best', 'last' or an epoch number")
-        kept = store.checkpoints(self.trial_id, (BEST, "checkpoint.state", "checkpoint.prev.state"))
+        checkpoints = store.checkpoints(self.trial_id, kept)
         # An exploit's checkpoint holds the weights PBT copied in, not those the epoch trained.
-        sound = [c for c in kept if "state" in c and not c.get("exploit")]
-        match = next((c for c in sound if c["epoch"] == wanted), None)
+        trained = [c for c in checkpoints if "state" in c and not c.get("exploit")]
+        match = next((c for c in trained if c["epoch"] == wanted), None)
         if match is None and epoch == "best":     # a run from before best epochs were kept, or damaged
             warnings.warn(f"{self.trial_id} kept no sound weights of its best epoch {wanted}; these are its last "
                           f"epoch's", stacklevel=3)
             return self._weights("last")
         if match is None:
             raise ValueError(f"{self.trial_id} kept no weights of epoch {wanted}; it kept epochs "
-                             f"{sorted({c['epoch'] for c in sound})}")
+                             f"{sorted({c['epoch'] for c in trained})}")
         return _unpacked_weights(self.trial_id, match)
 
     def _newest_sound(self, store: RunStore) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -200,9 +200,13 @@ class TrialResult:
 
     def epoch_number(self, epoch: int | str) -> int:
         """The epoch number ``epoch`` (as :meth:`state_dict` takes it) names."""
-        if epoch == "last" or (epoch == "best" and self.best_epoch is None):
+        if epoch == "best" and self.best_epoch is not None:
+            return self.best_epoch
+        if epoch in ("best", "last"):
             return self.epochs
-        return self.best_epoch if epoch == "best" else epoch
+        if isinstance(epoch, bool) or not isinstance(epoch, int):
+            raise ValueError(f"epoch={epoch!r} must be 'best', 'last' or an epoch number")
+        return epoch
 
     def _require_result(self) -> Run:
         if self._result is None:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ..results import Result, TrialResult
-from ..worker import inference_device, predict_rows
+from ..worker import Trainable, inference_device, predict_rows
 from ..worker._serve import write_rows
 
 CHUNKS_PER_WORKER = 8           # enough that the last chunk taken leaves little to wait for
@@ -104,7 +104,7 @@ def _write_job(job_dir: str, result: Result, trial: TrialResult, epoch: int | st
         json.dump({"config": trial.config, "batch_size": batch_size, "threads": threads}, f)
 
 
-def _work(trainable: object, features: np.ndarray, batch_size: int, todo: queue.SimpleQueue,
+def _work(trainable: Trainable, features: np.ndarray, batch_size: int, todo: queue.SimpleQueue,
           outputs: dict[int, np.ndarray]) -> None:
     """This process's share: chunks until none is left."""
     while True:
@@ -144,15 +144,17 @@ class _Spawned:
         with open(self._stderr_path(), "w") as stderr:
             self.process = subprocess.Popen([sys.executable, "-m", "cerebro.worker._serve", job_dir, str(index)],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        assert self.process.stdin is not None and self.process.stdout is not None    # both PIPE
+        self._stdin, self._stdout = self.process.stdin, self.process.stdout
 
     def _stderr_path(self) -> str:
         return os.path.join(self.job_dir, f"stderr-{self.index}.txt")
 
     def predict(self, start: int, stop: int) -> np.ndarray | None:
         try:
-            self.process.stdin.write(f"{start} {stop}\n")
-            self.process.stdin.flush()
-            done = self.process.stdout.readline()
+            self._stdin.write(f"{start} {stop}\n")
+            self._stdin.flush()
+            done = self._stdout.readline()
         except OSError:
             done = ""
         if done.strip() != str(start):
@@ -165,7 +167,7 @@ class _Spawned:
 
     def close(self) -> None:
         try:
-            self.process.stdin.close()
+            self._stdin.close()
         except OSError:
             pass          # the worker is gone already
 

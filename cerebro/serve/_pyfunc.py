@@ -121,9 +121,9 @@ def _loaded(model: Any, weights: str) -> Any:
 
 def _model_class() -> type:
     """:class:`TrialModel`, made on first use: mlflow is an optional dependency."""
-    import mlflow.pyfunc
+    from mlflow.pyfunc import PythonModel
 
-    class TrialModel(mlflow.pyfunc.PythonModel):
+    class TrialModel(PythonModel):
         """Rows in (as ``TrialResult.predict`` takes them), the model's outputs out."""
 
         def __init__(self, build: Any, config: dict[str, Any], spec: FeatureSpec) -> None:

@@ -122,5 +122,6 @@ def _top_k_columns(scored: Any, k: int) -> list[Any]:
     def ranked(outputs: pd.Series) -> pd.DataFrame:
         return load()(np.stack(outputs.to_numpy()), k)
 
-    top = pandas_udf(ranked, schema)(F.col("_outputs"))
+    # pyspark's overloads want the functionType that the type hints give here (Series to DataFrame).
+    top = pandas_udf(ranked, schema)(F.col("_outputs"))  # type: ignore[call-overload]
     return [top[name].alias(name) for name in names]

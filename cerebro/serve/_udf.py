@@ -52,7 +52,8 @@ def spark_udf(spark: Any, store: RunStore, config: dict[str, Any], weights: dict
     def predict(*columns: pd.Series) -> pd.Series:
         return load()(shared, token, columns)
 
-    return pandas_udf(predict, ArrayType(FloatType()))
+    # pyspark's overloads want the functionType that the type hints give here (Series to Series).
+    return pandas_udf(predict, ArrayType(FloatType()))  # type: ignore[call-overload]
 
 
 def _predict(shared: Any, key: str, columns: Sequence[pd.Series | pd.DataFrame]) -> pd.Series:
