@@ -5,6 +5,7 @@ each file reads as one idea.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..store import Decided, DecidedPaused, Exploited, SearchState, TrialStatus
@@ -40,7 +41,7 @@ class Decisions:
         self.recorder.emit(DecidedPaused({t: describe(d) for t, d in decisions.items()}, self.recorder.now()))
         self.carry_out(decisions)
 
-    def carry_out(self, decisions: dict[str, Decision | Exploit]) -> None:
+    def carry_out(self, decisions: Mapping[str, Decision | Exploit]) -> None:
         """Exploits first, so every source still holds the state of the epoch it paused at."""
         for trial_id, decision in sorted(decisions.items(), key=lambda item: not isinstance(item[1], Exploit)):
             trial = self.live.get(trial_id)

@@ -18,6 +18,7 @@ result its decision depends on has arrived, and order those results by trial id.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,7 +63,7 @@ class SearchPolicy(Protocol):
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
         """``trial_id`` finished ``epoch`` (1-based) with ``metrics``: continue, stop or pause?"""
 
-    def decide(self) -> dict[str, Decision | Exploit]:
+    def decide(self) -> Mapping[str, Decision | Exploit]:
         """Decisions for paused trials that can now be decided (CONTINUE, STOP or Exploit)."""
 
     def continues_after(self, trial_id: str, epoch: int) -> bool:

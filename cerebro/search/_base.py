@@ -129,6 +129,7 @@ class Searcher(metaclass=_CheckedOnConstruction):
     # said why that keeps its decisions what they would have been (see the class docstring).
     cannot_extend: ClassVar[str] = "it does not say whether its decisions depend on the epoch budget"
     cannot_add: ClassVar[str] = "it chooses its trials itself, and its decisions depend on which it chose"
+    epochs: int     # each trial's budget, set by a searcher that can be extended or added to (see above)
 
     def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
                  metric: str = "val_loss", mode: str = "min", patience: int | None = None,
@@ -152,7 +153,7 @@ class Searcher(metaclass=_CheckedOnConstruction):
         """``trial_id`` finished ``epoch`` with ``metrics``; the default lets it go on."""
         return Decision.CONTINUE
 
-    def decide(self) -> dict[str, Decision | Exploit]:
+    def decide(self) -> Mapping[str, Decision | Exploit]:
         """Decisions for trials ``report`` paused; the default never pauses."""
         return {}
 

@@ -84,7 +84,7 @@ class PBT(Searcher):
                                  f"only a primitive (cb.uniform, cb.choice, ...) can be mutated")
             if key not in primitives:
                 raise ValueError(f"mutations: {key!r} is not a key of the space; keys: {sorted(primitives)}")
-            if isinstance(primitives[key], choice) and primitives[key].branches:
+            if isinstance(chosen := primitives[key], choice) and chosen.branches:
                 raise ValueError(f"mutations: {key!r} chooses among dicts (branches of the space); a trial stays "
                                  f"in its branch: name the keys inside it instead")
         if not self._mutated_keys():
@@ -187,4 +187,7 @@ def _perturb(primitive: Distribution, value: Any, up: bool) -> Any:
         steps = min(max(round(scaled / primitive.q), math.ceil(primitive.low / primitive.q)),
                     math.floor(primitive.high / primitive.q))
         return float(steps * primitive.q)
-    return float(min(max(scaled, primitive.low), primitive.high))
+    if isinstance(primitive, (uniform, loguniform)):
+        return float(min(max(scaled, primitive.low), primitive.high))
+    raise TypeError(f"PBT cannot perturb a {type(primitive).__name__}: it moves cb.uniform, cb.loguniform, cb.randint, "
+                    f"cb.quniform and cb.choice values")
