@@ -195,7 +195,9 @@ def test_the_connection_cap_is_a_small_share_of_the_descriptor_limit():
     assert connection_cap(4) <= 4
 
 
-def test_a_metrics_host_that_is_no_address_of_this_machine_is_refused_before_any_work(tmp_path, run_dir):
+def test_a_metrics_host_that_is_no_address_of_this_machine_is_refused_before_any_work(tmp_path, run_dir, monkeypatch,
+                                                                                     capsys):
+    from _cli import cerebro
     search = cb.GridSearch(build, {"hidden": cb.choice([8])}, epochs=1)
     for host, why in (("192.0.2.1", "cannot be listened on: Cannot assign requested address"),
                       ("", "must be an address of this machine"), (80, "must be an address of this machine")):
@@ -204,9 +206,7 @@ def test_a_metrics_host_that_is_no_address_of_this_machine_is_refused_before_any
                        metrics_host=host)
         assert not (tmp_path / "r").exists()
     journal = open(os.path.join(run_dir, "journal.jsonl"), "rb").read()
-    cerebro = os.path.join(os.path.dirname(sys.executable), "cerebro")
-    done = subprocess.run([cerebro, "resume", run_dir, "--metrics-port", "0", "--metrics-host", "192.0.2.1"],
-                          capture_output=True, text=True, timeout=300)
+    done = cerebro(monkeypatch, capsys, "resume", run_dir, "--metrics-port", "0", "--metrics-host", "192.0.2.1")
     assert done.returncode == 2 and "error: metrics_host='192.0.2.1' cannot be listened on" in done.stderr
     assert open(os.path.join(run_dir, "journal.jsonl"), "rb").read() == journal     # nothing resumed
 
