@@ -8,8 +8,6 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -200,11 +198,11 @@ def test_a_trial_the_searcher_paused_is_paused_while_the_run_goes(tmp_path):
     assert result.state == "finished" and [str(t.status) for t in result.trials] == ["completed"]
 
 
-def test_a_finished_run_cannot_be_stopped(uninterrupted):
+def test_a_finished_run_cannot_be_stopped(uninterrupted, monkeypatch, capsys):
+    from _cli import cerebro
     with pytest.raises(ValueError, match=r"has finished; there is nothing to stop$"):
         cb.stop(uninterrupted.run_dir)
-    done = subprocess.run([sys.executable, "-m", "cerebro", "stop", uninterrupted.run_dir], capture_output=True,
-                          text=True, timeout=120)
+    done = cerebro(monkeypatch, capsys, "stop", uninterrupted.run_dir)
     assert done.returncode == 2 and "has finished; there is nothing to stop" in done.stderr
 
 
