@@ -202,7 +202,9 @@ def test_status_report_load_and_export_run_no_code_from_the_run_directory(run, t
     assert marker.exists()
 
 
-def test_an_output_that_cannot_be_written_is_refused_before_any_work_naming_the_argument(run, tmp_path):
+def test_an_output_that_cannot_be_written_is_refused_before_any_work_naming_the_argument(run, tmp_path, monkeypatch,
+                                                                                         capsys):
+    from _cli import cerebro
     missing = tmp_path / "no" / "such"
     with pytest.raises(ValueError, match=rf"^out='{tmp_path}' is a directory; give the path of a file to write$"):
         cb.report.write_report(run.run_dir, tmp_path)
@@ -212,20 +214,18 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_work_naming_the_
     with pytest.raises(FileNotFoundError, match=rf"^out='{missing}/o.parquet': its directory"):
         cb.predict(run.run_dir, np.zeros((2, 64), np.float32), out=missing / "o.parquet")
     assert not missing.exists()
-    done = subprocess.run([sys.executable, "-m", "cerebro", "report", run.run_dir, "-o", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)
+    done = cerebro(monkeypatch, capsys, "report", run.run_dir, "-o", str(tmp_path))
     assert (done.returncode, done.stderr) == (2, f"error: out='{tmp_path}' is a directory; give the path of a file "
                                                  f"to write\n")
-    done = subprocess.run([sys.executable, "-m", "cerebro", "export", run.run_dir, "-o", str(missing / "m.onnx")],
-                          capture_output=True, text=True, timeout=120)
+    done = cerebro(monkeypatch, capsys, "export", run.run_dir, "-o", str(missing / "m.onnx"))
     assert (done.returncode, done.stderr) == (2, f"error: out='{missing}/m.onnx': its directory '{missing}' does not "
                                                  f"exist; create it first\n")
     (tmp_path / "in.csv").write_text("a,b\n1,2\n")
+    monkeypatch.chdir(tmp_path)
     for out, said in (("o.parquet", f"error: '{tmp_path}/in.csv' is not a Parquet file or directory ("),
                       ("o.csv", "Error: Invalid value for -o: 'o.csv': predictions are written as Parquet; name it "
                                 "*.parquet")):
-        done = subprocess.run([sys.executable, "-m", "cerebro", "predict", run.run_dir, str(tmp_path / "in.csv"),
-                               "-o", out], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        done = cerebro(monkeypatch, capsys, "predict", run.run_dir, str(tmp_path / "in.csv"), "-o", out)
         assert done.returncode == 2 and done.stderr.splitlines()[-1].startswith(said), done.stderr
 
 
