@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 
 import pandas as pd
 import pytest
+from _cli import cerebro
 from _faults import epochs_journaled, journaled
 from _models import build, digits
 
@@ -86,7 +85,7 @@ def test_a_trial_added_to_a_live_grid_trains_as_that_configs_trial_of_the_grid(t
     pd.testing.assert_frame_equal(again.history(), result.history(), check_exact=True)
 
 
-def test_a_bad_command_is_refused_with_the_reason_and_the_run_untouched(tmp_path):
+def test_a_bad_command_is_refused_with_the_reason_and_the_run_untouched(tmp_path, monkeypatch, capsys):
     store = str(tmp_path / "run")
 
     def bad_commands() -> list[str]:
@@ -109,8 +108,7 @@ def test_a_bad_command_is_refused_with_the_reason_and_the_run_untouched(tmp_path
     assert os.listdir(os.path.join(store, "commands")) == []
     with pytest.raises(ValueError, match=r"has finished; trials cannot be added to it"):
         cb.add_trial(store, {"lr": 1e-3, "hidden": 16})
-    done = subprocess.run([sys.executable, "-m", "cerebro", "stop", store, "--trial", "t0000"], capture_output=True,
-                          text=True, timeout=120)
+    done = cerebro(monkeypatch, capsys, "stop", store, "--trial", "t0000")
     assert done.returncode == 2 and "has finished; there is nothing to stop" in done.stderr
 
 
@@ -129,7 +127,7 @@ def test_trials_can_be_added_to_grid_and_random_runs_only():
             searcher.added({"lr": 0.01, "layers": 1, "act": "relu"})
 
 
-def test_a_run_without_a_driver_is_not_steered(tmp_path):
+def test_a_run_without_a_driver_is_not_steered(tmp_path, monkeypatch, capsys):
     """An interrupted run: no driver would take the command, so none is written."""
     result = fit(str(tmp_path / "run"), [1e-2])
     journal = os.path.join(result.run_dir, "journal.jsonl")
@@ -140,8 +138,7 @@ def test_a_run_without_a_driver_is_not_steered(tmp_path):
     with pytest.raises(ValueError, match=r"^no driver runs .* now; `cerebro resume .*` goes on with it$"):
         cb.add_trial(result.run_dir, {"lr": 1e-3, "hidden": 16})
     assert not os.path.exists(os.path.join(result.run_dir, "commands"))
-    done = subprocess.run([sys.executable, "-m", "cerebro", "add", result.run_dir, "--config", "{lr: 1}"],
-                          capture_output=True, text=True, timeout=120)
+    done = cerebro(monkeypatch, capsys, "add", result.run_dir, "--config", "{lr: 1}")
     assert done.returncode == 2 and "is not JSON" in done.stderr
     assert json.loads(open(os.path.join(result.run_dir, "run.json")).read())["searcher"]["class"] == "GridSearch"
 
