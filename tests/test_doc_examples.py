@@ -29,7 +29,7 @@ def test_the_examples_are_found_in_each_layer():
     found = [param.values[0] for param in modules_with_examples()]
     assert len(found) >= 25
     for package in ("cerebro.engine", "cerebro.store", "cerebro.data", "cerebro.worker", "cerebro.search",
-                    "cerebro.results", "cerebro.backends"):
+                    "cerebro.report", "cerebro.results", "cerebro.serve", "cerebro.backends"):
         assert any(name.startswith(package + ".") for name in found), package
 
 

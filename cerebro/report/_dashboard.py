@@ -3,9 +3,9 @@ Prometheus ``/metrics``, served read-only from the run directory (local or any f
 
 The page is the report's (:mod:`._html`, :mod:`._figures`: the same code draws both) plus
 what is under way: each worker's sub-epoch with the batches done of all it has (from
-``live.json``, see :mod:`._live`), failures, the run's settings. It polls ``/state`` once
-a second; the server re-reads the journal only when it has grown, and redraws the charts
-only then. plotly.js is inlined: the page needs no network but the server's.
+``live.json``, see :mod:`cerebro.observe._live`), failures, the run's settings. It polls
+``/state`` once a second; the server re-reads the journal only when it has grown, and
+redraws the charts only then. plotly.js is inlined: the page needs no network but the server's.
 
 Routes: ``/`` (the page), ``/state`` (JSON: the sections' HTML and the charts' figures),
 ``/metrics`` (Prometheus text, :class:`._prometheus.RunCollector`). Nothing else is served,
