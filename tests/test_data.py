@@ -91,8 +91,9 @@ def test_non_numeric_features():
 
 
 def test_non_numeric_label():
-    with raises(TypeError, "label must be numeric (class indices 0..K-1 or float targets); "
-                           "got dtype <U3"):
+    with raises(TypeError, "label holds strings ('cat'); a Dataset takes class indices 0..K-1 (or float targets): "
+                           "encode them, e.g. y = sklearn.preprocessing.LabelEncoder().fit_transform(y) (its classes_ "
+                           "map them back)"):
         cb.Dataset.from_numpy(X, np.array(["cat"] * 20))
 
 
@@ -182,7 +183,10 @@ def test_pandas_column_of_arrays_with_different_shapes():
 def test_pandas_non_numeric_column(column):
     frame = pd.DataFrame({"x": [1.0, 2.0, 3.0], "y": [0, 1, 0]})
     frame[column] = ["p", "q", "r"]
-    with raises(TypeError, f"column {column!r} must be numeric, hold numeric arrays or hold bytes; got dtype object"):
+    message = ("label column 'y' holds strings ('p', 'q', 'r'); a Dataset takes class indices 0..K-1 (or float "
+               "targets): encode them, e.g. df['y'] = df['y'].astype('category').cat.codes") if column == "y" else \
+        f"column {column!r} must be numeric, hold numeric arrays or hold bytes; got dtype object"
+    with raises(TypeError, message):
         cb.Dataset.from_pandas(frame, features=["x"], label="y")
 
 
