@@ -75,3 +75,14 @@ def standalone_cluster(workers: int, cores: int, log_dir: str) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def blocked_python(tmp_path) -> str:
+    """A Python whose ``import cerebro`` fails as where torch is missing."""
+    blocked = tmp_path / "blocked" / "cerebro"
+    blocked.mkdir(parents=True)
+    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ncd {tmp_path}\nPYTHONPATH={blocked.parent} exec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
+    return str(python)

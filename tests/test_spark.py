@@ -17,7 +17,7 @@ import pytest
 import torch
 from _faults import assert_replaced_alone, waiting_for_the_replacement
 from _models import build, digits
-from _spark import session, standalone_cluster
+from _spark import blocked_python, session, standalone_cluster
 from test_resume import assert_same_results as assert_same_results_as_uninterrupted
 from test_resume import crashed_run, uninterrupted
 
@@ -301,16 +301,6 @@ def test_a_spark_udf_takes_vector_array_and_numeric_columns_as_cb_predict_does(t
     finally:
         spark.stop()
 
-
-def blocked_python(tmp_path) -> str:
-    """A Python whose ``import cerebro`` fails as where torch is missing."""
-    blocked = tmp_path / "blocked" / "cerebro"
-    blocked.mkdir(parents=True)
-    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\ncd {tmp_path}\nPYTHONPATH={blocked.parent} exec {sys.executable} \"$@\"\n")
-    python.chmod(0o755)
-    return str(python)
 
 
 def test_a_fresh_script_without_pyspark_python_predicts_on_a_local_master(tmp_path, local_result):

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 from _models import build, digit_images, image_build, png_digits
-from _spark import session
+from _spark import blocked_python, session
 from pyspark.sql import functions as F
 
 import cerebro as cb
@@ -151,13 +151,8 @@ def test_spark_ml_double_labels_are_refused_before_any_work_with_the_cast_to_mak
 def test_executors_whose_python_cannot_import_cerebro_get_one_message_naming_it(spark, frame, tmp_path,
                                                                                  monkeypatch):
     """A Python on the executors without Cerebro's dependencies: one error naming it and the fix."""
-    blocked = tmp_path / "blocked" / "cerebro"
-    blocked.mkdir(parents=True)
-    (blocked / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")\n")
-    python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\ncd {tmp_path}\nPYTHONPATH={blocked.parent} exec {sys.executable} \"$@\"\n")
-    python.chmod(0o755)
-    monkeypatch.setattr(spark.sparkContext, "pythonExec", str(python))
+    python = blocked_python(tmp_path)
+    monkeypatch.setattr(spark.sparkContext, "pythonExec", python)
     data = cb.Dataset.from_spark(frame[0], features="array", label="label")
     with pytest.raises(ExecutorPythonError) as raised:
         data.write(str(tmp_path / "data"), 2)
