@@ -158,7 +158,7 @@ class WorkerPool:
             try:
                 authkey, channel = self._accepted.get(timeout=0.1)
             except queue.Empty:
-                channel = None
+                authkey, channel = b"", None
             if channel is not None and authkey != self._authkey:   # a task of an abandoned launch
                 channel.close()
             elif channel is not None:

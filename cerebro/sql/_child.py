@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..backends import LocalBackend
-from ..data import Dataset
+from ..data import ArrayDataset, Dataset
 from ..engine import resume
 from ..results import Result
 from ..search import Hyperband, Searcher, TPESearch, choice
@@ -61,13 +61,15 @@ def _end_with(parent: int) -> None:
 
 
 def _weights(job_dir: str, name: str, present: bool) -> bytes | None:
-    if not present:
-        return None
+    return _read_weights(job_dir, name) if present else None
+
+
+def _read_weights(job_dir: str, name: str) -> bytes:
     with open(os.path.join(job_dir, f"{name}.weights"), "rb") as f:
         return f.read()
 
 
-def _data(job_dir: str, run: RunDescription) -> Dataset:
+def _data(job_dir: str, run: RunDescription) -> ArrayDataset:
     """The rows the session read, as ``Dataset.from_sql`` would have made them."""
     def array(name: str) -> np.ndarray:
         return np.load(os.path.join(job_dir, f"{name}.npy"), allow_pickle=False)
@@ -75,8 +77,8 @@ def _data(job_dir: str, run: RunDescription) -> Dataset:
     if os.path.exists(os.path.join(job_dir, "validation_features.npy")):
         validation = Dataset.from_numpy(array("validation_features"), array("validation_label"), validation=None,
                                         seed=run.seed)
-    return Dataset.from_numpy(array("train_features"), array("train_label"), validation=validation,
-                              partitions=run.workers, seed=run.seed)
+    return ArrayDataset.from_numpy(array("train_features"), array("train_label"), validation=validation,
+                                   partitions=run.workers, seed=run.seed)
 
 
 def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
@@ -104,8 +106,7 @@ def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
         space = dict(build.grid.space)
         searcher = _automl_searcher(build, run, job["params"], metric)
     result, resumed = _fit_or_resume(searcher, space, job["digest"], data, run)
-    by_trial = {t.trial_id: models[t.config["mst_key"]] if "models" in job else build.spec(t.config)
-                for t in result.trials}
+    by_trial = {t.trial_id: build.spec(t.config) for t in result.trials}
     rounds = None
     if run.method == "hyperband":
         brackets = Hyperband(build, space, max_epochs=run.num_iterations, eta=job["params"].get("eta", 3)).brackets()
@@ -149,7 +150,7 @@ def _fit_or_resume(searcher: Any, space: dict[str, Any], digest: str, data: Data
 def predict(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
     """The model's outputs for the rows in ``inputs.npy``, written to ``outputs.npy``."""
     model = keras_architecture(job["model_arch"])
-    load_flat_weights(model, _weights(job_dir, "model", True))
+    load_flat_weights(model, _read_weights(job_dir, "model"))
     inputs = np.load(os.path.join(job_dir, "inputs.npy"), allow_pickle=False)
     outputs = np.concatenate([np.asarray(model.predict_on_batch(inputs[i:i + _PREDICT_BATCH]))
                               for i in range(0, len(inputs), _PREDICT_BATCH)]).reshape(len(inputs), -1)
@@ -161,7 +162,7 @@ def evaluate(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
     """The model's loss and first metric over the rows in ``inputs.npy`` and ``labels.npy``."""
     labels = np.load(os.path.join(job_dir, "labels.npy"), allow_pickle=False)
     model = keras_model(job["model_arch"], job["compile_params"], one_hot=labels.ndim > 1)
-    load_flat_weights(model, _weights(job_dir, "model", True))
+    load_flat_weights(model, _read_weights(job_dir, "model"))
     inputs = np.load(os.path.join(job_dir, "inputs.npy"), allow_pickle=False)
     logs = model.evaluate(inputs, labels, batch_size=_PREDICT_BATCH, verbose=0, return_dict=True)
     metrics = [float(value) for name, value in logs.items() if name != "loss"]

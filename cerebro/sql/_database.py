@@ -187,7 +187,7 @@ class Database:
 
     # --- rows ----------------------------------------------------------------------------
     def read(self, name: str, argument: str, features: Sequence[str], label: str,
-             classes: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+             classes: Sequence[str | None] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(features, label) of table ``name``, read through SPI as the calling role, with the
         columns ``Dataset.from_sql`` takes; a text label is read as its place in ``classes``."""
         import pyarrow as pa

@@ -159,11 +159,11 @@ def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray]
     alike (``validation_preprocessor_dl``)."""
     layout = packing(db, run.source_table, "source_table")
     if layout is None:
-        run = replace(run, independent_varname=run.independent_varname or "independent_var",
-                      dependent_varname=run.dependent_varname or "dependent_var")
-        arrays, class_values = _read_rows(db, run)
+        label = run.dependent_varname or "dependent_var"
+        run = replace(run, independent_varname=run.independent_varname or "independent_var", dependent_varname=label)
+        arrays, class_values = _read_rows(db, run, label)
         return arrays, replace(run, class_values=class_values, dependent_vartype=db.columns(
-            run.source_table, "source_table")[run.dependent_varname])
+            run.source_table, "source_table")[label])
     for given, packed, argument in ((run.independent_varname, layout.independent_varname, "independent_varname"),
                                     (run.dependent_varname, layout.dependent_varname, "dependent_varname")):
         if given not in (None, packed):
@@ -185,23 +185,23 @@ def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray]
                            dependent_vartype=layout.dependent_vartype, normalizing_const=layout.normalizing_const)
 
 
-def _read_rows(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray], list[str] | None]:
+def _read_rows(db: Database, run: RunDescription, label: str) -> tuple[dict[str, np.ndarray], list[str] | None]:
     """The rows of a source (and validation) table of rows, checked by name first; and the
-    class values of a text label."""
+    class values of a text ``label``."""
     features = [c.strip() for c in (run.independent_varname or "").split(",") if c.strip()]
     if not features:
         raise ValueError(f"independent_varname={run.independent_varname!r} must name one or more columns")
     for table, argument in ((run.source_table, "source_table"), (run.validation_table, "validation_table")):
         if table is not None:
-            db.require_columns(table, argument, [*features, run.dependent_varname])
+            db.require_columns(table, argument, [*features, label])
     arrays = {}
     tables = [(t, a, p) for t, a, p in ((run.source_table, "source_table", "train"),
                                         (run.validation_table, "validation_table", "validation")) if t is not None]
-    classes = [db.class_values(t, a, run.dependent_varname) for t, a, _ in tables]
+    classes = [db.class_values(t, a, label) for t, a, _ in tables]
     # Text classes (MADlib's 'Iris-setosa', ...): a class's id is its place among them all.
     class_values = None if classes[0] is None else sorted({c for found in classes for c in found or []})
     for table, argument, prefix in tables:
-        x, y = in_content_order(*db.read(table, argument, features, run.dependent_varname, class_values))
+        x, y = in_content_order(*db.read(table, argument, features, label, class_values))
         if x.dtype == object:
             raise TypeError(f"{argument} {table!r}: the SQL functions take numeric features (numbers or arrays "
                             f"of numbers); {features} holds bytea")

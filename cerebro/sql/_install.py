@@ -192,7 +192,8 @@ def install(dsn: str, schema: str = "cerebro", *, store_root: str | None = None,
             raise RuntimeError(f"the schema {schema!r} is installed, but the server cannot run Cerebro: "
                                f"{str(error).splitlines()[0]}. Its OS user must be able to read "
                                f"{', '.join(sites + extra)}") from None
-    server_python = re.search(r"Python (\d+\.\d+)", answer).group(1)
+    found = re.search(r"Python (\d+\.\d+)", answer)
+    server_python = found.group(1) if found is not None else f"an unknown version ({answer!r})"
     if server_python != f"{sys.version_info.major}.{sys.version_info.minor}":
         raise RuntimeError(f"the server's PL/Python runs Python {server_python}, but these packages are for "
                            f"{sys.version_info.major}.{sys.version_info.minor}: install Cerebro with Python "

@@ -179,12 +179,16 @@ class SelectionBuild:
     models: Mapping[int, ModelSpec]
     one_hot: bool
 
+    def spec(self, config: Mapping[str, Any]) -> ModelSpec:
+        """The row ``config`` names."""
+        return self.models[config["mst_key"]]
+
     def __call__(self, config: Mapping[str, Any]) -> KerasTrainable:
-        return keras_trainable(self.models[config["mst_key"]], one_hot=self.one_hot)
+        return keras_trainable(self.spec(config), one_hot=self.one_hot)
 
     def epochs(self, config: Mapping[str, Any]) -> int:
         """The epochs one iteration of the row trains (its ``fit_params``'s ``epochs``)."""
-        return parse_fit_params(self.models[config["mst_key"]].fit_params).epochs
+        return parse_fit_params(self.spec(config).fit_params).epochs
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ class RunDescription:
     workers: int
     method: str
     started: float
-    class_values: list[str] | None = None     # a text label's classes, in the order of their ids
+    class_values: Sequence[str | None] | None = None  # a text label's classes by id (NULL: num_classes' padding)
     dependent_vartype: str | None = None
     automl_params: str | None = None
     normalizing_const: float = 1.0      # what predict divides features by (training_preprocessor_dl's)

@@ -48,11 +48,13 @@ def keyword_arguments(text: str, what: str, example: str, *, bare_names: bool = 
         call = ast.parse(f"f({text})", mode="eval").body
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             raise ValueError("only name=value pairs are allowed")
-        repeated = sorted({k.arg for k in call.keywords if [c.arg for c in call.keywords].count(k.arg) > 1})
+        keywords = [(k.arg, k) for k in call.keywords if k.arg is not None]     # each, as checked above
+        names = [name for name, _ in keywords]
+        repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"{', '.join(repeated)} given twice")
-        return {k.arg: k.value.id if bare_names and isinstance(k.value, ast.Name) else _literal(k)
-                for k in call.keywords}
+        return {name: k.value.id if bare_names and isinstance(k.value, ast.Name) else _literal(k)
+                for name, k in keywords}
     except (SyntaxError, ValueError) as error:
         raise ValueError(f"{what} {text!r} is malformed ({error.msg if isinstance(error, SyntaxError) else error}); "
                          f"expected keyword arguments with literal values, such as {example}") from None
@@ -101,7 +103,8 @@ def _optimizer(text: str, params: str) -> tuple[str, tuple[tuple[str, Any], ...]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
             and all(k.arg is not None for k in node.keywords):
         try:
-            args = {("learning_rate" if k.arg == "lr" else k.arg): ast.literal_eval(k.value) for k in node.keywords}
+            args = {("learning_rate" if k.arg == "lr" else k.arg): ast.literal_eval(k.value) for k in node.keywords
+                    if k.arg is not None}     # each, as checked above
         except ValueError:
             raise ValueError(f"compile_params {params!r}: optimizer {text!r} has a value that is not a literal; "
                              f"expected {rule}") from None

@@ -152,7 +152,7 @@ def _read_rows(db: Database, table: str, argument: str, x: str, y: str,
     return features.astype(np.float32), np.eye(len(levels), dtype=np.int16)[labels]
 
 
-def _levels(db: Database, table: str, y: str) -> list[str] | None:
+def _levels(db: Database, table: str, y: str) -> list[str | None] | None:
     """The distinct values of a label column to encode, as text, in their type's order; None
     for a numeric array column (one-hot already, as MADlib takes it)."""
     kind = db.columns(table, "source_table")[y]

@@ -12,6 +12,7 @@ from typing import ClassVar
 
 from ..engine import TrialRequest
 from ..search import GridSearch
+from ._keras_model import SelectionBuild
 
 
 class SelectionSearch(GridSearch):
@@ -20,6 +21,7 @@ class SelectionSearch(GridSearch):
     :class:`._keras_model.SelectionBuild`, which knows them)."""
 
     cannot_extend: ClassVar[str] = "its trials' epochs are iterations times each row's fit_params epochs"
+    build: SelectionBuild
 
     def suggest(self) -> list[TrialRequest]:
         return [TrialRequest(request.config, request.max_epochs * self.build.epochs(request.config))
