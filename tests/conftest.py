@@ -23,7 +23,7 @@ _POSTGRES_FILES = {"test_sql_api.py", "test_sql_data.py", "test_sql_madlib_sessi
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` (pyproject's addopts) each test file runs whole on one xdist
+    """Under ``-n 2 --dist loadgroup`` (tests/README.md) each test file runs whole on one xdist
     worker, so its module-scoped clusters and finished runs are made once; the PostgreSQL files
     share one group. On an xdist worker the groups with the most slow tests come first: the
     longest start first and the short ones fill in at the end, so neither worker finishes
