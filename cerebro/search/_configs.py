@@ -57,7 +57,7 @@ def _fit(node: Any, value: Any, where: str, branch: bool = False) -> None:
         fits = isinstance(value, int) and not isinstance(value, bool) and node.low <= value < node.high
         rule = f"an integer in [{node.low}, {node.high})"
     elif isinstance(node, Distribution):
-        low, high = node.low, node.high       # type: ignore[attr-defined]
+        low, high = node.low, node.high  # type: ignore[attr-defined]  # the other primitives are bounded
         fits = isinstance(value, number) and not isinstance(value, bool) and low <= value <= high
         rule = f"a number in [{low!r}, {high!r}] ({node!r})"
     elif branch:
