@@ -46,7 +46,7 @@ def killing_build(store: str, after: int, marker: str, base=build):
     says ``after`` epochs, or stops growing for 2 s (it has caught up: the epochs it lacks are
     still to train, here too), or 10 s have passed. Once per worker process: the build is
     unpickled once a worker, so ``waited`` is shared by its trials."""
-    waited = [False]
+    waited, driver = [False], os.getpid()        # made in the driver, called in its workers
 
     def build_that_kills(config: dict) -> cb.TorchTrainable:
         trainable = base(config)
@@ -59,7 +59,7 @@ def killing_build(store: str, after: int, marker: str, base=build):
                 _wait_for_the_journal(store, after)
             return epochs_journaled(store) >= after
 
-        trainable.loss = striking(trainable.loss, lambda: os.kill(os.getppid(), signal.SIGKILL), marker=marker,
+        trainable.loss = striking(trainable.loss, lambda: os.kill(driver, signal.SIGKILL), marker=marker,
                                   when=due)
         return trainable
     return build_that_kills

@@ -44,11 +44,13 @@ def _ours(process: psutil.Process) -> bool:
 
 
 def _live_workers() -> list[psutil.Process]:
-    """This session's local worker processes (``python -m cerebro.worker``) that still run."""
+    """This session's worker processes that still run: ``python -m cerebro.worker`` or forked
+    by the local backend's fork server (named ``cerebro-worker``)."""
     found = []
-    for process in psutil.process_iter(["cmdline", "status"]):
+    for process in psutil.process_iter(["cmdline", "name", "status"]):
         cmdline = process.info["cmdline"] or []
-        if "cerebro.worker" in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE and _ours(process):
+        worker = "cerebro.worker" in cmdline or process.info["name"] == "cerebro-worker"
+        if worker and process.info["status"] != psutil.STATUS_ZOMBIE and _ours(process):
             found.append(process)
     return found
 

@@ -9,6 +9,7 @@ import sys
 import time
 
 from ..worker._protocol import HANDSHAKE_FAILED
+from . import _forks
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 # An idle worker told to shut down exits by itself within milliseconds, having removed its
@@ -47,18 +48,21 @@ class LocalBackend(Backend):
         self.heartbeat_timeout = check_heartbeat_timeout(heartbeat_timeout)
         self.max_restarts = check_max_restarts(max_restarts)
         self.hops = check_hops(hops)
-        self._processes: list[subprocess.Popen] = []
-        self._unreaped: list[subprocess.Popen] = []     # replaced, killed, not yet ended
+        self._processes: list[subprocess.Popen | _forks.ForkedWorker] = []
+        # replaced, killed, not yet ended
+        self._unreaped: list[subprocess.Popen | _forks.ForkedWorker] = []
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
         self._address, self._authkey = address, authkey
         self._processes = [self._spawn(worker) for worker in range(self.workers)]
 
-    def _spawn(self, worker: int) -> subprocess.Popen:
+    def _spawn(self, worker: int) -> subprocess.Popen | _forks.ForkedWorker:
         threads = str(self.threads_per_worker)
         # The driver's sys.path, so workers import what a cloudpickled build refers to.
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
         env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": path}
+        if _forks.AVAILABLE:        # started in milliseconds, torch already imported
+            return _forks.fork_worker(worker, self._address, self._authkey, env)
         process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", self._address[0], str(self._address[1]),
                                     str(worker)], env=env, stdin=subprocess.PIPE)
         # On stdin: never on the command line (``ps``) or in the environment (/proc/PID/environ).
@@ -99,7 +103,7 @@ class LocalBackend(Backend):
             for process in self._processes:
                 if process.poll() is None:
                     process.terminate()
-                    os.kill(process.pid, signal.SIGCONT)   # a stopped (hung) worker must see it too
+                    process.send_signal(signal.SIGCONT)   # a stopped (hung) worker must see it too
         for process in self._processes:
             try:
                 process.wait(timeout=10)

@@ -1,0 +1,157 @@
+"""Worker processes forked by the fork server (:mod:`cerebro.worker._forkserver`), as the
+local backend starts them: each starts with torch and the worker's code already imported,
+where ``python -m cerebro.worker`` spends about two seconds of CPU importing them.
+
+One fork server per driver process, started with its first worker and shared by every run
+the process makes after it (a notebook's, a test suite's, a benchmark's); it ends when the
+driver does. :class:`ForkedWorker` answers what the backend asks of a process (``pid``,
+``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``) as :class:`subprocess.Popen` does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import IO
+
+# Where fork is not Linux's (macOS forks badly after torch's import; Windows has none), the
+# local backend starts each worker with ``python -m cerebro.worker``.
+AVAILABLE = sys.platform.startswith("linux")
+
+
+class ForkServerGone(RuntimeError):
+    """The fork server ended (killed from outside): the caller starts a new one."""
+
+
+class ForkServer:
+    """A running fork server and the exit codes of the workers it forked."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        read_fd, write_fd = os.pipe()
+        self._process = subprocess.Popen([sys.executable, "-m", "cerebro.worker._forkserver", str(write_fd)],
+                                         env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,))
+        os.close(write_fd)
+        self._replies: IO[bytes] = os.fdopen(read_fd, "rb")
+        self._lock = threading.Lock()          # one request and its answer at a time
+        self._changed = threading.Condition()
+        self._pids: list[int] = []             # answers to spawn requests, in order
+        self._codes: dict[int, int] = {}       # reaped workers' exit codes
+        self._live: set[int] = set()
+        self.gone = False
+        threading.Thread(target=self._read, daemon=True, name="cerebro-forkserver-replies").start()
+
+    def _read(self) -> None:
+        for line in self._replies:
+            event = json.loads(line)
+            with self._changed:
+                if "pid" in event:
+                    self._pids.append(event["pid"])
+                    self._live.add(event["pid"])
+                else:
+                    self._codes[event["exited"]] = event["code"]
+                    self._live.discard(event["exited"])
+                self._changed.notify_all()
+        self._process.wait()        # its pipe closed as it exited: reaped, no zombie left
+        self._lost()
+
+    def _lost(self) -> None:
+        """The server ended: its workers, whose exits it can no longer tell, are killed (not
+        left running unwatched) and count as killed."""
+        with self._changed:
+            self.gone = True
+            for pid in self._live:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self._codes[pid] = -signal.SIGKILL
+            self._live.clear()
+            self._changed.notify_all()
+
+    def _send(self, request: dict) -> None:
+        assert self._process.stdin is not None         # stdin=PIPE
+        try:
+            self._process.stdin.write(json.dumps(request).encode() + b"\n")
+            self._process.stdin.flush()
+        except (BrokenPipeError, ValueError) as error:
+            raise ForkServerGone(f"the local backend's fork server exited with code {self._process.wait()}") from error
+
+    def spawn(self, worker: int, address: tuple[str, int], authkey: bytes, env: dict[str, str],
+              launched_by: str = "local process") -> ForkedWorker:
+        with self._lock:
+            self._send({"spawn": worker, "host": address[0], "port": address[1], "authkey": authkey.hex(),
+                        "launched_by": launched_by, "env": env, "path": sys.path, "cwd": os.getcwd()})
+            with self._changed:
+                self._changed.wait_for(lambda: self._pids or self.gone)
+                if not self._pids:
+                    raise ForkServerGone(f"the local backend's fork server (python -m cerebro.worker._forkserver) "
+                                         f"exited with code {self._process.wait()} before it forked worker {worker}; "
+                                         f"what it printed is above")
+                return ForkedWorker(self, self._pids.pop(0))
+
+    def signal_worker(self, pid: int, number: int) -> None:
+        with self._lock:
+            self._send({"signal": number, "pid": pid})
+
+    def code(self, pid: int, timeout: float | None) -> int | None:
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._codes, timeout)
+            return self._codes.get(pid)
+
+
+class ForkedWorker:
+    """A worker the fork server forked, seen as :class:`subprocess.Popen` shows a process."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self.server, self.pid = server, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.code(self.pid, timeout=0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(f"cerebro worker {self.pid}", timeout or 0)
+        return self.returncode
+
+    def send_signal(self, number: int) -> None:
+        if self.poll() is None:
+            try:
+                self.server.signal_worker(self.pid, number)
+            except ForkServerGone:
+                pass          # its workers were killed with it (ForkServer._lost)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+
+_SERVER: ForkServer | None = None
+_SERVER_OWNER = 0           # the process that started it: a forked driver starts its own
+_SERVER_LOCK = threading.Lock()
+
+
+def fork_worker(worker: int, address: tuple[str, int], authkey: bytes, env: dict[str, str]) -> ForkedWorker:
+    """Fork worker ``worker`` for the driver at ``address``, starting the fork server first
+    where this process has none (or its own was killed)."""
+    global _SERVER, _SERVER_OWNER
+    with _SERVER_LOCK:
+        for attempt in (1, 2):
+            if _SERVER is None or _SERVER.gone or _SERVER_OWNER != os.getpid():
+                _SERVER, _SERVER_OWNER = ForkServer(env), os.getpid()
+            try:
+                return _SERVER.spawn(worker, address, authkey, env)
+            except ForkServerGone:
+                if attempt == 2:
+                    raise
+                _SERVER = None
+    raise AssertionError("unreachable")
