@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 ONE_RUN = r"""
-import json, sys, tempfile, time
+import hashlib, json, sys, tempfile, time
 import numpy as np, torch
 import cerebro as cb
 from cerebro.engine._pool import WorkerPool
@@ -55,17 +55,20 @@ X = np.random.default_rng(0).normal(size=(200, 8)).astype("float32")
 data = cb.Dataset.from_numpy(X, (X[:, 0] > 0).astype("int64"), validation=0.2, partitions=2, seed=0)
 search = cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1)
 first = time.perf_counter()
-search.fit(data, workers=2, store=tempfile.mkdtemp(), verbose=0)           # warm: imports, preflight
+search.fit(data, workers=2, store=tempfile.mkdtemp(), seed=0, verbose=0)   # warm: imports, preflight
 began = time.perf_counter()
-result = search.fit(data, workers=2, store=tempfile.mkdtemp(), verbose=0)
+result = search.fit(data, workers=2, store=tempfile.mkdtemp(), seed=0, verbose=0)
 ended = time.perf_counter()
 assert result.trials[0].status == "completed"
+digest = hashlib.sha256(result.history().to_csv().encode())      # the run's results, to compare checkouts' bits
+for name, tensor in sorted(result.trials[0].state_dict().items()):
+    digest.update(name.encode() + tensor.numpy().tobytes())
 print(json.dumps({"first_fit_s": began - first, "fit_s": ended - began, "start_s": marks["started"] - marks["start"],
-                  "stop_s": marks["stopped"] - marks["stop"]}))
+                  "stop_s": marks["stopped"] - marks["stop"], "bits": digest.hexdigest()[:16]}))
 """
 
 
-def one(root: str) -> dict[str, float]:
+def one(root: str) -> dict:
     env = {**os.environ, "PYTHONPATH": root}
     done = subprocess.run([sys.executable, "-c", ONE_RUN], env=env, capture_output=True, text=True, timeout=300,
                           cwd=root)
@@ -81,20 +84,24 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/run_overhead.json")
     args = parser.parse_args()
     roots = {"this": ROOT, **({"against": os.path.abspath(args.against)} if args.against else {})}
-    samples: dict[str, list[dict[str, float]]] = {name: [] for name in roots}
+    samples: dict[str, list[dict]] = {name: [] for name in roots}
     for _ in range(args.repeats):
         for name, root in roots.items():
             samples[name].append(one(root))
-    medians = {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]}
+    medians = {name: {key: statistics.median(s[key] for s in runs) for key in runs[0] if key != "bits"}
                for name, runs in samples.items()}
-    print("| checkout | first fit s | next fit s | its workers' start s | their stop s |\n|---|---|---|---|---|")
+    bits = {name: sorted({s["bits"] for s in runs}) for name, runs in samples.items()}
+    print("| checkout | first fit s | next fit s | its workers' start s | their stop s | results' sha256 |\n"
+          "|---|---|---|---|---|---|")
     for name, m in medians.items():
         print(f"| {name} ({roots[name]}) | {m['first_fit_s']:.2f} | {m['fit_s']:.2f} | {m['start_s']:.2f} "
-              f"| {m['stop_s']:.2f} |")
+              f"| {m['stop_s']:.2f} | {', '.join(bits[name])} |")
+    if len({tuple(b) for b in bits.values()}) > 1:
+        print("the checkouts' results differ")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join([sys.executable, *sys.argv]), "repeats": args.repeats, "roots": roots,
-                   "medians": medians, "samples": samples}, f, indent=1)
+                   "medians": medians, "bits": bits, "samples": samples}, f, indent=1)
     print(f"wrote {args.out}")
 
 
