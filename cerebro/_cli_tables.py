@@ -49,7 +49,7 @@ def print_summary(result: Result, console: Console) -> None:
 
 
 _REASON_WIDTH = 10      # the least of a reason worth showing
-_HEADER_WORD = 8        # a config's name longer than this folds rather than widening its column
+_HEADER_WORD = 12       # a config's name's word longer than this folds rather than widening its column
 _LAST_CONFIG = 1000     # configs are left out after every other column that may be, the rightmost first
 
 
@@ -101,7 +101,8 @@ def _summary_columns(result: Result) -> tuple[list[_Column], dict[str, Any]]:
         if name in shared:
             continue
         cells = [_cell(value, name in config) for value in summary[name]]
-        header = headers.get(name, str(name))
+        # A config's name breaks after its underscores ("batch_" over "size"), not inside a word.
+        header = headers.get(name, "_\n".join(str(name).split("_")) if name in config else str(name))
         words = max(len(word) for word in header.split())
         width = max([len(cell) for cell in cells] + [min(words, _HEADER_WORD) if name in config else words])
         drop = _LAST_CONFIG - len(columns) if name in config else order.get(name)     # configs: rightmost first
