@@ -120,3 +120,23 @@ if __name__ == "__main__":
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.stdout == "False\n", done.stderr[-2000:]
     assert os.listdir(tmp_path / "run" / "tensorboard") == ["t0000"]
+
+
+def test_a_failed_trials_metrics_lead_neither_the_report_nor_the_metrics_endpoint(tmp_path):
+    """One rule for what leads a run: ``result.best``'s. A trial that failed in its second
+    epoch after a finite first is never shown as the best so far, on the page or in
+    ``cerebro_best_metric``, however good its first epoch was."""
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from cerebro.report._prometheus import RunCollector
+    search = cb.GridSearch(failing_after(20, lr=3e-2), {"lr": cb.choice([3e-2])}, epochs=2)   # 15 steps an epoch
+    result = search.fit(digits(partitions=2), workers=2, store=tmp_path / "run", seed=0, verbose=0)
+    [trial] = result.trials
+    assert trial.status == "failed" and trial.epochs == 1 and trial.best_metrics["val_loss"] > 0
+    page = open(cb.report.write_report(result.run_dir, tmp_path / "report.html"), encoding="utf-8").read()
+    assert "No trial that did not fail has a val_loss yet." in page and "Leading" not in page
+    registry = CollectorRegistry()
+    registry.register(RunCollector(result.run_dir))
+    text = generate_latest(registry).decode()
+    assert "# TYPE cerebro_best_metric gauge" in text and "\ncerebro_best_metric{" not in text

@@ -13,7 +13,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from typing import Any
 
-from ..results import Result, TrialResult, flat_config, load
+from ..results import NoBestTrialError, Result, flat_config, load
 from ..results._trial_result import rounded
 from ..store import _files as files
 from . import _figures
@@ -73,15 +73,10 @@ def headline(result: Result) -> str:
              f"<p id='when'>{html.escape(_when(info, result))}</p>",
              f"<p id='counts'>{len(result.trials)} trials: {html.escape(ended or 'none yet')}</p>"]
     try:
-        best = result.best
-    except RuntimeError:
-        ahead = leader(result)
-        if ahead is None:
-            return f"<div class='card'>{''.join(lines)}<p>No trial has a {html.escape(result.metric)} yet.</p></div>"
-        lines.insert(1, f"<p class='best' id='best'>Leading, not finished: <b>{html.escape(ahead.trial_id)}</b> at "
-                        f"epoch {_text(ahead.best_epoch)}: {html.escape(result.metric)} = "
-                        f"<b>{_number(ahead.best_metrics.get(result.metric))}</b></p>")
-        return f"<div class='card'>{''.join(lines)}</div>"
+        best = result.best      # the one rule: the page, /metrics and `cerebro status` lead with the same trial
+    except NoBestTrialError:
+        return (f"<div class='card'>{''.join(lines)}<p>No trial that did not fail has a "
+                f"{html.escape(result.metric)} yet.</p></div>")
     export = f"cerebro export {shlex.quote(result.run_dir)} --trial {best.trial_id} -o model.safetensors"
     title = "Best" if result.finished else "Best so far"     # an unfinished run's best may still change
     lines.insert(1, f"<p class='best' id='best'>{title}: <b>{html.escape(best.trial_id)}</b> at epoch "
@@ -90,15 +85,6 @@ def headline(result: Result) -> str:
                     f"<br><code>{html.escape(rounded(best.config))}</code></p>"
                     f"<p>Export it: <code id='export'>{html.escape(export)}</code></p>")
     return f"<div class='card'>{''.join(lines)}</div>"
-
-
-def leader(result: Result) -> TrialResult | None:
-    """The trial whose best epoch so far has the best objective, finished or not (None: no
-    epoch has a finite one yet): what a live view shows before :attr:`Result.best` exists."""
-    sign = 1 if result.mode == "min" else -1
-    scored = [t for t in result.trials if isinstance(t.best_metrics.get(result.metric), (int, float))
-              and math.isfinite(t.best_metrics[result.metric])]
-    return min(scored, key=lambda t: sign * t.best_metrics[result.metric]) if scored else None
 
 
 def _when(info: dict[str, Any], result: Result) -> str:

@@ -21,12 +21,11 @@ import pandas as pd
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..results import Result, load
+from ..results import NoBestTrialError, Result, load
 from ..results._live import is_stale, read_live, well_formed
 from ..store import TrialStatus
 from ..store import _files as files
 from ._figures import utilization
-from ._html import leader
 
 SUB_EPOCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 HOP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -114,11 +113,12 @@ class RunCollector(Collector):
         for status in TrialStatus:
             trials.add_metric([run, str(status)], int(counts.get(str(status), 0)))
         yield trials
-        best = GaugeMetricFamily("cerebro_best_metric", "The best objective of any epoch so far, finished trial "
-                                 "or not", labels=["run", "metric", "mode"])
-        ahead = leader(result)
-        if ahead is not None:
-            best.add_metric([run, result.metric, result.mode], float(ahead.best_metrics[result.metric]))
+        best = GaugeMetricFamily("cerebro_best_metric", "The best objective so far: result.best's, finished trial "
+                                 "or not (a failed one never)", labels=["run", "metric", "mode"])
+        try:
+            best.add_metric([run, result.metric, result.mode], float(result.best.best_metrics[result.metric]))
+        except NoBestTrialError:
+            pass        # no trial that did not fail has the metric yet: no sample
         yield best
 
     def _workers(self, result: Result, schedule: pd.DataFrame, live: dict[str, Any]) -> Iterator[Metric]:
