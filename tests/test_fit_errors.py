@@ -73,7 +73,8 @@ def test_build_that_cannot_be_pickled(tmp_path):
 
 def test_build_must_return_a_trainable(tmp_path):
     fails_before_work(tmp_path, lambda: cb.GridSearch(lambda config: "a model", SPACE),
-                      "build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; got str",
+                      "build(config) must return a cerebro.Trainable (a cerebro.TorchTrainable, a "
+                      "cerebro.KerasTrainable, or a subclass of your own: docs/extending.md); got str",
                       error=TypeError)
 
 

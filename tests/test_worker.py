@@ -83,8 +83,8 @@ def test_build_must_return_a_trainable():
     trainables = _Trainables(lambda config: torch.nn.Linear(2, 2), CPU, 0, train_rows=[100])
     result = _run(task("t0000", 0), trainables, DATA, CPU)
     assert isinstance(result, SubEpochFailed)
-    assert ("TypeError: build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; got Linear"
-            in result.error)
+    assert ("TypeError: build(config) must return a cerebro.Trainable (a cerebro.TorchTrainable, a "
+            "cerebro.KerasTrainable, or a subclass of your own: docs/extending.md); got Linear" in result.error)
 
 
 def test_eval_leaves_the_state_version_alone():

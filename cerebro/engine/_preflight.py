@@ -34,6 +34,7 @@ from ..worker import Trainable, preflight
 from ..worker._frozen import draws
 from ..worker._label_checks import CLASS_INDEX_FIX, check_class_range
 from ..worker._torch_checks import ignored_class
+from ..worker._trainable import not_a_trainable
 from ._interface import SearchPolicy
 
 HISTORY_COLUMNS = ("trial_id", "epoch", "exploited_from", "warm_started_from")
@@ -196,8 +197,7 @@ def first_trials(policy: SearchPolicy, seed: int) -> list[dict[str, Any]]:
 def check_metric(trainable: Any, metric: str, has_validation: bool) -> list[str]:
     """The metrics ``trainable`` logs; raises unless it is a trainer that logs ``metric``."""
     if not isinstance(trainable, Trainable):
-        raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
-                        f"got {type(trainable).__name__}")
+        raise not_a_trainable(trainable)
     prefixes = ("train", "val") if has_validation else ("train",)
     logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metric_names())]
     if has_validation:

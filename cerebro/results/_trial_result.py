@@ -19,7 +19,7 @@ from ..store import _files as files
 from ..worker import StateMismatchError, Trainable, predict_rows
 from ..worker._frozen_weights import restore_frozen
 from ..worker._state_check import check_tensors, model_part
-from ..worker._trainable import positive_batch_size
+from ..worker._trainable import not_a_trainable, positive_batch_size
 
 _RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*:")     # "ValueError: ..."
 
@@ -162,8 +162,7 @@ class TrialResult:
     def _build(self) -> Trainable:
         trainable = self._require_result().build(self.config)
         if not isinstance(trainable, Trainable):
-            raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
-                            f"got {type(trainable).__name__}")
+            raise not_a_trainable(trainable)
         return trainable
 
     def predict(self, data: Any, *, epoch: int | str = "best", batch_size: int | None = None) -> np.ndarray:

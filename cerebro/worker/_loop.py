@@ -42,7 +42,7 @@ from ._protocol import (
     TakeOver,
 )
 from ._state_check import StateMismatchError
-from ._trainable import SubEpochTimeout, Trainable, seed_build
+from ._trainable import SubEpochTimeout, Trainable, not_a_trainable, seed_build
 from ._wire import Channel, connect
 
 
@@ -150,8 +150,7 @@ class _Trainables:
     def _build(self, config: dict) -> Trainable:
         trainable = self.build(config)
         if not isinstance(trainable, Trainable):
-            raise TypeError(f"build(config) must return a cerebro.TorchTrainable or cerebro.KerasTrainable; "
-                            f"got {type(trainable).__name__}")
+            raise not_a_trainable(trainable)
         self.materialized.share(trainable)
         if self.frozen_dir is not None:
             store_weights(trainable, self.frozen_dir, self._frozen_stored)

@@ -255,6 +255,13 @@ def seed_build(seed: int) -> None:
         sys.modules["keras"].utils.set_random_seed(seed % 2**32)     # numpy's legacy seeds are 32-bit
 
 
+def not_a_trainable(value: object) -> TypeError:
+    """The error for a ``build(config)`` whose return is no :class:`Trainable`."""
+    return TypeError(f"build(config) must return a cerebro.Trainable (a cerebro.TorchTrainable, a "
+                     f"cerebro.KerasTrainable, or a subclass of your own: docs/extending.md); "
+                     f"got {type(value).__name__}")
+
+
 def describe(value: object) -> str:
     """A value's shape and dtype, for error messages."""
     if isinstance(value, torch.Tensor):
