@@ -17,23 +17,15 @@ SESSION = os.environ.setdefault("CEREBRO_TEST_SESSION", str(os.getpid()))
 if (_XDIST_WORKER := os.environ.get("PYTEST_XDIST_WORKER")) and not SESSION.endswith(f"-{_XDIST_WORKER}"):
     SESSION = os.environ["CEREBRO_TEST_SESSION"] = f"{SESSION}-{_XDIST_WORKER}"
 
-# The files whose tests share one session-scoped PostgreSQL server (and may apt-get install
-# it): on one xdist worker, so the server starts once and two installs never race for dpkg's lock.
-_POSTGRES_FILES = {"test_sql_api.py", "test_sql_data.py", "test_sql_madlib_session.py", "test_sql_security.py"}
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``-n 2 --dist loadgroup`` (tests/README.md) each test file runs whole on one xdist
-    worker, so its module-scoped clusters and finished runs are made once; the PostgreSQL files
-    share one group. On an xdist worker the groups with the most slow tests come first: the
-    longest start first and the short ones fill in at the end, so neither worker finishes
-    long before the other (the scheduler hands out groups in this order)."""
-    groups = {item: "postgres" if item.path.name in _POSTGRES_FILES else item.path.name for item in items}
-    for item, group in groups.items():
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Under ``-n 2 --dist loadfile`` (pyproject's addopts) each test file runs whole on one
+    xdist worker, so its module-scoped clusters and finished runs are made once. On an xdist
+    worker the files with the most slow tests come first (``--no-loadscope-reorder`` keeps this
+    order): the longest start first and the short ones fill in at the end, so neither worker
+    finishes long before the other."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        slow = collections.Counter(group for item, group in groups.items() if item.get_closest_marker("slow"))
-        items.sort(key=lambda item: -slow[groups[item]])        # stable: a file's tests keep their order
+        slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+        items.sort(key=lambda item: -slow[item.path])        # stable: a file's tests keep their order
 
 
 def _ours(process: psutil.Process) -> bool:

@@ -255,7 +255,8 @@ CASES = {   # name -> (make the mistake(tmp_path), error type, the whole message
     # --- build, checked on the driver ---------------------------------------------------------------
     "a build that returns a model, not a trainer": (
         lambda t: fit(t, cb.GridSearch(lambda config: torch.nn.Linear(8, 3), SPACE, epochs=1)), TypeError,
-        r"build\(config\) must return a cerebro\.TorchTrainable or cerebro\.KerasTrainable; got Linear"),
+        r"build\(config\) must return a cerebro\.Trainable \(a cerebro\.TorchTrainable, a cerebro\.KerasTrainable, "
+        r"or a subclass of your own: docs/extending\.md\); got Linear"),
     "batch_size=0": (lambda t: fit(t, cb.GridSearch(build_batch_size_0, SPACE, epochs=1)), ValueError,
                      r"build\(config\) fails for the configuration tried on the driver, "
                      r"\{'lr': 0\.1\}: ValueError: batch_size=0 must be a positive integer\n(.|\n)*"),
