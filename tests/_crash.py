@@ -6,7 +6,8 @@ first training batch after the 4th epoch end), ``decision`` (ASHA's driver kills
 that stops or promotes a trial, in ``report`` or in ``decide``: which of the two makes it depends
 on timing, that one is made does not), ``scheduled`` (as mid-epoch, for trials with a
 learning-rate schedule and clipping, stepped per epoch or per batch) or ``long`` or
-``plain`` (not killed by itself: 50 or 3 epochs, for a test to stop).
+``plain`` (not killed by itself: 50 epochs, or the reference grid held at the epoch count
+in the file ``STORE.hold`` (:func:`_faults.held`), for a test to stop).
 The kill happens once: a marker file next to the store, claimed atomically, remembers it, so the resumed run,
 which unpickles the same build and searcher, goes on undisturbed.
 """
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from _faults import claim, epochs_journaled, striking  # noqa: E402
+from _faults import claim, epochs_journaled, held, striking  # noqa: E402
 from _models import build, digits, scheduled  # noqa: E402
 
 import cerebro as cb  # noqa: E402
@@ -77,6 +78,17 @@ def _wait_for_the_journal(store: str, after: int) -> None:
             seen, grew = now, time.monotonic()
 
 
+def held_build(store: str):
+    """``build``, whose workers wait while ``STORE.hold`` names an epoch count the journal has
+    reached: a signal sent then finds the run unfinished however fast its workers train (forked
+    workers finish this grid in about a second)."""
+    def build_held(config: dict) -> cb.TorchTrainable:
+        trainable = build(config)
+        trainable.loss = held(trainable.loss, store + ".hold", store)
+        return trainable
+    return build_held
+
+
 class KillingASHA(cb.ASHA):
     """ASHA whose driver dies inside its first decision that stops or promotes a trial."""
 
@@ -123,8 +135,8 @@ def searcher(point: str, store: str, marker: str) -> cb.Searcher:
         return search
     if point == "long":          # never killed by itself: 50 epochs for a test to kill
         return cb.GridSearch(build, SPACE, epochs=50)
-    if point == "plain":         # never killed by itself: the reference grid, for a test to stop
-        return reference("mid-epoch")
+    if point == "plain":         # never killed by itself: the reference grid, held for a test to stop
+        return cb.GridSearch(held_build(store), SPACE, epochs=3)
     if point == "scheduled":     # killed mid-schedule: 3 of its 12 epochs journaled
         return cb.GridSearch(killing_build(store, 3, marker, scheduled), SCHEDULED_SPACE, epochs=3)
     after = {"mid-epoch": 3, "after-checkpoint": 4}[point]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from _crafted import craft_checkpoint, pickled_payload
 from _crash import assert_same_results, reference
-from _faults import epochs_journaled
+from _faults import epochs_journaled, hold_at
 from _models import build, digits, failing_after
 
 import cerebro as cb
@@ -165,6 +165,7 @@ def test_one_driver_per_run_directory_until_it_dies(tmp_path):
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_cleanly_and_the_run_resumes(tmp_path, signal_name):
     store = str(tmp_path / "run")
+    hold_at(store + ".hold", 2)         # the run waits there, so the signal never finds it finished
     child = subprocess.Popen([sys.executable, CRASH, store, "plain"], stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
     try:
@@ -174,6 +175,7 @@ def test_ctrl_c_or_sigterm_stops_cleanly_and_the_run_resumes(tmp_path, signal_na
     finally:
         child.kill()
     assert child.returncode != 0 and "KeyboardInterrupt" in stderr
+    os.remove(store + ".hold")
     events = list(cb.load(store).store.events())
     assert events[-1]["event"] == "run_interrupted"
     assert all(gone(pid) for pid in workers_of(store))       # stopped with the driver, not orphaned
