@@ -5,7 +5,6 @@ narrow waist 1 (``cerebro.engine._interface``) and the seeds, never the run mach
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -17,9 +16,8 @@ from .engine._rerun import go_on
 from .search._space import sample_config
 
 if TYPE_CHECKING:
-    from .backends import Backend
     from .data import Dataset
-    from .engine._settings import Limits
+    from .engine._settings import RunOptions
     from .results import Result
 
 
@@ -37,18 +35,14 @@ class Search(SearchPolicy, Protocol):
     def _settings(self) -> dict[str, Any]: ...
 
 
-def fit(searcher: Search, data: Dataset, *, backend: str | Backend, workers: int | None,
-        store: str | os.PathLike | None, seed: int | None, verbose: int, limits: Limits,
-        time_budget: float | None, tensorboard: bool, mlflow: bool | str, metrics_port: int | None = None,
-        metrics_host: str = "127.0.0.1", resume: bool = False) -> Result:
-    """Check ``searcher``'s arguments and the HOW, then run it with MOP, or, with ``resume``,
-    go on with the run of this same search that ``store`` holds (see :meth:`cerebro.Searcher.fit`)."""
+def fit(searcher: Search, data: Dataset, options: RunOptions) -> Result:
+    """Check ``searcher``'s arguments and the HOW, then run it with MOP, or, with
+    ``options.resume``, go on with the run of this same search that ``options.store`` holds
+    (see :meth:`cerebro.Searcher.fit`)."""
     searcher._validate()
-    how = check_how(data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose, limits=limits,
-                    time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow, metrics_port=metrics_port,
-                    metrics_host=metrics_host, resume=resume)
+    how = check_how(data, options)
     settings = searcher._settings()
-    if resume:
+    if options.resume:
         found = go_on(how, settings, data, searcher.build)
         if found is not None:
             return found

@@ -274,3 +274,27 @@ def test_a_mode_that_ranks_the_worst_trial_first_is_warned_of_where_the_searcher
         cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1, metric=metric, mode=mode)
     assert [(str(w.message), os.path.basename(w.filename)) for w in caught] == \
         ([] if said is None else [(said, "test_searcher_parameters.py")])
+
+
+def test_fits_keywords_reach_the_engine_as_one_frozen_run_options(monkeypatch):
+    """``Searcher.fit``'s keywords (the users' contract) are built into one ``RunOptions`` at
+    the front door, each one carried, none dropped; the engine's ``Limits`` holds the limits."""
+    import dataclasses
+
+    from cerebro import _fit
+    from cerebro.engine._settings import Limits, RunOptions
+    seen = []
+    monkeypatch.setattr(_fit, "fit", lambda searcher, data, options: seen.append((searcher, data, options)))
+    search, data = cb.GridSearch(build, {"lr": cb.choice([0.1])}, epochs=1), digits()
+    search.fit(data, workers=3, store="runs/x", seed=7, verbose=0, trial_timeout=5.0, max_failures=2,
+               max_trial_losses=4, keep_checkpoints=1, time_budget=60.0, tensorboard=False, mlflow="sqlite:///m.db",
+               hang_after=None, metrics_port=0, metrics_host="0.0.0.0", resume=True)
+    [(searcher, given, options)] = seen
+    assert searcher is search and given is data
+    assert options == RunOptions("local", 3, "runs/x", 7, 0, Limits(5.0, 2, 4, 1, None), 60.0, False,
+                                 "sqlite:///m.db", 0, "0.0.0.0", True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.seed = 8        # type: ignore[misc]
+    keywords = set(inspect.signature(cb.Searcher.fit).parameters) - {"self", "data"}
+    fields = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (RunOptions, Limits)}
+    assert keywords == fields[RunOptions] - {"limits"} | fields[Limits]

@@ -50,28 +50,29 @@ def execute(policy: SearchPolicy, how: How, *, build: Callable[[dict], Any],
     ``build`` is checked on the driver (see :mod:`._preflight`) with the first trials the
     policy starts with, then ``example_configs`` (configurations drawn from the space).
     """
-    seed = secrets.randbelow(2**31) if how.seed is None else how.seed
+    options = how.options
+    seed = secrets.randbelow(2**31) if options.seed is None else options.seed
     build_blob = pickle_build(build)
     trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None
-    store = how.store
+    store = options.store
     if store is None:
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     searcher_blob = pickle_build(policy)
-    run_settings = RunSettings(int(seed), how.partitions, data.has_validation, how.limits, VisitScheme.LATIN,
+    run_settings = RunSettings(int(seed), how.partitions, data.has_validation, options.limits, VisitScheme.LATIN,
                                data.storage, keras_backend=keras_backend, metric=metric, mode=mode,
-                               time_budget=how.time_budget, patience=settings.get("patience"),
+                               time_budget=options.time_budget, patience=settings.get("patience"),
                                min_delta=settings.get("min_delta", 0.0), warm_start=WarmStartFrom.of_searcher(settings),
-                               tensorboard=how.tensorboard, mlflow=how.mlflow, metrics_port=how.metrics_port,
-                               metrics_host=how.metrics_host)
+                               tensorboard=options.tensorboard, mlflow=options.mlflow,
+                               metrics_port=options.metrics_port, metrics_host=options.metrics_host)
     check_key()             # a bad trust key stops the run here, not once its partitions are written
     run_store = RunStore.create(store)
     lock = run_store.lock()
     try:
         with sigterm_interrupts():
             return _run(policy, run_store, (build, build_blob, searcher_blob), settings, data, how.backend,
-                        run_settings, how.verbose)
+                        run_settings, options.verbose)
     except BaseException:
         _undo_create(run_store)
         raise

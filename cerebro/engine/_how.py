@@ -1,4 +1,4 @@
-"""``fit``'s HOW (backend, workers, store, seed, limits, observers), checked before any work:
+"""``fit``'s HOW (backend, workers, store, seed, limits, observers: a :class:`RunOptions`), checked before any work:
 the same checks whether the fit starts a run or goes on with the one its store holds
 (``fit(..., resume=True)``, :mod:`._rerun`)."""
 from __future__ import annotations
@@ -13,57 +13,45 @@ from ..data import Dataset
 from ..observe._metrics import check_port
 from ..observe._mlflow import check_mlflow
 from ..store._files import check_location
-from ._settings import Limits
+from ._settings import RunOptions
 
 
 @dataclass(frozen=True)
 class How:
-    """``fit``'s keyword arguments, checked: the backend resolved, the partitions known."""
+    """``fit``'s options, checked: the backend they name made, the data's partitions known."""
 
+    options: RunOptions
     backend: Backend
     partitions: int               # the data's, or one per worker where it does not say
-    seed: int | None              # None: drawn as a run starts (one gone on with keeps its own)
-    verbose: int
-    store: str | os.PathLike | None
-    limits: Limits
-    time_budget: float | None
-    tensorboard: bool
-    mlflow: bool | str
-    metrics_port: int | None
-    metrics_host: str
-    resume: bool
 
 
-def check_how(data: Dataset, *, backend: str | Backend, workers: int | None, store: str | os.PathLike | None,
-              seed: int | None, verbose: int, limits: Limits | None = None, time_budget: float | None = None,
-              tensorboard: bool = True, mlflow: bool | str = False, metrics_port: int | None = None,
-              metrics_host: str = "127.0.0.1", resume: bool = False) -> How:
-    """Every argument of ``fit`` but the searcher's, checked; the first bad one raises, naming it."""
+def check_how(data: Dataset, options: RunOptions) -> How:
+    """``data`` and every option of ``fit`` but the searcher's, checked before any work; the
+    first bad one raises, naming it."""
     if not isinstance(data, Dataset):
         raise TypeError(f"data must be a cerebro.Dataset (e.g. cb.Dataset.from_numpy(X, y)); "
                         f"got {type(data).__name__}")
-    backend = resolve_backend(backend, workers)
+    backend = resolve_backend(options.backend, options.workers)
     partitions = data.partitions or backend.workers
     data.check_partitions(partitions)
     if partitions < backend.workers:
         raise ValueError(f"partitions={partitions} is fewer than the {backend.workers} workers; "
                          f"every worker needs a partition, so use more partitions or fewer workers")
-    if seed is not None:
-        Integer(low=0, description="a non-negative integer or None").check("seed", seed)
-    if verbose not in (0, 1):
-        raise ValueError(f"verbose={verbose!r} must be 0 (silent) or 1 (progress)")
-    if store is not None:
-        check_location("store", store)
-    check_time_budget(time_budget)
-    Boolean().check("tensorboard", tensorboard)
-    check_mlflow(mlflow)
-    check_metrics_port(metrics_port, metrics_host)
-    Boolean().check("resume", resume)
-    if resume and store is None:
+    if options.seed is not None:
+        Integer(low=0, description="a non-negative integer or None").check("seed", options.seed)
+    if options.verbose not in (0, 1):
+        raise ValueError(f"verbose={options.verbose!r} must be 0 (silent) or 1 (progress)")
+    if options.store is not None:
+        check_location("store", options.store)
+    check_time_budget(options.time_budget)
+    Boolean().check("tensorboard", options.tensorboard)
+    check_mlflow(options.mlflow)
+    check_metrics_port(options.metrics_port, options.metrics_host)
+    Boolean().check("resume", options.resume)
+    if options.resume and options.store is None:
         raise ValueError("resume=True goes on with the run in store=, so give the store (the same each time the "
                          "script runs), e.g. store='runs/exp1'")
-    return How(backend, partitions, seed, verbose, store, Limits() if limits is None else limits, time_budget,
-               tensorboard, mlflow, metrics_port, metrics_host, resume)
+    return How(options, backend, partitions)
 
 
 def check_time_budget(seconds: float | None) -> None:

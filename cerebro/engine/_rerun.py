@@ -20,14 +20,15 @@ _NONE = object()      # an entry one side lacks
 
 
 def go_on(how: How, settings: dict[str, Any], data: Dataset, build: Callable[[dict], Any]) -> Result | None:
-    """The run in ``how.store`` gone on with, or as it is where it finished; None where the
-    store holds no run (a fit starts one). ``settings`` are the searcher's, as run.json
+    """The run in ``how.options.store`` gone on with, or as it is where it finished; None where
+    the store holds no run (a fit starts one). ``settings`` are the searcher's, as run.json
     records them; ``build`` replaces the stored one (it must make the run's models)."""
-    if how.store is None or not RunStore(how.store).has("run.json"):
+    options = how.options
+    if options.store is None or not RunStore(options.store).has("run.json"):
         return None            # no store, nothing there, or what a fit stopped before its run began left
-    store = RunStore.open(how.store)
+    store = RunStore.open(options.store)
     info = store.read_run_info()
-    difference = _difference(info, json.loads(json.dumps(settings, default=str)), data, how.seed)
+    difference = _difference(info, json.loads(json.dumps(settings, default=str)), data, options.seed)
     if difference is not None:
         raise FileExistsError(
             f"store {store.path!r} holds another search ({info['searcher']['class']}, created "
@@ -40,8 +41,8 @@ def go_on(how: How, settings: dict[str, Any], data: Dataset, build: Callable[[di
                          f"{how.backend.workers} workers; every worker needs a partition, so use fewer workers")
     if has_finished(list(store.events())):
         return Result(store, build)
-    return resume(how.store, build, backend=how.backend, verbose=how.verbose, metrics_port=how.metrics_port,
-                  metrics_host=how.metrics_host, time_budget=how.time_budget)
+    return resume(options.store, build, backend=how.backend, verbose=options.verbose, metrics_port=options.metrics_port,
+                  metrics_host=options.metrics_host, time_budget=options.time_budget)
 
 
 def _difference(info: dict[str, Any], settings: dict[str, Any], data: Dataset, seed: int | None) -> str | None:

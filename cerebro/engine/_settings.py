@@ -6,11 +6,16 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._checks import Integer, Optional, Real
 from ..data import Storage
 from ._visit_order import LEGACY_SCHEME, VisitScheme
+
+if TYPE_CHECKING:
+    import os
+
+    from ..backends import Backend
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,30 @@ _LIMITS = {"trial_timeout": Optional(Real(0, math.inf, low_open=True, high_open=
            "keep_checkpoints": Optional(Integer(low=1, description="a positive integer or None")),
            "hang_after": Optional(Real(0, math.inf, low_open=True, high_open=True,
                                        description="a positive number of seconds or None"))}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How ``fit`` is to run a search: its keywords, as the user gave them, in one object.
+
+    :meth:`cerebro.Searcher.fit` builds it (its keywords and their defaults are the users'
+    contract); :func:`._how.check_how` checks it before any work and resolves it into a
+    :class:`._how.How` (the backend made, the partitions known), from which the run's
+    :class:`RunSettings` are made and written to run.json. See ``Searcher.fit`` for each field.
+    """
+
+    backend: str | Backend
+    workers: int | None
+    store: str | os.PathLike | None
+    seed: int | None
+    verbose: int
+    limits: Limits
+    time_budget: float | None
+    tensorboard: bool
+    mlflow: bool | str
+    metrics_port: int | None
+    metrics_host: str
+    resume: bool
 
 
 @dataclass(frozen=True)

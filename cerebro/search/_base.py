@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from .. import _checks
 from .._checks import Constraint, Integer, OneOf, Optional, Real, String
 from ..engine._interface import Decision, Exploit, TrialRequest
-from ..engine._settings import Limits
+from ..engine._settings import Limits, RunOptions
 from ._configs import check_config
 from ._space import SearchSpace
 
@@ -301,9 +301,8 @@ class Searcher(metaclass=_CheckedOnConstruction):
         """
         from .._fit import fit  # the front end: the one import upward (see pyproject's contracts)
         limits = Limits(trial_timeout, max_failures, max_trial_losses, keep_checkpoints, hang_after)
-        return fit(self, data, backend=backend, workers=workers, store=store, seed=seed, verbose=verbose,
-                   limits=limits, time_budget=time_budget, tensorboard=tensorboard, mlflow=mlflow,
-                   metrics_port=metrics_port, metrics_host=metrics_host, resume=resume)
+        return fit(self, data, RunOptions(backend, workers, store, seed, verbose, limits, time_budget, tensorboard,
+                                          mlflow, metrics_port, metrics_host, resume))
 
 
 def _shown(value: Any) -> str:
