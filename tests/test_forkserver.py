@@ -1,6 +1,7 @@
-"""The local backend's fork server: workers forked with torch already imported, seen by the
-backend as processes it started itself, in the driver's environment, directory and path as
-they are when each run starts; a killed server is replaced, its workers not left behind."""
+"""The local backend's fork server: workers forked with torch (and, for a Keras run, Keras on
+the run's backend) already imported, seen by the backend as processes it started itself, in
+the driver's environment, directory and path as they are when each run starts; a killed
+server is replaced, its workers not left behind."""
 from __future__ import annotations
 
 import json
@@ -21,8 +22,6 @@ from cerebro.backends import _forks
 pytestmark = pytest.mark.skipif(not _forks.AVAILABLE, reason="the fork server runs on Linux only")
 
 SPACE = {"lr": cb.choice([3e-2, 1e-2]), "hidden": cb.choice([16, 32])}
-
-
 
 
 def seen_by_the_worker(path: str):
@@ -73,9 +72,46 @@ def test_forked_workers_give_the_bits_of_workers_started_as_programs(tmp_path, m
         assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
 
 
-def _server_of_this_process() -> _forks.ForkServer:
-    assert _forks._SERVER is not None and _forks._SERVER_OWNER == os.getpid()
-    return _forks._SERVER
+def _server_of_this_process(keras: str | None = None) -> _forks.ForkServer:
+    server = _forks._SERVERS.get(keras)
+    assert server is not None and server.owner == os.getpid()
+    return server
+
+
+def parent_of_the_worker(build, path: str):
+    """``build``, which writes its worker's parent's pid and command line to ``path``, once per worker."""
+    def build_that_looks(config: dict):
+        me = psutil.Process()
+        if me.name() == "cerebro-worker":
+            with open(os.path.join(path, str(os.getpid())), "w") as f:
+                json.dump({"pid": me.ppid(), "command": me.parent().cmdline()}, f)
+        return build(config)
+    return build_that_looks
+
+
+@pytest.mark.slow
+def test_a_keras_runs_workers_are_forked_with_keras_on_its_backend_and_give_the_bits_of_started_ones(
+        tmp_path, monkeypatch):
+    keras = pytest.importorskip("keras")
+    from _keras_models import build as keras_build
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    space = {"architecture": cb.choice(["mlp", "cnn"])}
+    forked = cb.GridSearch(parent_of_the_worker(keras_build, str(seen)), space, epochs=2).fit(
+        digits(partitions=2, rows=300), backend=cb.LocalBackend(2, threads_per_worker=1), store=tmp_path / "forked",
+        seed=3, verbose=0)
+    server = _server_of_this_process(keras.backend.backend())
+    parents = [json.load(open(seen / name)) for name in os.listdir(seen)]
+    assert len(parents) == 2       # both forked by the server that imported Keras on the run's backend
+    assert {(p["pid"], p["command"][2], p["command"][-1]) for p in parents} == \
+        {(server._process.pid, "cerebro.worker._forkserver", keras.backend.backend())}
+    monkeypatch.setattr(_forks, "AVAILABLE", False)
+    started = cb.GridSearch(keras_build, space, epochs=2).fit(
+        digits(partitions=2, rows=300), backend=cb.LocalBackend(2, threads_per_worker=1), store=tmp_path / "started",
+        seed=3, verbose=0)
+    assert forked.history().equals(started.history())
+    for a, b in zip(forked.trials, started.trials):
+        assert all(torch.equal(v, b.state_dict()[k]) for k, v in a.state_dict().items())
 
 
 def _gone(pid: int) -> bool:

@@ -80,6 +80,12 @@ class Backend(ABC):
         """Where the driver listens for its workers: (host, port); port 0 picks a free one."""
         return ("127.0.0.1", 0)
 
+    def expect_keras(self, backend: str | None) -> None:
+        """Told as a run starts, before its partitions are written and :meth:`start`, which
+        Keras backend its workers will import (None: none, a torch run), so that a backend
+        whose workers start from a warm process may import it there once, ahead of them
+        (:class:`LocalBackend` does). The default does nothing."""
+
     @abstractmethod
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
         """Start the workers, which connect to the driver at ``address``."""

@@ -1,11 +1,13 @@
 """Worker processes forked by the fork server (:mod:`cerebro.worker._forkserver`), as the
 local backend starts them: each starts with torch and the worker's code already imported,
-where ``python -m cerebro.worker`` spends about two seconds of CPU importing them.
+where ``python -m cerebro.worker`` spends about two seconds of CPU importing them, and, for a
+Keras run, with Keras on the run's backend too (TensorFlow's import alone takes about eight).
 
-One fork server per driver process, started with its first worker and shared by every run
-the process makes after it (a notebook's, a test suite's, a benchmark's); it ends when the
-driver does. :class:`ForkedWorker` answers what the backend asks of a process (``pid``,
-``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``) as :class:`subprocess.Popen` does.
+One fork server per driver process and kind (torch only, or Keras on one backend), started
+with the first worker that needs it and shared by every run the process makes after it (a
+notebook's, a test suite's, a benchmark's); it ends when the driver does. :class:`ForkedWorker`
+answers what the backend asks of a process (``pid``, ``poll``, ``wait``, ``kill``,
+``terminate``, ``send_signal``) as :class:`subprocess.Popen` does.
 """
 from __future__ import annotations
 
@@ -29,9 +31,11 @@ class ForkServerGone(RuntimeError):
 class ForkServer:
     """A running fork server and the exit codes of the workers it forked."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], keras: str | None = None) -> None:
         read_fd, write_fd = os.pipe()
-        self._process = subprocess.Popen([sys.executable, "-m", "cerebro.worker._forkserver", str(write_fd)],
+        self.owner = os.getpid()        # a driver forked from this process starts its own
+        self._process = subprocess.Popen([sys.executable, "-m", "cerebro.worker._forkserver", str(write_fd),
+                                          *([keras] if keras else [])],
                                          env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,))
         os.close(write_fd)
         self._replies: IO[bytes] = os.fdopen(read_fd, "rb")
@@ -135,23 +139,24 @@ class ForkedWorker:
         self.send_signal(signal.SIGTERM)
 
 
-_SERVER: ForkServer | None = None
-_SERVER_OWNER = 0           # the process that started it: a forked driver starts its own
-_SERVER_LOCK = threading.Lock()
+_SERVERS: dict[str | None, ForkServer] = {}     # by the Keras backend it imported (None: none)
+_SERVERS_LOCK = threading.Lock()
 
 
-def fork_worker(worker: int, address: tuple[str, int], authkey: bytes, env: dict[str, str]) -> ForkedWorker:
-    """Fork worker ``worker`` for the driver at ``address``, starting the fork server first
-    where this process has none (or its own was killed)."""
-    global _SERVER, _SERVER_OWNER
-    with _SERVER_LOCK:
-        for attempt in (1, 2):
-            if _SERVER is None or _SERVER.gone or _SERVER_OWNER != os.getpid():
-                _SERVER, _SERVER_OWNER = ForkServer(env), os.getpid()
-            try:
-                return _SERVER.spawn(worker, address, authkey, env)
-            except ForkServerGone:
-                if attempt == 2:
-                    raise
-                _SERVER = None
-    raise AssertionError("unreachable")
+def server(env: dict[str, str], keras: str | None = None) -> ForkServer:
+    """This process's fork server that imported Keras on ``keras`` (None: torch only),
+    started where it has none or its own was killed; it imports while the caller goes on."""
+    with _SERVERS_LOCK:
+        running = _SERVERS.get(keras)
+        if running is None or running.gone or running.owner != os.getpid():
+            running = _SERVERS[keras] = ForkServer(env, keras)
+        return running
+
+
+def fork_worker(worker: int, address: tuple[str, int], authkey: bytes, env: dict[str, str],
+                keras: str | None = None) -> ForkedWorker:
+    """Fork worker ``worker`` for the driver at ``address`` from :func:`server`."""
+    try:
+        return server(env, keras).spawn(worker, address, authkey, env)
+    except ForkServerGone:        # killed since its last worker: a new one, once
+        return server(env, keras).spawn(worker, address, authkey, env)

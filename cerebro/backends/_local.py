@@ -51,18 +51,27 @@ class LocalBackend(Backend):
         self._processes: list[subprocess.Popen | _forks.ForkedWorker] = []
         # replaced, killed, not yet ended
         self._unreaped: list[subprocess.Popen | _forks.ForkedWorker] = []
+        self._keras: str | None = None
+
+    def expect_keras(self, backend: str | None) -> None:
+        self._keras = backend
+        if _forks.AVAILABLE:      # its imports overlap the driver's work before the workers start
+            _forks.server(self._worker_env(), backend)
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
         self._address, self._authkey = address, authkey
         self._processes = [self._spawn(worker) for worker in range(self.workers)]
 
-    def _spawn(self, worker: int) -> subprocess.Popen | _forks.ForkedWorker:
+    def _worker_env(self) -> dict[str, str]:
         threads = str(self.threads_per_worker)
         # The driver's sys.path, so workers import what a cloudpickled build refers to.
         path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": path}
+        return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": path}
+
+    def _spawn(self, worker: int) -> subprocess.Popen | _forks.ForkedWorker:
+        env = self._worker_env()
         if _forks.AVAILABLE:        # started in milliseconds, torch already imported
-            return _forks.fork_worker(worker, self._address, self._authkey, env)
+            return _forks.fork_worker(worker, self._address, self._authkey, env, self._keras)
         process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", self._address[0], str(self._address[1]),
                                     str(worker)], env=env, stdin=subprocess.PIPE)
         # On stdin: never on the command line (``ps``) or in the environment (/proc/PID/environ).

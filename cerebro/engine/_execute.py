@@ -55,6 +55,7 @@ def execute(policy: SearchPolicy, how: How, *, build: Callable[[dict], Any],
     build_blob = pickle_build(build)
     trainable = check_build(build, [*first_trials(policy, int(seed)), *example_configs], metric, data)
     keras_backend = driver_keras_backend() if isinstance(trainable, KerasTrainable) else None
+    how.backend.expect_keras(keras_backend)
     store = options.store
     if store is None:
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"

@@ -108,6 +108,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
                                   else _recorded_workers(store, plan.info))
         reproducibility_caveat(backend)
+        backend.expect_keras(plan.settings.keras_backend)
         _record(store, plan)
         settings = replace(plan.settings, metrics_port=metrics_port, metrics_host=metrics_host,
                            time_budget=time_budget)

@@ -1,10 +1,14 @@
-"""``python -m cerebro.worker._forkserver REPLY_FD``: the local backend's fork server.
+"""``python -m cerebro.worker._forkserver REPLY_FD [KERAS_BACKEND]``: the local backend's fork server.
 
 A worker process spends about two seconds of CPU importing torch and what it uses before it
 trains anything; a run pays that for each of its workers, and a run after it pays it again.
 This process pays it once: it imports what every worker imports, then forks a worker for
 each request, which starts at once with all of it loaded (the idea of multiprocessing's
-forkserver, without re-running the user's ``__main__`` in each worker).
+forkserver, without re-running the user's ``__main__`` in each worker). Given a Keras backend
+it imports Keras on it too, for the workers of Keras runs: TensorFlow's import is about eight
+seconds of CPU. Importing is all it does with them: TensorFlow's and XLA's thread pools and
+their settings (threads per op, read from the environment) are made in each worker, at its
+first op.
 
 It reads requests, one JSON object a line, on stdin from the driver that started it, and
 writes events, one JSON object a line, to ``REPLY_FD``:
@@ -19,8 +23,10 @@ writes events, one JSON object a line, to ``REPLY_FD``:
 
 When stdin ends (its driver exited or died) it exits; its workers notice their driver's
 end on their own, as they always do. Nothing in a request is run: it is data, from the one
-process that holds the pipe. Nothing here may start a thread or an OpenMP pool: a fork
-keeps only the thread that forked, and a pool's threads would be missing in the worker.
+process that holds the pipe. Nothing here may start a thread pool a worker uses (torch's
+intra-op pool, an OpenMP pool, TensorFlow's): a fork keeps only the thread that forked, and a
+pool's threads would be missing in the worker. The imports leave idle threads of their own
+(torch one, TensorFlow two: its allocator's and a waiting one), which workers never need.
 """
 from __future__ import annotations
 
@@ -33,16 +39,19 @@ import sys
 import traceback
 
 from ._entry import name_process, serve_driver
+from ._keras import prepare_keras
 
 # Imported once here, where every worker would import them at its start: torch and the
 # worker's modules with it, and torch._dynamo, which torch.optim imports on first use.
 PRELOADED = ("torch", "torch._dynamo", "cerebro.worker._loop")
 
 
-def main(reply_fd: int) -> None:
+def main(reply_fd: int, keras: str | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # the driver handles Ctrl-C; stdin's end ends this
     for module in PRELOADED:
         importlib.import_module(module)
+    if keras is not None:
+        prepare_keras(keras, threads=1)      # a worker sets its own threads again, before its first op
     name_process(b"cerebro-forksrv")
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
@@ -121,4 +130,4 @@ def _become_worker(request: dict, reply_fd: int, wake: tuple[int, int]) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), *sys.argv[2:3])
