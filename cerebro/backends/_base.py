@@ -65,7 +65,8 @@ class Backend(ABC):
     Writing a backend (docs/extending.md has a worked one): a subclass sets ``workers`` and
     implements :meth:`start`, :meth:`exited` and :meth:`stop`; :meth:`release` and
     :meth:`replace` let the driver end a hung worker and start a lost one anew (without
-    them the run goes on with the others). Scheduling, hops, heartbeats and failures are
+    them the run goes on with the others); :meth:`expect_keras` lets it import Keras ahead
+    of a Keras run's workers. Scheduling, hops, heartbeats and failures are
     the engine's: a backend only starts processes, and ``fit(backend=...)`` takes any
     instance, with nothing to register.
     """
