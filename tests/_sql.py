@@ -3,7 +3,10 @@ model selection table, and helpers that run statements in a session (see ``conft
 ``database`` fixture)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from typing import Any
 
 import pytest
 from _docs import run_section
@@ -28,10 +31,39 @@ def architectures() -> list[str]:
     return [small.to_json(), wide.to_json()]
 
 
+# One session per server, role and thread, as a psql user has: its backend imports Cerebro
+# (about 2 s of CPU) once, not at each call. DISCARD ALL starts each call with the session's
+# settings, temporary tables and search_path as a new session has them.
+_SESSIONS: dict[tuple[str, int], Any] = {}
+
+
+def session(uri: str) -> Any:
+    """This thread's open session on ``uri``, connected anew where its backend has ended (a
+    test killed it, or the server restarted after a crash)."""
+    key = (uri, threading.get_ident())
+    connection = _SESSIONS.get(key)
+    if connection is not None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("DISCARD ALL")
+            return connection
+        except dbapi.Error:
+            with contextlib.suppress(dbapi.Error):
+                connection.close()
+    connection = _SESSIONS[key] = dbapi.connect(uri, autocommit=True)
+    return connection
+
+
+def close_sessions() -> None:
+    while _SESSIONS:
+        with contextlib.suppress(dbapi.Error):
+            _SESSIONS.popitem()[1].close()
+
+
 def sql(uri: str, *statements: str, store: str | None = None, workers: int = 2) -> list[tuple]:
-    """Run ``statements`` in one session (``workers`` workers, this process's Keras
+    """Run ``statements`` in a session as new (``workers`` workers, this process's Keras
     backend); the rows of the last."""
-    with dbapi.connect(uri, autocommit=True) as connection, connection.cursor() as cursor:
+    with session(uri).cursor() as cursor:
         cursor.execute(f"SET cerebro.workers = {workers}")
         cursor.execute(f"SET cerebro.keras_backend = '{keras.backend.backend()}'")
         if store:

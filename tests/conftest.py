@@ -76,5 +76,6 @@ def postgres():
 def database(postgres):
     """The throwaway server with Cerebro's SQL functions installed and the digits, two
     architectures and their model selection table in it (see ``_sql.py``)."""
-    from _sql import ready_database
-    return ready_database(postgres)
+    from _sql import close_sessions, ready_database
+    yield ready_database(postgres)
+    close_sessions()
