@@ -10,7 +10,10 @@ of another checkout (e.g. a ``git worktree`` of an older commit), alternating wi
 one, so both are measured side by side under the same load.
 
     .venv/bin/python benchmarks/run_overhead.py [--repeats 7] [--against /tmp/old] \
-        [--out benchmarks/results/run_overhead.json]
+        [--framework torch|keras] [--out benchmarks/results/run_overhead.json]
+
+``--framework keras`` times the same search with a Keras model on TensorFlow, whose workers
+import Keras (or are forked from a fork server that did).
 """
 from __future__ import annotations
 
@@ -34,6 +37,15 @@ def build(config):
     model = torch.nn.Linear(8, 2)
     return cb.TorchTrainable(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=config["lr"]),
                              loss=torch.nn.functional.cross_entropy, batch_size=32)
+
+def keras_build(config):
+    import keras
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.SGD(config["lr"]), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return cb.KerasTrainable(model, batch_size=32)
+
+if sys.argv[1] == "keras":
+    build = keras_build
 
 marks = {}
 opened, closed = WorkerPool.open, WorkerPool.close
@@ -68,10 +80,10 @@ print(json.dumps({"first_fit_s": began - first, "fit_s": ended - began, "start_s
 """
 
 
-def one(root: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": root}
-    done = subprocess.run([sys.executable, "-c", ONE_RUN], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=root)
+def one(root: str, framework: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": root, "KERAS_BACKEND": "tensorflow"}
+    done = subprocess.run([sys.executable, "-c", ONE_RUN, framework], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=root)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-2000:])
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -81,13 +93,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--against", help="another checkout's root, measured alternately with this one")
+    parser.add_argument("--framework", choices=["torch", "keras"], default="torch",
+                        help="the trial's model: torch, or Keras on TensorFlow")
     parser.add_argument("--out", default="benchmarks/results/run_overhead.json")
     args = parser.parse_args()
     roots = {"this": ROOT, **({"against": os.path.abspath(args.against)} if args.against else {})}
     samples: dict[str, list[dict]] = {name: [] for name in roots}
     for _ in range(args.repeats):
         for name, root in roots.items():
-            samples[name].append(one(root))
+            samples[name].append(one(root, args.framework))
     medians = {name: {key: statistics.median(s[key] for s in runs) for key in runs[0] if key != "bits"}
                for name, runs in samples.items()}
     bits = {name: sorted({s["bits"] for s in runs}) for name, runs in samples.items()}
@@ -101,6 +115,7 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"command": " ".join([sys.executable, *sys.argv]), "repeats": args.repeats, "roots": roots,
+                   "framework": args.framework,
                    "medians": medians, "bits": bits, "samples": samples}, f, indent=1)
     print(f"wrote {args.out}")
 
