@@ -84,6 +84,9 @@ def _data(job_dir: str, run: RunDescription) -> ArrayDataset:
 def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
     """Fit the job's search, or resume its interrupted run; the output tables' rows."""
     run = RunDescription(**job["run"])
+    backend = LocalBackend(workers=run.workers)
+    if "KERAS_BACKEND" in os.environ:    # the session's: its fork server imports while this reads and builds
+        backend.expect_keras(os.environ["KERAS_BACKEND"])
     if job["use_gpus"]:
         import torch
         if not torch.cuda.is_available():
@@ -105,7 +108,7 @@ def train(job_dir: str, job: dict[str, Any]) -> dict[str, Any]:
         build = GridBuild(architectures, ConfigGrid(*job["grid"]), one_hot)
         space = dict(build.grid.space)
         searcher = _automl_searcher(build, run, job["params"], metric)
-    result, resumed = _fit_or_resume(searcher, space, job["digest"], data, run)
+    result, resumed = _fit_or_resume(searcher, space, job["digest"], data, run, backend)
     by_trial = {t.trial_id: build.spec(t.config) for t in result.trials}
     rounds = None
     if run.method == "hyperband":
@@ -125,12 +128,11 @@ def _automl_searcher(build: GridBuild, run: RunDescription, params: dict[str, An
 
 
 def _fit_or_resume(searcher: Any, space: dict[str, Any], digest: str, data: Dataset,
-                   run: RunDescription) -> tuple[Result, bool]:
+                   run: RunDescription, backend: LocalBackend) -> tuple[Result, bool]:
     """The finished, resumed or new run in ``run.store``. The space carries the call's digest
     as a constant: a run directory is resumed only by the call that made it. Where the store
     is named by that digest, a directory left by a call interrupted before its run began is
     removed and the run started clean."""
-    backend = LocalBackend(workers=run.workers)
     settings = os.path.join(run.store, "run.json")
     if os.path.exists(settings):
         with open(settings) as f:
