@@ -68,6 +68,7 @@ def main() -> None:
         setup.prepare(uri)        # install, tables, architectures, the selection table
         scratch = tempfile.mkdtemp(prefix="cerebro-sql-fit-")
         for repeat in range(args.repeats):
+            setup.close_sessions()      # a cold start: the call's session is new, as its backend
             start = time.perf_counter()
             output = f"bench_{repeat}"
             setup.sql(uri, f"SELECT cerebro.fit_multiple_model('digits_train', '{output}', 'mst', {args.iterations}, "
