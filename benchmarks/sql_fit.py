@@ -46,8 +46,9 @@ sys.path.insert(0, {tests!r})
 os.environ["KERAS_BACKEND"] = {backend!r}
 import test_sql_api as t
 from cerebro.sql._keras_model import flat_weights
+# the output table holds each model's last weights, as MADlib's does
 result = t.python_grid({uri!r}, {store!r}, epochs={iterations})
-pickle.dump([flat_weights(trial.state_dict()) for trial in result.trials], open({weights!r}, "wb"))
+pickle.dump([flat_weights(trial.state_dict("last")) for trial in result.trials], open({weights!r}, "wb"))
 """
 
 
