@@ -145,6 +145,23 @@ def test_a_killed_fork_server_takes_its_workers_along_and_the_next_run_starts_a_
     assert second.history().equals(first.history())
 
 
+@pytest.mark.slow
+def test_a_worker_asked_for_just_after_its_server_was_killed_comes_from_a_new_one():
+    env = dict(os.environ)
+    killed = _forks.server(env)
+    os.kill(killed._process.pid, signal.SIGKILL)
+    killed._process.wait()              # dead, its stdin without a reader, whatever the backend saw yet
+    silent = socket.create_server(("127.0.0.1", 0))     # the worker waits there, answered by nothing
+    worker = _forks.fork_worker(0, silent.getsockname(), b"k" * 32, env)
+    try:
+        replacement = _server_of_this_process()
+        assert replacement is not killed and psutil.Process(worker.pid).ppid() == replacement._process.pid
+    finally:
+        worker.kill()
+        worker.wait(30)
+        silent.close()
+
+
 def test_the_server_signals_only_its_own_unreaped_workers_and_ends_with_its_stdin(tmp_path):
     """A request naming any other pid does nothing; stdin's end (the driver gone) ends it."""
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

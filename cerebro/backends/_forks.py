@@ -81,6 +81,9 @@ class ForkServer:
             self._process.stdin.write(json.dumps(request).encode() + b"\n")
             self._process.stdin.flush()
         except (BrokenPipeError, ValueError) as error:
+            # Gone now, whether or not the reader has seen its replies end yet: the next
+            # spawn starts a new server rather than asking this one again.
+            self.gone = True
             raise ForkServerGone(f"the local backend's fork server exited with code {self._process.wait()}") from error
 
     def spawn(self, worker: int, address: tuple[str, int], authkey: bytes, env: dict[str, str],
