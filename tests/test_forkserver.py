@@ -24,16 +24,17 @@ pytestmark = pytest.mark.skipif(not _forks.AVAILABLE, reason="the fork server ru
 SPACE = {"lr": cb.choice([3e-2, 1e-2]), "hidden": cb.choice([16, 32])}
 
 
-def seen_by_the_worker(path: str):
-    """``build``, which writes where it runs (pid, process name, directory, an environment
-    variable, whether the driver's path is on sys.path) to ``path``, once per worker."""
-    def build_that_looks(config: dict) -> cb.TorchTrainable:
+def seen_by_the_worker(path: str, base=build):
+    """``base``, which writes where it runs (its parent's pid and command line, directory, an
+    environment variable, whether the driver's path is on sys.path) to ``path``, once per worker."""
+    def build_that_looks(config: dict):
         me = psutil.Process()
         if me.name() == "cerebro-worker":
             with open(os.path.join(path, str(os.getpid())), "w") as f:
                 json.dump({"cwd": os.getcwd(), "env": os.environ.get("CEREBRO_FORK_TEST"), "parent": me.ppid(),
-                           "threads": torch.get_num_threads(), "path": os.path.dirname(__file__) in sys.path}, f)
-        return build(config)
+                           "command": me.parent().cmdline(), "threads": torch.get_num_threads(),
+                           "path": os.path.dirname(__file__) in sys.path}, f)
+        return base(config)
     return build_that_looks
 
 
@@ -78,17 +79,6 @@ def _server_of_this_process(keras: str | None = None) -> _forks.ForkServer:
     return server
 
 
-def parent_of_the_worker(build, path: str):
-    """``build``, which writes its worker's parent's pid and command line to ``path``, once per worker."""
-    def build_that_looks(config: dict):
-        me = psutil.Process()
-        if me.name() == "cerebro-worker":
-            with open(os.path.join(path, str(os.getpid())), "w") as f:
-                json.dump({"pid": me.ppid(), "command": me.parent().cmdline()}, f)
-        return build(config)
-    return build_that_looks
-
-
 @pytest.mark.slow
 def test_a_keras_runs_workers_are_forked_with_keras_on_its_backend_and_give_the_bits_of_started_ones(
         tmp_path, monkeypatch):
@@ -97,13 +87,13 @@ def test_a_keras_runs_workers_are_forked_with_keras_on_its_backend_and_give_the_
     seen = tmp_path / "seen"
     seen.mkdir()
     space = {"architecture": cb.choice(["mlp", "cnn"])}
-    forked = cb.GridSearch(parent_of_the_worker(keras_build, str(seen)), space, epochs=2).fit(
+    forked = cb.GridSearch(seen_by_the_worker(str(seen), keras_build), space, epochs=2).fit(
         digits(partitions=2, rows=300), backend=cb.LocalBackend(2, threads_per_worker=1), store=tmp_path / "forked",
         seed=3, verbose=0)
     server = _server_of_this_process(keras.backend.backend())
     parents = [json.load(open(seen / name)) for name in os.listdir(seen)]
     assert len(parents) == 2       # both forked by the server that imported Keras on the run's backend
-    assert {(p["pid"], p["command"][2], p["command"][-1]) for p in parents} == \
+    assert {(p["parent"], p["command"][2], p["command"][-1]) for p in parents} == \
         {(server._process.pid, "cerebro.worker._forkserver", keras.backend.backend())}
     monkeypatch.setattr(_forks, "AVAILABLE", False)
     started = cb.GridSearch(keras_build, space, epochs=2).fit(
