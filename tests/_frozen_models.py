@@ -68,3 +68,40 @@ def builds(count: str | None = None, transform=None):
         frozen, head = parts(config)
         return made(torch.nn.Sequential(KeptInEval(frozen), head), head, config)
     return frozen_build, plain_build
+
+
+class Scale(torch.nn.Module):
+    """A layer whose function is one plain attribute: two differ in nothing a state_dict holds."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+def scaled_builds(holding=None):
+    """(frozen build, plain build) whose frozen layers end in ``Scale(config["scale"])``;
+    ``holding(layer)`` gives the layer something more to hold first."""
+    def parts(config: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
+        scale = Scale(config["scale"])
+        if holding is not None:
+            holding(scale)
+        frozen = torch.nn.Sequential(*backbone()[:2], scale)
+        torch.manual_seed(5)
+        return frozen, torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(48, 10))
+
+    def made(model: torch.nn.Module, head: torch.nn.Module, config: dict, **frozen) -> cb.TorchTrainable:
+        return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(head.parameters(), lr=1e-2),
+                                 loss=torch.nn.functional.cross_entropy, batch_size=32,
+                                 metrics={"accuracy": cb.metrics.accuracy}, **frozen)
+
+    def frozen_build(config: dict) -> cb.TorchTrainable:
+        frozen, head = parts(config)
+        return made(head, head, config, frozen=frozen)
+
+    def plain_build(config: dict) -> cb.TorchTrainable:
+        frozen, head = parts(config)
+        return made(torch.nn.Sequential(KeptInEval(frozen), head), head, config)
+    return frozen_build, plain_build

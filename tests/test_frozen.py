@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import threading
 
 import numpy as np
 import pytest
 import torch
-from _frozen_models import backbone, builds
+from _frozen_models import Scale, backbone, builds, scaled_builds
 from _models import digits
 from safetensors.torch import load_file
 
 import cerebro as cb
 from cerebro.data import InMemoryPartition, open_partition, read_layout
+from cerebro.worker._fingerprint import fingerprint
 from cerebro.worker._frozen import FrozenPart, Materialized, _Kept, draws
 
 SPACE = {"lr": cb.choice([1e-2, 3e-3]), "depth": cb.choice([2, 4])}
@@ -37,6 +40,67 @@ def test_a_frozen_prefix_has_a_digest_per_layer_chained_equal_only_for_equal_wei
         two[3].weight[0, 0] += 1e-6
     assert FrozenPart(two).digests()[:3] == FrozenPart(one).digests()[:3]
     assert FrozenPart(two).digests()[3] != FrozenPart(one).digests()[3]
+
+
+def _differ_only_in(change) -> tuple[FrozenPart, FrozenPart]:
+    one, two = backbone(), backbone()
+    change(two[1])
+    return FrozenPart(one), FrozenPart(two)
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param(lambda layer: setattr(layer, "eps", 1e-3), id="a plain attribute"),
+    pytest.param(lambda layer: setattr(layer, "note", ("a", Scale(2.0))), id="a tuple holding a module"),
+    pytest.param(lambda layer: layer.register_forward_hook(lambda module, inputs, out: out * 2), id="a forward hook"),
+    pytest.param(lambda layer: layer.register_forward_pre_hook(lambda module, inputs: None), id="a pre hook"),
+    pytest.param(lambda layer: layer.register_buffer("shift", torch.zeros(48), persistent=False),
+                 id="a non-persistent buffer"),
+    pytest.param(lambda layer: layer.register_parameter("gain", torch.nn.Parameter(torch.ones(1), requires_grad=False)),
+                 id="a parameter that requires no grad"),
+    pytest.param(lambda layer: setattr(layer, "forward", lambda x: x), id="a forward of its own"),
+])
+def test_frozen_layers_that_differ_in_anything_that_computes_them_have_other_digests(change):
+    one, two = _differ_only_in(change)
+    assert one.digests()[:1] == two.digests()[:1] and one.digests()[1:] != two.digests()[1:]
+    assert one.unfaithful is None and two.unfaithful is None
+
+
+def test_a_plain_attribute_tells_two_frozen_layers_apart_and_equal_builds_share():
+    assert FrozenPart(Scale(0.01)).digests() != FrozenPart(Scale(10.0)).digests()
+    assert FrozenPart(Scale(0.5)).digests() == FrozenPart(Scale(0.5)).digests()
+    assert fingerprint(torch.nn.Dropout(0.5).train()) != fingerprint(torch.nn.Dropout(0.5).eval())
+    hooked = [backbone(), backbone()]
+    for model in hooked:       # equal hooks registered in two builds: the handles' numbers differ, not the code
+        model[0].register_forward_hook(lambda module, inputs, out: out + 1)
+    assert FrozenPart(hooked[0]).digests() == FrozenPart(hooked[1]).digests()
+
+
+@pytest.mark.parametrize("holding, said", [
+    (lambda layer: setattr(layer, "lock", threading.Lock()),
+     r"^frozen layer 2 \(Scale\)\.lock is a _thread\.lock, whose state is held by compiled code"),
+    (lambda layer: setattr(layer, "hook", (lambda lock: lambda x: (lock, x)[1])(threading.Lock())),
+     r"^frozen layer 2 \(Scale\)\.hook's closure lock is a _thread\.lock"),
+    (lambda layer: torch.manual_seed(0) and setattr(layer, "inner", torch.jit.script(torch.nn.Linear(2, 2))),
+     r"^frozen layer 2 \(Scale\)\._modules\['inner'\] is TorchScript"),
+])
+def test_a_frozen_layer_holding_what_cannot_be_compared_is_neither_shared_nor_materialized(holding, said, partition):
+    made = []
+    for factor in (0.01, 10.0):
+        layer = Scale(factor)
+        holding(layer)
+        made.append(FrozenPart(torch.nn.Sequential(*backbone()[:2], layer)))
+    assert all(re.match(said, frozen.unfaithful) for frozen in made)
+    # Digested by class and weights alone (what names their stored copy), so never shared or kept:
+    assert made[0].digests() == made[1].digests()
+    kept = Materialized()
+    for frozen in made:
+        head = torch.nn.Linear(48, 10)
+        trainable = cb.TorchTrainable(head, torch.optim.SGD(head.parameters(), lr=0.1),
+                                      torch.nn.functional.cross_entropy, batch_size=8, frozen=frozen.module)
+        kept.share(trainable)
+        assert trainable.frozen is frozen.module
+        assert kept.for_trial(trainable, 0, "train", partition, torch.device("cpu")) is None
+    assert kept.computed == 0
 
 
 def test_frozen_must_be_a_module_and_is_kept_out_of_the_state_that_hops():
@@ -267,3 +331,24 @@ def test_a_transforms_key_is_pickled_once_per_transform_not_once_per_sub_epoch(p
     for _ in range(3):
         assert kept.for_trial(trainable, 0, "train", partition, torch.device("cpu")) is not None
     assert pickled == [scale] and kept.computed == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("holding", [None, lambda layer: setattr(layer, "lock", threading.Lock())],
+                         ids=["digested", "unfaithful"])
+def test_trials_whose_frozen_layers_differ_in_a_plain_attribute_give_the_plain_runs_results(holding, tmp_path,
+                                                                                             caplog):
+    frozen_build, plain_build = scaled_builds(holding)
+    search = {"space": {"scale": cb.choice([0.01, 10.0])}, "epochs": 2, "metric": "val_accuracy", "mode": "max"}
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        frozen = cb.GridSearch(frozen_build, **search).fit(digits(partitions=2), workers=2, store=tmp_path / "frozen",
+                                                           seed=0, verbose=0)
+    plain = cb.GridSearch(plain_build, **search).fit(digits(partitions=2), workers=2, store=tmp_path / "plain",
+                                                     seed=0, verbose=0)
+    assert frozen.history().equals(plain.history())
+    accuracies = frozen.history().groupby("scale")["val_accuracy"].last()
+    assert accuracies[0.01] != accuracies[10.0]
+    said = [r.getMessage() for r in caplog.records if "cannot be told apart" in r.getMessage()]
+    assert said == ([] if holding is None else [said[0]])
+    if holding is not None:
+        assert "frozen layer 2 (Scale).lock is a _thread.lock" in said[0]

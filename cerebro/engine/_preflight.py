@@ -176,6 +176,11 @@ def _one_step(build: Callable[[dict], Any], config: dict[str, Any], sample: tupl
             "the training transform of build(%s) draws from its rng (augmentation), so its frozen layers' outputs "
             "differ every epoch: they run on every training batch; evaluation uses their outputs computed once per "
             "partition", config)
+    unfaithful = getattr(trainable.frozen_part(), "unfaithful", None)
+    if unfaithful is not None:
+        logging.getLogger("cerebro").warning(
+            "the frozen layers of build(%s) cannot be told apart from another trial's (%s): each trial keeps its "
+            "own and runs them on every batch, as the plain model does", config, unfaithful)
 
 
 def _check_classes(outputs: np.ndarray, label_range: tuple[int, int] | None, loss: Any) -> None:

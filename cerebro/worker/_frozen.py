@@ -8,9 +8,14 @@ same batches, in the same sample order, without running the backbone again. This
 materialization of Nautilus (Nakandala & Kumar, "Nautilus: An Optimized System for Deep
 Transfer Learning over Evolving Training Datasets", SIGMOD 2022), which measured 2.9-4.2x.
 
-*The same frozen module* is told by a digest of its structure and weights. A ``Sequential``
-has one per prefix (``backbone[:k]``), chained, so freeze depth can be a hyperparameter: a
-deeper prefix is computed from the longest shallower one a worker keeps, not from the input.
+*The same frozen module* is told by a digest of everything that computes it: class and code,
+every attribute, hooks, tensors and buffers (:mod:`._fingerprint`). A ``Sequential`` has one
+per prefix (``backbone[:k]``), chained, so freeze depth can be a hyperparameter: a deeper
+prefix is computed from the longest shallower one a worker keeps, not from the input. A
+frozen module holding something that cannot be digested faithfully (an object of a compiled
+class, TorchScript, a function closing over one) is *unfaithful*: it is shared with no other
+trial and not materialized (it runs on every batch, as in the plain model), and the run says
+so once.
 
 *What is kept*: a worker keeps the outputs for partitions it holds in memory in memory, within
 :data:`MATERIALIZED_BYTES` (``CEREBRO_MATERIALIZED_BYTES``), and those of streamed partitions
@@ -46,6 +51,7 @@ import torch
 
 from ..data import InMemoryPartition, PartitionSource, StreamedPartition
 from ..store._scratch import remove_scratch, scratch_directory
+from ._fingerprint import Unfaithful, fingerprint
 
 MATERIALIZED_BYTES = 2 << 30     # per worker, in memory; CEREBRO_MATERIALIZED_BYTES sets another
 MATERIALIZED_DISK_BYTES = 32 << 30   # per worker, mapped from local disk; CEREBRO_MATERIALIZED_DISK_BYTES
@@ -61,6 +67,7 @@ class FrozenPart:
                             f"{type(module).__name__}")
         self.module = module.eval().requires_grad_(False)
         self._digests: list[str] | None = None
+        self._unfaithful: str | None = None
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
@@ -73,14 +80,30 @@ class FrozenPart:
 
     def digests(self) -> list[str]:
         """One digest per prefix (``layers[:k + 1]``), each chained on the one before: equal
-        where the prefixes' structures and weights are."""
+        where everything that computes the prefixes is. An unfaithful layer is digested by its
+        class and weights alone (what tells the run's stored copy of them), and
+        :attr:`unfaithful` says why it is not shared."""
         if self._digests is None:
-            self._digests = chained_digests(b"cerebro-frozen/1", map(_layer_digest, self.layers))
+            digested = []
+            for index, layer in enumerate(self.layers):
+                try:
+                    digested.append(fingerprint(layer, where=f"frozen layer {index} ({type(layer).__name__})"))
+                except Unfaithful as why:
+                    self._unfaithful = self._unfaithful or str(why)
+                    digested.append(b"weights:" + _weights_digest(layer))
+            self._digests = chained_digests(b"cerebro-frozen/2", digested)
         return self._digests
+
+    @property
+    def unfaithful(self) -> str | None:
+        """Why these frozen layers are shared with no other trial and not materialized (what in
+        them cannot be digested faithfully), or None."""
+        self.digests()
+        return self._unfaithful
 
     def forget_digests(self) -> None:
         """The weights changed (loaded from the run's copy): digest them again when asked."""
-        self._digests = None
+        self._digests, self._unfaithful = None, None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.module.state_dict().values())
@@ -105,8 +128,9 @@ def chained_digests(tag: bytes, layers: Iterable[bytes]) -> list[str]:
     return found
 
 
-def _layer_digest(layer: torch.nn.Module) -> bytes:
-    described = hashlib.sha256(f"{type(layer).__module__}.{type(layer).__qualname__}\n{layer!r}".encode())
+def _weights_digest(layer: torch.nn.Module) -> bytes:
+    """An unfaithful layer's class and weights: which stored weights are its."""
+    described = hashlib.sha256(f"{type(layer).__module__}.{type(layer).__qualname__}\n".encode())
     for name, tensor in layer.state_dict().items():
         tensor = tensor.detach().cpu().contiguous()
         described.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
@@ -249,7 +273,8 @@ class Materialized:
         equal to ones here (by digest) uses those, and its own copy is freed (a backbone per
         trial would fill the worker's memory, or its GPU's)."""
         frozen = trainable.frozen_part()
-        if frozen is None or not isinstance(getattr(trainable, "frozen", None), torch.nn.Module):
+        if frozen is None or not isinstance(getattr(trainable, "frozen", None), torch.nn.Module) \
+                or frozen.unfaithful is not None:
             return
         known = self._modules.setdefault(frozen.digests()[-1], frozen.module)
         frozen.module = trainable.frozen = known
@@ -260,7 +285,7 @@ class Materialized:
         outputs, or None where it has no frozen module or its transform for ``split`` draws
         (then the frozen module runs on each batch)."""
         frozen = trainable.frozen_part()
-        if frozen is None or os.environ.get("CEREBRO_MATERIALIZE") == "0":
+        if frozen is None or os.environ.get("CEREBRO_MATERIALIZE") == "0" or frozen.unfaithful is not None:
             return None
         transform = trainable.transform if split == "train" else trainable.eval_transform
         made_by = self._key_of(transform)

@@ -24,14 +24,17 @@ same weights, compiled as the model is with the model's optimizer object, so its
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
 import sys
+import types
 from typing import Any
 
 import numpy as np
 import torch
 
+from ._fingerprint import Unfaithful, fingerprint
 from ._frozen import chained_digests
 
 
@@ -44,6 +47,7 @@ class KerasFrozenPart:
     uses one: :meth:`digests`, ``layers`` and :meth:`run_from`."""
 
     module = None        # Materialized.share shares torch modules only: Keras layers stay the trial's
+    unfaithful = None    # a layer that cannot be told apart by its configuration is digested by itself alone
 
     def __init__(self, layers: list[Any], head: Any) -> None:
         self.layers = layers
@@ -54,7 +58,7 @@ class KerasFrozenPart:
         """One digest per prefix (``layers[:k + 1]``), each chained on the one before: equal
         where the prefixes' classes, configurations (layer names aside) and weights are."""
         if self._digests is None:
-            self._digests = chained_digests(b"cerebro-frozen-keras/1", map(_layer_digest, self.layers))
+            self._digests = chained_digests(b"cerebro-frozen-keras/2", map(_layer_digest, self.layers))
         return self._digests
 
     def nbytes(self) -> int:
@@ -139,7 +143,13 @@ def _head(model: Any, tensor: Any) -> Any:
 
 
 def _layer_digest(layer: Any) -> bytes:
-    described = hashlib.sha256(f"{type(layer).__module__}.{type(layer).__qualname__}\n".encode())
+    """The layer's class and code, configuration (names aside), plain attributes and weights."""
+    described = hashlib.sha256(fingerprint(type(layer), where=f"layer {layer.name}'s class"))
+    try:
+        for sub in layer._flatten_layers(include_self=True):
+            described.update(fingerprint(_plain_attributes(sub), where=f"layer {sub.name}"))
+    except Unfaithful:        # a function closing over an object: this layer is told apart by itself alone
+        described.update(f"object {id(layer)}".encode())
     try:
         config = json.dumps(_unnamed(layer.get_config(), _names(layer)), sort_keys=True, default=repr)
     except NotImplementedError:
@@ -152,6 +162,19 @@ def _layer_digest(layer: Any) -> bytes:
         described.update(f"{value.dtype} {value.shape}\n".encode())
         described.update(value.tobytes())
     return described.digest()
+
+
+def _plain_attributes(layer: Any) -> dict[str, Any]:
+    """A Keras layer's own attributes that are numbers, strings, enums or functions (its
+    ``factor``, its ``activation``), which its configuration may not say (set after it was
+    made); its weights, sublayers and Keras's bookkeeping are digested otherwise, or are not
+    what it computes, its name is Keras's count of the layers made in the process, and a
+    method Keras wraps per object (``build``) is its class's code, digested with the class."""
+    plain = (type(None), bool, int, float, str, tuple, enum.Enum, types.FunctionType)
+    return {name: value for name, value in sorted(vars(layer).items())
+            if not name.startswith("_") and name != "name" and not hasattr(type(layer), name)
+            and isinstance(value, plain)
+            and not (isinstance(value, tuple) and not all(isinstance(v, (bool, int, float, str)) for v in value))}
 
 
 def _names(layer: Any) -> dict[str, int]:
