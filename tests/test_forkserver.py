@@ -93,7 +93,7 @@ def test_a_keras_runs_workers_are_forked_with_keras_on_its_backend_and_give_the_
     server = _server_of_this_process(keras.backend.backend())
     parents = [json.load(open(seen / name)) for name in os.listdir(seen)]
     assert len(parents) == 2       # both forked by the server that imported Keras on the run's backend
-    assert {(p["parent"], p["command"][2], p["command"][-1]) for p in parents} == \
+    assert {(p["parent"], p["command"][3], p["command"][-1]) for p in parents} == \
         {(server._process.pid, "cerebro.worker._forkserver", keras.backend.backend())}
     monkeypatch.setattr(_forks, "AVAILABLE", False)
     started = cb.GridSearch(keras_build, space, epochs=2).fit(

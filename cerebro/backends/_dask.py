@@ -16,7 +16,6 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from .._checks import Real
 from .._extras import require
+from .._python import python_module
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
 
 SHUTDOWN_GRACE_S = 10.0
@@ -43,8 +43,8 @@ def _dask_task(address: tuple[str, int], authkey: bytes, worker: int, key: str, 
     begun.set()
     here = get_worker().address
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", address[0], str(address[1]), str(worker),
-                                f"dask task {key} on {here}"], env=env, stdin=subprocess.PIPE,
+    process = subprocess.Popen(python_module("cerebro.worker", address[0], str(address[1]), str(worker),
+                                             f"dask task {key} on {here}"), env=env, stdin=subprocess.PIPE,
                                preexec_fn=_die_with_parent)
     Variable(f"{key}-pid").set([here, process.pid])
     assert process.stdin is not None       # stdin=PIPE

@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import IO
 
+from .._python import python_module
+
 # Where fork is not Linux's (macOS forks badly after torch's import; Windows has none), the
 # local backend starts each worker with ``python -m cerebro.worker``.
 AVAILABLE = sys.platform.startswith("linux")
@@ -34,8 +36,8 @@ class ForkServer:
     def __init__(self, env: dict[str, str], keras: str | None = None) -> None:
         read_fd, write_fd = os.pipe()
         self.owner = os.getpid()        # a driver forked from this process starts its own
-        self._process = subprocess.Popen([sys.executable, "-m", "cerebro.worker._forkserver", str(write_fd),
-                                          *([keras] if keras else [])],
+        self._process = subprocess.Popen(python_module("cerebro.worker._forkserver", str(write_fd),
+                                                        *([keras] if keras else [])),
                                          env=env, stdin=subprocess.PIPE, pass_fds=(write_fd,))
         os.close(write_fd)
         self._replies: IO[bytes] = os.fdopen(read_fd, "rb")

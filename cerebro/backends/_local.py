@@ -5,9 +5,9 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 
+from .._python import drivers_path, python_module
 from ..worker._protocol import HANDSHAKE_FAILED
 from . import _forks
 from ._base import Backend, Hops, check_heartbeat_timeout, check_hops, check_max_restarts, check_positive
@@ -65,15 +65,14 @@ class LocalBackend(Backend):
     def _worker_env(self) -> dict[str, str]:
         threads = str(self.threads_per_worker)
         # The driver's sys.path, so workers import what a cloudpickled build refers to.
-        path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-        return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": path}
+        return {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "PYTHONPATH": drivers_path()}
 
     def _spawn(self, worker: int) -> subprocess.Popen | _forks.ForkedWorker:
         env = self._worker_env()
         if _forks.AVAILABLE:        # started in milliseconds, torch already imported
             return _forks.fork_worker(worker, self._address, self._authkey, env, self._keras)
-        process = subprocess.Popen([sys.executable, "-m", "cerebro.worker", self._address[0], str(self._address[1]),
-                                    str(worker)], env=env, stdin=subprocess.PIPE)
+        process = subprocess.Popen(python_module("cerebro.worker", self._address[0], str(self._address[1]),
+                                                 str(worker)), env=env, stdin=subprocess.PIPE)
         # On stdin: never on the command line (``ps``) or in the environment (/proc/PID/environ).
         assert process.stdin is not None               # stdin=PIPE
         with contextlib.suppress(BrokenPipeError):     # it died at once: exited() says so

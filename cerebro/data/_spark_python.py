@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .._python import drivers_path
+
 # Said by the driver (``explained``) and by an executor's Python itself (``importer``), which
 # knows where it runs: "{where}" is that, or nothing.
 _CANNOT_IMPORT = ("Spark's executors run the Python {python!r}{where}, which cannot import what Cerebro needs "
@@ -34,6 +36,10 @@ def use_the_drivers_python_locally(context: Any) -> None:
     chosen = os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python", None)
     if context.master.startswith("local") and not chosen:
         context.pythonExec = sys.executable
+        # Its workers start as ``python -m pyspark.daemon`` in the driver's working directory:
+        # keep that off their path (see cerebro._python), the driver's own path on it.
+        context.environment["PYTHONSAFEPATH"] = "1"
+        context.environment.setdefault("PYTHONPATH", drivers_path())
 
 
 class ExecutorPythonError(RuntimeError):

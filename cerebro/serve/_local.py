@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import queue
 import subprocess
-import sys
 import tempfile
 import threading
 import warnings
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._python import python_module
 from ..results import Result, TrialResult
 from ..worker import Trainable, inference_device, predict_rows
 from ..worker._serve import write_rows
@@ -142,7 +142,7 @@ class _Spawned:
     def __init__(self, job_dir: str, index: int) -> None:
         self.job_dir, self.index = job_dir, index
         with open(self._stderr_path(), "w") as stderr:
-            self.process = subprocess.Popen([sys.executable, "-m", "cerebro.worker._serve", job_dir, str(index)],
+            self.process = subprocess.Popen(python_module("cerebro.worker._serve", job_dir, str(index)),
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
         assert self.process.stdin is not None and self.process.stdout is not None    # both PIPE
         self._stdin, self._stdout = self.process.stdin, self.process.stdout

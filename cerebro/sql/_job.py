@@ -25,13 +25,13 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
+from .._python import drivers_path, python_module
 from ._database import Database
 
 POLL_SECONDS = 0.2
@@ -62,13 +62,13 @@ def run_job(db: Database, job_dir: str, job: dict[str, Any], *, keras_backend: s
     with open(os.path.join(job_dir, "job.json"), "w") as f:
         json.dump(job, f)
     # The session's sys.path: the child imports Cerebro from where this function did.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+    env = {**os.environ, "PYTHONPATH": drivers_path()}
     if keras_backend is not None:
         env["KERAS_BACKEND"] = keras_backend
     if not use_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""
     with open(os.path.join(job_dir, "child.log"), "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "cerebro.sql._child", job_dir, str(os.getpid())],
+        process = subprocess.Popen(python_module("cerebro.sql._child", job_dir, str(os.getpid())),
                                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                    start_new_session=True, cwd=job_dir)    # not the backend's: PGDATA
     try:

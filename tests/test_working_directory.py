@@ -1,0 +1,66 @@
+"""Every interpreter Cerebro starts keeps the working directory off its path (docs/security.md):
+a module planted in a shared working directory (a scratch place of mode 1777) runs nowhere,
+while the user's own modules beside their script load in the workers as in the script."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import cerebro._python as python
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PLANTED = ("json", "numpy", "cerebro_worker_helper")     # what the fork server, a worker and a build import
+
+
+def test_every_interpreter_cerebro_starts_leaves_the_working_directory_off_its_path(tmp_path, monkeypatch):
+    (tmp_path / "json.py").write_text("raise SystemExit('planted json ran')\n")
+    monkeypatch.chdir(tmp_path)
+    command = python.python_module("json.tool", "--help")
+    assert command[:3] == [sys.executable, "-P", "-m"]
+    ran = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
+    assert ran.returncode == 0 and "planted" not in ran.stderr
+    assert "planted json ran" in subprocess.run([sys.executable, "-m", "json.tool", "--help"], capture_output=True,
+                                                text=True).stderr      # what -P keeps from happening
+
+
+@pytest.mark.slow
+def test_modules_planted_in_a_shared_working_directory_never_run_and_the_users_own_still_load(tmp_path):
+    scratch, home = tmp_path / "scratch", tmp_path / "home"
+    scratch.mkdir(mode=0o1777)
+    os.chmod(scratch, 0o1777)
+    home.mkdir()
+    ran = tmp_path / "planted-ran"
+    for name in PLANTED:
+        (scratch / f"{name}.py").write_text(f"open({str(ran)!r}, 'a').write({name!r} + '\\n')\n"
+                                            f"raise ImportError('planted {name}')\n")
+    (home / "users_layers.py").write_text("import torch\n\ndef head(n):\n    return torch.nn.Linear(64, n)\n")
+    (home / "experiment.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(1, {HERE!r})
+        import torch
+        import cerebro as cb
+        import cerebro.backends._forks as forks
+        from _models import digits
+        import users_layers
+
+        def build(config):
+            model = users_layers.head(10)
+            return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=config["lr"]),
+                                     torch.nn.functional.cross_entropy, batch_size=32)
+
+        for forked in (True, False):      # forked from the fork server, and started as programs
+            forks.AVAILABLE = forked
+            result = cb.GridSearch(build, {{"lr": cb.choice([0.1, 0.01])}}, epochs=1).fit(
+                digits(partitions=2), workers=2, store=f"run-{{forked}}", seed=0, verbose=0)
+            print("statuses", sorted(t.status.value for t in result.trials))
+    """))
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(home / "experiment.py")], cwd=scratch, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("statuses ['completed', 'completed']") == 2
+    assert not ran.exists(), ran.read_text()
