@@ -4,11 +4,18 @@ Reading a partition from ``hdfs://`` or ``s3://`` every epoch would move the dat
 network once per epoch and trial; the original Cerebro cached each worker's partitions on its
 local disk instead. Here a worker copies each partition it holds (or takes over from a lost
 worker) into its cache directory once per run and reads it from there.
+
+A cache directory may be shared (a node's scratch space), so a worker writes there only under
+a directory that no other user can swap things into: one the user (or root) owns, writable by
+others only with the sticky bit (as ``/tmp``); another is refused, naming it
+(:func:`check_cache_dir`). The copies go into a private (0700) directory of the worker's,
+each file created anew (``O_EXCL``) without following a link (``O_NOFOLLOW``).
 """
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 
 from ..store import _files as files
 from ..store._scratch import remove_scratch, scratch_directory
@@ -34,11 +41,12 @@ class LocalCache:
         if self._root is None:
             if self._cache_dir is not None:
                 os.makedirs(self._cache_dir, exist_ok=True)
+                check_cache_dir(self._cache_dir)
             self._root = scratch_directory("cerebro-worker", self._cache_dir, tag=f"{self._worker}-")
         for name in ["meta.json"] + [os.path.relpath(partition_file("", split, p), "")
                                      for split in SPLITS for p in partitions]:
             target = os.path.join(self._root, name)
-            if not os.path.exists(target):
+            if not os.path.lexists(target):
                 self.bytes_copied += _copy(files.join(self.data_dir, *name.split("/")), target)
         return self._root
 
@@ -53,10 +61,29 @@ class LocalCache:
             self._root = None
 
 
+def check_cache_dir(path: str) -> None:
+    """Raise unless ``path`` is a directory no other user can swap entries in: not a link,
+    owned by this user or root, writable by others only with the sticky bit."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a directory"
+        raise NotADirectoryError(f"cache_dir {path!r} is {what}; give a directory of yours (its real path)")
+    if info.st_uid not in (os.getuid(), 0):
+        raise PermissionError(f"cache_dir {path!r} is owned by another user (uid {info.st_uid}): they could swap what "
+                              f"Cerebro writes there; give a directory of yours")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        raise PermissionError(f"cache_dir {path!r} is writable by other users without the sticky bit (mode "
+                              f"{stat.S_IMODE(info.st_mode):o}): they could swap what Cerebro writes there; give a "
+                              f"directory only you can write, or set its sticky bit (chmod +t), as /tmp has")
+
+
 def _copy(source: str, target: str) -> int:
-    """Copy ``source`` (any store) to the local ``target`` atomically; the bytes copied."""
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    with files.open_file(source) as src, open(target + ".part", "wb") as dst:
+    """Copy ``source`` (any store) to the local ``target`` atomically; the bytes copied. The
+    temporary file is new and no link (``O_EXCL | O_NOFOLLOW``): nothing placed there first
+    is written through."""
+    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    made = os.open(target + ".part", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with files.open_file(source) as src, os.fdopen(made, "wb") as dst:
         shutil.copyfileobj(src, dst, 8 << 20)
         size = dst.tell()
     os.replace(target + ".part", target)

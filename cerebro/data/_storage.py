@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ._cache import check_cache_dir
+
 
 @dataclass(frozen=True)
 class Storage:
@@ -20,4 +22,9 @@ class Storage:
                              f"them from disk) or 'auto' (decide from their size and the free memory)")
         if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
             raise TypeError(f"cache_dir={cache_dir!r} must be a local directory path or None (a temporary one)")
-        return cls(in_memory, None if cache_dir is None else os.path.abspath(os.path.expanduser(os.fspath(cache_dir))))
+        if cache_dir is None:
+            return cls(in_memory, None)
+        path = os.path.abspath(os.path.expanduser(os.fspath(cache_dir)))
+        if os.path.lexists(path):       # here (a local backend's workers'), refused now; on a cluster, by each worker
+            check_cache_dir(path)
+        return cls(in_memory, path)
