@@ -21,6 +21,18 @@ import collections.abc
 import numbers
 from typing import Any
 
+QUOTE_LIMIT = 200       # characters of a value a message quotes: never a 100 KB input back
+
+
+def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for a message, cut short where it is long, saying how long it was.
+
+    >>> quoted("x" * 1000, limit=12)
+    "'xxxxxxxxxxx... (1002 characters)"
+    """
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
 
 class Constraint:
     """A rule one argument's value must follow.
@@ -45,7 +57,7 @@ class Constraint:
     def check(self, name: str, value: Any) -> None:
         """Raise ``error`` naming ``name``, ``value`` and the rule unless ``value`` follows it."""
         if not self.accepts(value):
-            raise self.error(f"{name}={value!r} must be {self.description or self.describe()}")
+            raise self.error(f"{name}={quoted(value)} must be {self.description or self.describe()}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}: {self.description or self.describe()}>"

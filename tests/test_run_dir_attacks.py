@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -365,6 +366,30 @@ def test_a_run_json_does_not_point_a_resume_elsewhere_unless_the_directory_is_tr
     assert trusted.mlflow == "http://127.0.0.1:1/" and trusted.storage.cache_dir == "/tmp/elsewhere"
 
 
+def test_a_run_json_naming_a_run_to_warm_start_from_or_a_module_to_import_is_refused(run, tmp_path):
+    from cerebro.engine._settings import RunSettings
+    from cerebro.store import RunInfoError
+    info = RunStore.open(run).read_run_info()
+    private = str(tmp_path / "another-users-private-run")
+    info["searcher"].update(warm_start=private)
+    info["data"].update(val_rows=[1])
+    expected = (f"run.json's searcher.warm_start is {private!r}: resuming would copy that run's weights into this "
+                f"one, and a run directory's settings may have been edited by anyone who can write it; if you made "
+                f"this run, resume it with trust=True (--trust)")
+    with pytest.raises(RunInfoError, match=f"^{re.escape(expected)}$"):
+        RunSettings.from_run_info(info)
+    assert RunSettings.from_run_info(info, trusted=True).warm_start.run_dir == private
+    del info["searcher"]["warm_start"]
+    for planted in ("os", "x" * 100_000):       # trusted or not, a worker imports nothing but a Keras backend
+        info["keras_backend"] = planted
+        for trusted in (False, True):
+            with pytest.raises(RunInfoError, match=r"^run\.json's keras_backend is ('os'|'x{199}\.\.\. \(100002 "
+                                                   r"characters\)); a run's is one of tensorflow, jax, torch or null"):
+                RunSettings.from_run_info(info, trusted=trusted)
+    info["keras_backend"] = "jax"
+    assert RunSettings.from_run_info(info).keras_backend == "jax"
+
+
 def test_a_run_json_that_asks_for_a_million_workers_or_other_partitions_is_refused(run):
     from cerebro.engine._resume import _check_partitions, _recorded_workers
     from cerebro.store import RunInfoError
@@ -377,6 +402,20 @@ def test_a_run_json_that_asks_for_a_million_workers_or_other_partitions_is_refus
     info["data"] = {"partitions": 2}
     with pytest.raises(RunInfoError, match=r"its workers=1000000 must be between 1 and the run's 2 partitions"):
         _recorded_workers(store, info)
+    for split in ("train", "val"):
+        Path(run, "data", split).mkdir()
+        for partition in range(2):
+            Path(run, "data", split, f"part-{partition:05d}.parquet").write_bytes(b"")
+    info["data"] = {"partitions": 2}
+    _check_partitions(store, info)
     info["data"] = {"partitions": 10**12}
-    with pytest.raises(RunInfoError, match=r"its data\.partitions is 1000000000000, but the run wrote 2 partitions"):
+    with pytest.raises(RunInfoError, match=r"its data\.partitions is 1000000000000 and data/meta\.json's 2, but the "
+                                           r"run wrote 2 training partition files"):
+        _check_partitions(store, info)
+    # run.json and meta.json edited together (a 2-partition run resumed with 20 workers): the files count
+    Path(run, "data", "meta.json").write_text(json.dumps({**meta, "num_partitions": 20,
+                                                          "rows": {"train": [5] * 20, "val": [1] * 20}}))
+    info["data"] = {"partitions": 20}
+    with pytest.raises(RunInfoError, match=r"its data\.partitions is 20 and data/meta\.json's 20, but the run wrote 2 "
+                                           r"training partition files"):
         _check_partitions(store, info)

@@ -38,6 +38,7 @@ from ..store import (
     UntrustedStateError,
     parse_event,
 )
+from ..store import _files as files
 from ._driver import Driver
 from ._execute import finished, observers, pickle_build, reproducibility_caveat, sigterm_interrupts
 from ._extend import extension
@@ -181,15 +182,28 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
 
 
 def _check_partitions(store: RunStore, info: dict[str, Any]) -> None:
-    """run.json's partitions and workers against the partitions the run wrote: anyone may
-    have edited run.json, and resume starts that many workers over that many partitions."""
+    """run.json's and data/meta.json's partition counts against the partition files the run
+    wrote: anyone may have edited both files (together), and resume starts up to that many
+    workers over that many partitions."""
     try:
-        written = read_layout(store.data_dir).num_partitions
+        described = read_layout(store.data_dir).num_partitions
     except FileNotFoundError:
         return        # no data/meta.json: the workers say so, naming it
-    if info["data"]["partitions"] != written:
-        raise RunInfoError(f"{store.file('run.json')} is damaged: its data.partitions is {info['data']['partitions']}, "
-                           f"but the run wrote {written} partitions (data/meta.json)")
+    written = _partition_files(store)
+    if info["data"]["partitions"] != written or described != written:
+        raise RunInfoError(f"{store.file('run.json')} is damaged: its data.partitions is {info['data']['partitions']} "
+                           f"and data/meta.json's {described}, but the run wrote {written} training partition files "
+                           f"({files.join(store.data_dir, 'train')})")
+
+
+def _partition_files(store: RunStore) -> int:
+    """How many training partitions the run wrote: its files ``part-00000.parquet`` on,
+    counted up to the first one missing."""
+    names = set(files.listdir(files.join(store.data_dir, "train")))
+    count = 0
+    while f"part-{count:05d}.parquet" in names:
+        count += 1
+    return count
 
 
 def _recorded_workers(store: RunStore, info: dict[str, Any]) -> int:

@@ -8,8 +8,10 @@ import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._checks import Integer, Optional, Real
+from .._checks import Integer, Optional, Real, quoted
 from ..data import Storage
+from ..store._run_info import RunInfoError
+from ..worker._keras import TRAINING_BACKENDS as KERAS_BACKENDS
 from ._visit_order import LEGACY_SCHEME, VisitScheme
 
 if TYPE_CHECKING:
@@ -159,18 +161,39 @@ class RunSettings:
         """The settings of the run whose run.json holds ``info``, to resume it: as it ran, but
         with no time budget (older runs lack some entries: their defaults then). Where the run
         directory is not ``trusted``, nothing in it points the run elsewhere: an MLflow tracking
-        URI or a cache directory it names is not used (said once each)."""
+        URI or a cache directory it names is not used (said once each), a run to warm-start
+        from is refused (its weights would be copied here); a Keras backend must be one that
+        trains, whoever wrote it."""
         searcher, data = info["searcher"], info["data"]
         mlflow, cache_dir = info.get("mlflow", False), data.get("cache_dir")
+        warm_start, keras_backend = WarmStartFrom.of_searcher(searcher), info.get("keras_backend")
+        _check_keras_backend(keras_backend)
         if not trusted:
             mlflow, cache_dir = _untrusted(mlflow, cache_dir)
+            _refuse_untrusted_warm_start(warm_start)
         return cls(info["seed"], data["partitions"], sum(data["val_rows"]) > 0, Limits(**info.get("limits", {})),
                    VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
                    Storage(data.get("in_memory", True), cache_dir),
-                   keras_backend=info.get("keras_backend"), metric=searcher["metric"], mode=searcher["mode"],
+                   keras_backend=keras_backend, metric=searcher["metric"], mode=searcher["mode"],
                    patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
-                   warm_start=WarmStartFrom.of_searcher(searcher), tensorboard=info.get("tensorboard", False),
+                   warm_start=warm_start, tensorboard=info.get("tensorboard", False),
                    mlflow=mlflow)
+
+
+def _check_keras_backend(keras_backend: Any) -> None:
+    """run.json's Keras backend names the module a worker imports: one that trains, or none."""
+    if keras_backend not in (None, *KERAS_BACKENDS):
+        raise RunInfoError(f"run.json's keras_backend is {quoted(keras_backend)}; a run's is one of "
+                           f"{', '.join(KERAS_BACKENDS)} or null (a torch run): the run directory was edited")
+
+
+def _refuse_untrusted_warm_start(warm_start: WarmStartFrom | None) -> None:
+    """A warm start named by an untrusted run.json would copy another run's weights (one this
+    user may read, others may not) into this run's directory: refused, saying how to trust it."""
+    if warm_start is not None:
+        raise RunInfoError(f"run.json's searcher.warm_start is {quoted(warm_start.run_dir)}: resuming would copy that "
+                           f"run's weights into this one, and a run directory's settings may have been edited by "
+                           f"anyone who can write it; if you made this run, resume it with trust=True (--trust)")
 
 
 def _untrusted(mlflow: Any, cache_dir: Any) -> tuple[bool, None]:

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import quoted
+
 _HEAP_TYPE = 1 << 9         # Py_TPFLAGS_HEAPTYPE: a class defined in Python, whose code can be read
 # A class's own entries that say nothing of what its objects compute.
 _CLASS_NOISE = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
@@ -45,7 +47,6 @@ _NAMED_KINDS = (torch.dtype, torch.device, torch.layout, torch.memory_format, ty
 _BUILTIN_KINDS = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType,
                   types.MethodWrapperType, types.ClassMethodDescriptorType, types.GetSetDescriptorType,
                   types.MemberDescriptorType)
-_QUOTE_LIMIT = 80
 _CLASSES: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()    # class -> its digest
 
 
@@ -125,7 +126,7 @@ class _Walk:
             self.put(_qualified(kind), str(len(value)))
             for key, item in value.items():
                 self.value(key, f"{where} key")
-                self.value(item, f"{where}[{_quote(key)}]")
+                self.value(item, f"{where}[{quoted(key, 80)}]")
         else:
             self._callable(value, kind, where)
 
@@ -275,9 +276,3 @@ def _hook_numbers(attributes: dict[str, Any]) -> dict[Any, int]:
     handles = {key for name, item in attributes.items() if isinstance(item, dict) and "hook" in name
                for key in item if isinstance(key, int)}
     return {handle: index for index, handle in enumerate(sorted(handles))}
-
-
-def _quote(value: Any) -> str:
-    """``value`` for a message, cut short: a message never echoes a large input."""
-    text = repr(value)
-    return text if len(text) <= _QUOTE_LIMIT else f"{text[:_QUOTE_LIMIT]}... ({len(text)} characters)"
