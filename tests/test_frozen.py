@@ -352,3 +352,31 @@ def test_trials_whose_frozen_layers_differ_in_a_plain_attribute_give_the_plain_r
     assert said == ([] if holding is None else [said[0]])
     if holding is not None:
         assert "frozen layer 2 (Scale).lock is a _thread.lock" in said[0]
+
+
+@pytest.mark.parametrize("crafted", ["sparse", "truncated"])
+def test_a_crafted_stored_frozen_file_is_refused_naming_it_without_reading_it_whole(crafted, tmp_path):
+    from safetensors.torch import save
+
+    from cerebro.worker._frozen_weights import restore_frozen
+
+    class Store:
+        def file(self, *parts: str) -> str:
+            return str(tmp_path.joinpath(*parts))
+    trained_on = "ab" * 32
+    path = tmp_path / "frozen" / f"{trained_on}.safetensors"
+    path.parent.mkdir()
+    frozen = backbone()
+    if crafted == "sparse":       # 3 GiB on disk that costs nothing: never read into memory
+        with open(path, "wb") as f:
+            f.truncate(3 << 30)
+    else:
+        path.write_bytes(save({k: v.contiguous() for k, v in frozen.state_dict().items()})[:-100])
+    head = torch.nn.Linear(32, 10)
+    trainable = cb.TorchTrainable(head, torch.optim.SGD(head.parameters(), lr=0.1),
+                                  torch.nn.functional.cross_entropy, batch_size=8, frozen=frozen)
+    named = re.escape(str(path))
+    said = (rf"^{named} cannot hold the frozen layers \(\d+ bytes of weights\): {named} holds more than"
+            if crafted == "sparse" else rf"^{named} is damaged: ")
+    with pytest.raises(ValueError, match=said):
+        restore_frozen(trainable, trained_on, Store(), "t0003")

@@ -73,7 +73,7 @@ def main(reply_fd: int, keras: str | None = None) -> None:
                 return
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
-                _handle(json.loads(line), children, reply_fd, (wake_read, wake_write))
+                _handle(json.loads(line), children, reply_fd, (wake_read, wake_write, selector.fileno()))
 
 
 def _reply(reply_fd: int, event: dict) -> None:
@@ -88,25 +88,25 @@ def _reap(children: set[int], reply_fd: int) -> None:
             _reply(reply_fd, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _handle(request: dict, children: set[int], reply_fd: int, wake: tuple[int, int]) -> None:
+def _handle(request: dict, children: set[int], reply_fd: int, servers: tuple[int, ...]) -> None:
     if "signal" in request:
         if request["pid"] in children:        # not reaped: still this process's child
             os.kill(request["pid"], request["signal"])
         return
     pid = os.fork()
     if pid == 0:
-        _become_worker(request, reply_fd, wake)
+        _become_worker(request, reply_fd, servers)
     children.add(pid)
     _reply(reply_fd, {"pid": pid})
 
 
-def _become_worker(request: dict, reply_fd: int, wake: tuple[int, int]) -> None:
+def _become_worker(request: dict, reply_fd: int, servers: tuple[int, ...]) -> None:
     """In the forked child: drop the server's pipes and handlers, take the driver's
     environment, path and directory as they are now, and serve the driver; never return."""
     try:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for fd in (reply_fd, *wake):
+        for fd in (reply_fd, *servers):      # the server's pipes and its epoll: none of a worker's
             os.close(fd)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)

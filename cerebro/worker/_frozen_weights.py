@@ -20,6 +20,7 @@ from ..store import _files as files
 
 FROZEN_DIR = "frozen"
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")      # a checkpoint names it: never a path
+_HEADER_ROOM = 16 << 20       # a safetensors file's JSON header, beyond its tensors' bytes
 
 
 def frozen_dir(data_dir: str) -> str:
@@ -50,6 +51,20 @@ def store_weights(trainable: Any, directory: str, stored: set[str]) -> None:
         pass
 
 
+def _read_weights(path: str, expected: int) -> dict[str, torch.Tensor]:
+    """The weights in ``path``, read only up to the size the frozen layers built now have (and
+    a header's room): a file of another size, or one safetensors cannot read, is damage
+    naming the file, never gigabytes read into memory."""
+    from safetensors.torch import load
+    try:
+        blob = files.read_regular(path, expected + _HEADER_ROOM)
+        return load(blob)
+    except ValueError as error:
+        raise ValueError(f"{path} cannot hold the frozen layers ({expected} bytes of weights): {error}") from None
+    except Exception as error:           # safetensors' own SafetensorError: truncated, a bad header
+        raise ValueError(f"{path} is damaged: {type(error).__name__}: {error}") from None
+
+
 def restore_frozen(trainable: Any, trained_on: str | None, store: Any, trial_id: str) -> None:
     """Make ``trainable``'s frozen layers those with the digest ``trained_on`` (what its
     checkpoint says): as built where they are, else from the run's stored copy."""
@@ -63,8 +78,7 @@ def restore_frozen(trainable: Any, trained_on: str | None, store: Any, trial_id:
         raise ValueError(f"{trial_id} trained on frozen layers {trained_on[:12]}, but build(config) makes others now "
                          f"({frozen.digests()[-1][:12]}: were the pretrained weights it loads replaced?), and the run "
                          f"holds no copy of those it trained on ({path})")
-    from safetensors.torch import load
-    frozen.module.load_state_dict(load(files.read_regular(path)))
+    frozen.module.load_state_dict(_read_weights(path, frozen.nbytes()))
     frozen.forget_digests()
     if frozen.digests()[-1] != trained_on:
         raise ValueError(f"{path} does not hold the frozen layers {trial_id} trained on (their digest differs)")
