@@ -53,10 +53,14 @@ def builds(count: str | None = None, transform=None):
         torch.manual_seed(5)
         head = torch.nn.Sequential(*layers[cut:], torch.nn.Linear(32, 10))
         return layers[:cut], head
+    return both_builds(parts, transform)
 
+
+def both_builds(parts, transform=None):
+    """(frozen build, plain build) of the models ``parts(config)`` gives as (frozen layers, head)."""
     def made(model: torch.nn.Module, head: torch.nn.Module, config: dict, **frozen) -> cb.TorchTrainable:
         trained = [p for p in head.parameters() if p.requires_grad]
-        return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(trained, lr=config["lr"]),
+        return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(trained, lr=config.get("lr", 1e-2)),
                                  loss=torch.nn.functional.cross_entropy, batch_size=32, transform=transform,
                                  metrics={"accuracy": cb.metrics.accuracy}, **frozen)
 
@@ -91,17 +95,4 @@ def scaled_builds(holding=None):
         frozen = torch.nn.Sequential(*backbone()[:2], scale)
         torch.manual_seed(5)
         return frozen, torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(48, 10))
-
-    def made(model: torch.nn.Module, head: torch.nn.Module, config: dict, **frozen) -> cb.TorchTrainable:
-        return cb.TorchTrainable(model=model, optimizer=torch.optim.Adam(head.parameters(), lr=1e-2),
-                                 loss=torch.nn.functional.cross_entropy, batch_size=32,
-                                 metrics={"accuracy": cb.metrics.accuracy}, **frozen)
-
-    def frozen_build(config: dict) -> cb.TorchTrainable:
-        frozen, head = parts(config)
-        return made(head, head, config, frozen=frozen)
-
-    def plain_build(config: dict) -> cb.TorchTrainable:
-        frozen, head = parts(config)
-        return made(torch.nn.Sequential(KeptInEval(frozen), head), head, config)
-    return frozen_build, plain_build
+    return both_builds(parts)
