@@ -4,8 +4,10 @@ the driver's environment, directory and path as they are when each run starts; a
 server is replaced, its workers not left behind."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,6 +26,17 @@ pytestmark = pytest.mark.skipif(not _forks.AVAILABLE, reason="the fork server ru
 SPACE = {"lr": cb.choice([3e-2, 1e-2]), "hidden": cb.choice([16, 32])}
 
 
+def _epoll_watches() -> list[int]:
+    """The inodes of the files every epoll descriptor this process holds watches."""
+    watched = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventpoll]":
+                with open(f"/proc/self/fdinfo/{fd}") as info:
+                    watched += [int(m, 16) for m in re.findall(r"\bino:([0-9a-f]+)", info.read())]
+    return watched
+
+
 def seen_by_the_worker(path: str, base=build):
     """``base``, which writes where it runs (its parent's pid and command line, directory, an
     environment variable, whether the driver's path is on sys.path) to ``path``, once per worker."""
@@ -33,7 +46,8 @@ def seen_by_the_worker(path: str, base=build):
             with open(os.path.join(path, str(os.getpid())), "w") as f:
                 json.dump({"cwd": os.getcwd(), "env": os.environ.get("CEREBRO_FORK_TEST"), "parent": me.ppid(),
                            "command": me.parent().cmdline(), "threads": torch.get_num_threads(),
-                           "path": os.path.dirname(__file__) in sys.path}, f)
+                           "path": os.path.dirname(__file__) in sys.path, "watched": _epoll_watches(),
+                           "parents_stdin": os.stat(f"/proc/{me.ppid()}/fd/0").st_ino}, f)
         return base(config)
     return build_that_looks
 
@@ -57,6 +71,8 @@ def test_workers_are_forked_in_the_drivers_environment_directory_and_path_as_eac
         assert len(seen[run]) == 2       # each worker of each run, named cerebro-worker
         assert {s["cwd"] for s in seen[run]} == {str(tmp_path / value)}
         assert {(s["env"], s["threads"], s["path"]) for s in seen[run]} == {(value, 1, True)}
+        # The server's epoll (which watches its stdin) is not the worker's: closed at the fork.
+        assert not any(s["parents_stdin"] in s["watched"] for s in seen[run])
     servers = {s["parent"] for run in seen for s in run}    # one server forked all four
     assert len(servers) == 1 and psutil.Process(servers.pop()).name() == "cerebro-forksrv"
 
