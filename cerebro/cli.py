@@ -13,6 +13,7 @@ import warnings
 import click
 from rich.console import Console
 
+from ._checks import quoted
 from ._cli_dashboard import dashboard, metrics_options
 from ._cli_serve import export, predict_command
 from ._cli_sql import sql
@@ -259,7 +260,7 @@ def add(run_dir: str, config_json: str) -> None:
     try:
         config = json.loads(config_json)
     except ValueError as error:
-        raise click.BadParameter(f"{config_json!r} is not JSON: {error}", param_hint="--config") from None
+        raise click.BadParameter(f"{quoted(config_json)} is not JSON: {error}", param_hint="--config") from None
     click.echo(add_trial(run_dir, config))
 
 

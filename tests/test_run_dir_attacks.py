@@ -419,3 +419,17 @@ def test_a_run_json_that_asks_for_a_million_workers_or_other_partitions_is_refus
     with pytest.raises(RunInfoError, match=r"its data\.partitions is 20 and data/meta\.json's 20, but the run wrote 2 "
                                            r"training partition files"):
         _check_partitions(store, info)
+
+
+def test_messages_about_what_a_run_directory_holds_quote_at_most_a_few_hundred_characters_of_it(run):
+    from cerebro.engine._control import obey
+    from cerebro.engine._settings import RunSettings
+    huge = "x" * 100_000
+    answer = obey(None, {"kind": huge, "expires": 2**40})
+    assert answer["error"] == f"unknown command '{'x' * 199}... (100002 characters); expected stop_trial or add_trial"
+    info = RunStore.open(run).read_run_info()
+    info["data"].update(val_rows=[1])
+    info["mlflow"] = huge
+    with pytest.warns(UserWarning) as said:
+        RunSettings.from_run_info(info)
+    assert len(str(said[0].message)) < 500 and "(100002 characters)" in str(said[0].message)

@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from .._checks import quoted
 from ..store import STOP_FILE, RunStore, StoreInUseError, TrialAdded, TrialStopAsked
 from ..store import _files as files
 from ._interface import Decision
@@ -47,7 +48,7 @@ def stop(run_dir: str | os.PathLike, trial: str | None = None, *, timeout: float
         >>> cb.stop("runs/exp1", trial="t0003")    # or: cerebro stop runs/exp1 --trial t0003  # doctest: +SKIP
     """
     if trial is not None and not isinstance(trial, str):
-        raise TypeError(f"trial={trial!r} must be a trial id such as 't0003'")
+        raise TypeError(f"trial={quoted(trial)} must be a trial id such as 't0003'")
     _check_timeout(timeout)
     store = _live(run_dir, "there is nothing to stop")
     if trial is None:
@@ -72,7 +73,7 @@ def add_trial(run_dir: str | os.PathLike, config: Mapping[str, Any], *, timeout:
     try:
         text = json.dumps(dict(config), allow_nan=False)
     except (TypeError, ValueError, RecursionError) as error:
-        raise TypeError(f"config={config!r} must be a dict of JSON values (numbers, strings, booleans, None, "
+        raise TypeError(f"config={quoted(config)} must be a dict of JSON values (numbers, strings, booleans, None, "
                         f"lists): {error}") from None
     store = _live(run_dir, "trials cannot be added to it (cb.resume(run_dir, epochs=N) trains a finished grid, "
                            "random or PBT run longer)")
@@ -241,14 +242,14 @@ def obey(book: TrialBook, command: Any) -> dict[str, Any] | None:
         if isinstance(command, Exception):
             raise ValueError(f"the command is not readable JSON: {command}")
         if not isinstance(command, dict):
-            raise ValueError(f"unknown command {command!r}; expected stop_trial or add_trial")
+            raise ValueError(f"unknown command {quoted(command)}; expected stop_trial or add_trial")
         if not isinstance(command.get("expires"), (int, float)) or command["expires"] < time.time():
             return None
         if command.get("kind") == "stop_trial":
             return _stop_trial(book, command.get("trial"))
         if command.get("kind") == "add_trial":
             return _add_trial(book, command.get("config"))
-        raise ValueError(f"unknown command {command.get('kind')!r}; expected stop_trial or add_trial")
+        raise ValueError(f"unknown command {quoted(command.get('kind'))}; expected stop_trial or add_trial")
     except Exception as error:      # noqa: BLE001  (no command may stop the run; a deep config's RecursionError)
         return {"error": str(error)[:2000]}
 
@@ -256,7 +257,8 @@ def obey(book: TrialBook, command: Any) -> dict[str, Any] | None:
 def _stop_trial(book: TrialBook, trial_id: Any) -> dict[str, Any]:
     trial = book.live.get(trial_id) if isinstance(trial_id, str) else None
     if trial is None:
-        raise ValueError(f"trial {trial_id!r} is not a live trial of this run; the live ones are {sorted(book.live)}")
+        raise ValueError(f"trial {quoted(trial_id)} is not a live trial of this run; the live ones are "
+                         f"{sorted(book.live)}")
     # The next decision about it: the earliest epoch whose evals still run, else the one in flight
     # (or at which it paused, or, the run stopping, at whose end it is parked).
     trial.stop_epoch = min(trial.evaluations, default=trial.epoch)

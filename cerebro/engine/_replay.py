@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from .._checks import quoted
 from ..store import (
     EVENTS,
     DamagedLine,
@@ -160,7 +161,7 @@ def replayable(events: list[dict[str, Any]], damaged: list[DamagedLine]) -> tupl
     cut = needed or tail
     for line in damaged:
         if line is not cut and (cut is None or line.number < cut.number):
-            warnings.warn(f"{line}: it held {line.seems!r}, an event resume does without", stacklevel=3)
+            warnings.warn(f"{line}: it held {quoted(line.seems)}, an event resume does without", stacklevel=3)
     if needed is not None:
         held = repr(needed.seems) if needed.seems in EVENTS else "an event of unknown kind"
         warnings.warn(f"{needed.path} line {needed.number} is damaged (it fails its CRC-32) and held {held}, "

@@ -202,7 +202,7 @@ def _untrusted(mlflow: Any, cache_dir: Any) -> tuple[bool, None]:
     elsewhere (a server that would get the run's configs, a directory to write into) is left."""
     for name, value in (("mlflow", mlflow if not isinstance(mlflow, bool) else None), ("data.cache_dir", cache_dir)):
         if value is not None:
-            warnings.warn(f"run.json's {name} is {value!r}; a run directory's settings may have been edited by "
+            warnings.warn(f"run.json's {name} is {quoted(value)}; a run directory's settings may have been edited by "
                           f"anyone who can write it, so this resume does not use it: resume with trust=True "
                           f"(--trust) to use it", stacklevel=4)
     return mlflow is True, None

@@ -36,6 +36,7 @@ import stat
 from collections.abc import Callable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
+from .._checks import quoted
 from . import _files as files
 from . import _unstarted as unstarted
 from ._events import Event
@@ -330,7 +331,7 @@ class RunStore:
                         raise UntrustedStateError(path)
                     state = read_pickled_state(body)
                 else:
-                    raise ValueError(f"its header names the format {header.get('format')!r}; this run's "
+                    raise ValueError(f"its header names the format {quoted(header.get('format'))}; this run's "
                                      f"states are {STATE_FORMAT!r}")
                 found.append({**header, "path": path, "state": state})
             except (ValueError, KeyError, TypeError, EOFError) as error:

@@ -29,6 +29,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from .._checks import quoted
+
 MAGIC = b"CBS1"
 _HEADER = struct.Struct("<4sQI")    # magic, JSON length, number of buffers
 _LENGTH = struct.Struct("<Q")
@@ -264,7 +266,7 @@ class _Reader:
     def _tensor(self, buffer: Chunk, name: str, shape: list) -> TensorBytes:
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype):
-            raise StateFormatError(f"{name!r} is not a torch dtype")
+            raise StateFormatError(f"{quoted(name)} is not a torch dtype")
         if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
             raise StateFormatError(f"tensor shape {shape!r:.80} must be a list of non-negative integers")
         expected = math.prod(shape) * dtype.itemsize
@@ -283,7 +285,7 @@ class _Reader:
     def _object(self, name: str, fields: dict, depth: int) -> Any:
         kind = self._type(name, object)
         if not dataclasses.is_dataclass(kind):
-            raise StateFormatError(f"{name!r} is not a dataclass")
+            raise StateFormatError(f"{quoted(name)} is not a dataclass")
         names = {f.name for f in dataclasses.fields(kind) if f.init}
         if set(fields) - names or {f.name for f in dataclasses.fields(kind)
                                    if f.default is dataclasses.MISSING

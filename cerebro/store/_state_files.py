@@ -14,6 +14,7 @@ import os
 import zlib
 from typing import Any
 
+from .._checks import quoted
 from . import _files as files
 from ._state_codec import frames, read_message
 
@@ -68,7 +69,7 @@ def read_state_content(location: str) -> bytes:
         except (ValueError, KeyError, TypeError, RecursionError):
             raise ValueError("its first line is not a state file's header") from None
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"its header's size {size!r} is not a number of bytes")
+            raise ValueError(f"its header's size {quoted(size)} is not a number of bytes")
         total = _size_of(f)
         if total != len(head) + size:
             raise ValueError(f"it is {total} bytes; its header says {len(head) + size}")

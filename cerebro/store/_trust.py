@@ -24,6 +24,8 @@ import re
 import secrets
 import stat
 
+from .._checks import quoted
+
 _KEY_BYTES = 32
 # What the MAC covers besides the content, so a signature is never valid for anything else
 # (an older version's MAC over the content alone, another file, another run).
@@ -186,7 +188,7 @@ def signature(content: bytes, run_id: str) -> bytes | None:
     """``content``'s signature for the run ``run_id`` under this user's key (made if need be);
     None where there is no key and none can be made."""
     if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-        raise ValueError(f"run_id {run_id!r} must be 32 hexadecimal digits")
+        raise ValueError(f"run_id {quoted(run_id)} must be 32 hexadecimal digits")
     key = _key(create=True)
     return None if key is None else _mac(key, run_id, content)
 
