@@ -349,6 +349,11 @@ def test_a_run_under_a_slow_drip_flood_on_its_metrics_port_ends_as_an_undisturbe
 
 def raw_status(url: str, headers: list[tuple[str, str]]) -> int:
     """The status of a GET of ``url`` sent with exactly ``headers`` (repeats and all)."""
+    return raw_answer(url, headers)[0]
+
+
+def raw_answer(url: str, headers: list[tuple[str, str]]) -> tuple[int, bytes]:
+    """The status and body of a GET of ``url`` sent with exactly ``headers``."""
     parts = urllib.parse.urlsplit(url)
     with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
         lines = [f"GET {parts.path or '/'} HTTP/1.1", *(f"{k}: {v}" for k, v in headers), "Connection: close"]
@@ -356,7 +361,7 @@ def raw_status(url: str, headers: list[tuple[str, str]]) -> int:
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
-    return int(answer.split(b" ", 2)[1])
+    return int(answer.split(b" ", 2)[1]), answer.split(b"\r\n\r\n", 1)[1]
 
 
 @pytest.mark.parametrize(("hosts", "code"), [
@@ -364,7 +369,10 @@ def raw_status(url: str, headers: list[tuple[str, str]]) -> int:
     (["evil.com@127.0.0.1"], 403), (["127.0.0.1", "evil.com"], 403), ([], 403),
     (["[::ffff:127.0.0.1]:80"], 200), (["localhost."], 200), (["LOCALHOST:8265"], 200)])
 def test_a_loopback_server_answers_only_a_request_naming_one_loopback_host_exactly(served, hosts, code):
-    assert raw_status(served.url + "metrics", [("Host", h) for h in hosts]) == code
+    status, body = raw_answer(served.url + "metrics", [("Host", h) for h in hosts])
+    assert status == code
+    if code == 403:
+        assert body == b"this server answers requests addressed to 127.0.0.1 or localhost only\n"
 
 
 def test_a_server_on_every_interface_answers_addresses_and_its_own_names_not_a_rebound_one(run_dir):
@@ -377,6 +385,9 @@ def test_a_server_on_every_interface_answers_addresses_and_its_own_names_not_a_r
         for host, code in (("evil.example", 403), ("evil.example:80", 403), ("127.0.0.1", 200),
                            ("10.1.2.3:9100", 200), (socket.gethostname(), 200), (socket.getfqdn(), 200)):
             assert raw_status(url, [("Host", host)]) == code, host
+        assert raw_answer(url, [("Host", "evil.example")])[1] == (
+            b"this server answers requests addressed to one of this machine's IP addresses or names only (one Host "
+            b"header: host[:port])\n")      # not the loopback's rule, which this server does not follow
     finally:
         server.shutdown()
         server.server_close()

@@ -201,7 +201,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:   # noqa: N802 (http.server's name)
         path = urlsplit(self.path).path
         if not self._host_allowed():
-            self._send(403, "text/plain", b"this server answers requests for 127.0.0.1 or localhost only\n")
+            self._send(403, "text/plain", self._refusal())
         elif path == "/metrics":
             self._send(*answered(lambda: (200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))))
         elif self.server.view is None:
@@ -235,6 +235,13 @@ class _Handler(BaseHTTPRequestHandler):
         if is_loopback(self.server.bound[0]):
             return is_loopback(host)
         return _is_address(host) or host in _own_names()
+
+    def _refusal(self) -> bytes:
+        """What a request :meth:`_host_allowed` refuses is told: what this server answers."""
+        if is_loopback(self.server.bound[0]):
+            return b"this server answers requests addressed to 127.0.0.1 or localhost only\n"
+        return (b"this server answers requests addressed to one of this machine's IP addresses or names only "
+                b"(one Host header: host[:port])\n")
 
     def _send(self, status: int, kind: str, body: bytes) -> None:
         self.send_response(status)
