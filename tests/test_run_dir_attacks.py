@@ -379,6 +379,15 @@ def test_a_run_json_naming_a_run_to_warm_start_from_or_a_module_to_import_is_ref
     with pytest.raises(RunInfoError, match=f"^{re.escape(expected)}$"):
         RunSettings.from_run_info(info)
     assert RunSettings.from_run_info(info, trusted=True).warm_start.run_dir == private
+    # This user's own run: its pointers were signed with their key as it started, and are used as
+    # they are; edited after (or signed for another run id), they are not.
+    from cerebro.engine._settings import sign_pointers
+    signed = sign_pointers({**info, "run_id": "a" * 32})
+    assert RunSettings.from_run_info(signed).warm_start.run_dir == private
+    for edited in ({**signed, "run_id": "b" * 32}, {**signed, "searcher": {**signed["searcher"], "warm_start": "/x"}},
+                   {**signed, "keras_backend": "jax"}):
+        with pytest.raises(RunInfoError, match="resume it with trust=True"):
+            RunSettings.from_run_info(edited)
     del info["searcher"]["warm_start"]
     for planted in ("os", "x" * 100_000):       # trusted or not, a worker imports nothing but a Keras backend
         info["keras_backend"] = planted

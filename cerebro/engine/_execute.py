@@ -36,7 +36,7 @@ from ._driver import Driver
 from ._how import How
 from ._interface import SearchPolicy
 from ._preflight import check_build, first_trials
-from ._settings import RunSettings, WarmStartFrom
+from ._settings import RunSettings, WarmStartFrom, sign_pointers
 from ._visit_order import VisitScheme
 from ._warm import check_warm_start
 
@@ -124,7 +124,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, code: tuple[Callable[[dict],
     if settings.time_budget is not None:
         logging.getLogger("cerebro").warning("%s", settings.budget_note())
     owned = settings.run_info()
-    run_store.write_run_info({
+    run_store.write_run_info(sign_pointers({
         "state_format": STATE_FORMAT,
         "run_id": run_id,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -142,7 +142,7 @@ def _run(policy: SearchPolicy, run_store: RunStore, code: tuple[Callable[[dict],
                  "sample_order": layout.sample_order.value, "row_group_rows": layout.row_group_rows},
         "versions": {"cerebro": __version__, "torch": torch.__version__, "numpy": np.__version__,
                      "python": platform.python_version()},
-    })
+    }))
     policy.start(settings.seed)
     progress, mlflow_log = observers(run_store, settings, verbose)
     Driver(policy, run_store, backend, settings, build_blob=build_blob, progress=progress).run()

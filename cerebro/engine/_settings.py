@@ -3,6 +3,7 @@ to run.json and read back from it (to resume) here only."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .._checks import Integer, Optional, Real, quoted
 from ..data import Storage
 from ..store._run_info import RunInfoError
+from ..store._trust import signature, signed_by_me
 from ..worker._keras import TRAINING_BACKENDS as KERAS_BACKENDS
 from ._visit_order import LEGACY_SCHEME, VisitScheme
 
@@ -163,8 +165,11 @@ class RunSettings:
         directory is not ``trusted``, nothing in it points the run elsewhere: an MLflow tracking
         URI or a cache directory it names is not used (said once each), a run to warm-start
         from is refused (its weights would be copied here); a Keras backend must be one that
-        trains, whoever wrote it."""
+        trains, whoever wrote it. A run.json whose pointers this user's key signed (as every
+        run this user starts does: :func:`sign_pointers`) is trusted in them."""
         searcher, data = info["searcher"], info["data"]
+        trusted = trusted or signed_by_me(pointers(info), str(info.get("pointers_signed", "")).encode(),
+                                          info.get("run_id"))
         mlflow, cache_dir = info.get("mlflow", False), data.get("cache_dir")
         warm_start, keras_backend = WarmStartFrom.of_searcher(searcher), info.get("keras_backend")
         _check_keras_backend(keras_backend)
@@ -178,6 +183,21 @@ class RunSettings:
                    patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
                    warm_start=warm_start, tensorboard=info.get("tensorboard", False),
                    mlflow=mlflow)
+
+
+def pointers(info: dict[str, Any]) -> bytes:
+    """What in run.json points a resume elsewhere: a run to warm-start from, a module (the
+    Keras backend), a directory (the cache), a server (MLflow's)."""
+    searcher, data = info.get("searcher", {}), info.get("data", {})
+    return json.dumps([searcher.get("warm_start"), searcher.get("warm_start_epoch"), info.get("keras_backend"),
+                       data.get("cache_dir"), info.get("mlflow")], default=str).encode()
+
+
+def sign_pointers(info: dict[str, Any]) -> dict[str, Any]:
+    """``info`` with its :func:`pointers` signed by this user's key for its run (where there
+    is a key): a resume of this user's own run uses them as they are, an edited one not."""
+    signed = signature(pointers(info), info["run_id"])
+    return info if signed is None else {**info, "pointers_signed": signed.decode()}
 
 
 def _check_keras_backend(keras_backend: Any) -> None:
