@@ -64,3 +64,19 @@ def test_modules_planted_in_a_shared_working_directory_never_run_and_the_users_o
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("statuses ['completed', 'completed']") == 2
     assert not ran.exists(), ran.read_text()
+
+
+def test_ray_which_puts_the_working_directory_on_its_workers_path_is_said_to_where_others_can_write_it(
+        tmp_path, caplog):
+    from cerebro.backends._ray import _warn_if_shared
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    shared.mkdir()
+    own.mkdir(mode=0o755)
+    os.chmod(shared, 0o1777)
+    with caplog.at_level("WARNING", logger="cerebro"):
+        _warn_if_shared(str(own))
+        assert caplog.records == []
+        _warn_if_shared(str(shared))
+    [said] = caplog.records
+    assert said.getMessage().startswith(f"the working directory {shared} is writable by other users, and Ray puts "
+                                        f"it first on every worker's path")

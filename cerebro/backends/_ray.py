@@ -10,6 +10,10 @@ shows in its dashboard and writes to its logs, hold only the object's reference.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +107,7 @@ class RayBackend(Backend):
 
     def start(self, address: tuple[str, int], authkey: bytes) -> None:
         ray = self._ray()
+        _warn_if_shared(os.getcwd())
         from ray.util.placement_group import placement_group, remove_placement_group
         bundle = {k: v for k, v in {"CPU": self.num_cpus_per_worker, "GPU": self.num_gpus_per_worker}.items() if v}
         self._group = placement_group([bundle] * self.workers, strategy="SPREAD")
@@ -170,6 +175,18 @@ class _WorkerActor:
 
     def run(self, address: tuple[str, int], authkey: bytes, worker: int) -> int:
         return _run_actor_worker(address, authkey, worker)
+
+
+def _warn_if_shared(directory: str) -> None:
+    """Ray puts the driver's working directory first on every worker's path (its own rule,
+    for a job's modules; ``ray/_private/worker.py``), so its actors, this backend's workers,
+    import what is there before their own packages: say so where others can write there."""
+    with contextlib.suppress(OSError):
+        if os.stat(directory).st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            logging.getLogger("cerebro").warning(
+                "the working directory %s is writable by other users, and Ray puts it first on every worker's "
+                "path: a module planted there would run in this run's workers. Start the driver from a directory "
+                "of your own (or give ray.init a runtime_env working_dir)", directory)
 
 
 def _ending(ray: Any, ref: Any) -> str:
