@@ -27,6 +27,7 @@ import hmac
 import importlib
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,9 +35,16 @@ from urllib.parse import quote
 
 import numpy as np
 
+# excerpt: a value for a message; the method quoted() quotes a name for SQL.
+from .._checks import quoted as excerpt
+from ._limits import listed
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)?")
 PINNED_PATH = "pg_catalog, pg_temp"
 _FETCH_ROWS = 10_000
+# How often a long loop in the backend asks PostgreSQL for interrupts: far within the 3 s
+# docs/sql.md promises, and each ask (a query) costs ~50 us.
+_INTERRUPT_SECONDS = 0.1
 KERAS_BACKENDS = ("tensorflow", "jax", "torch")
 
 
@@ -84,6 +92,7 @@ class Database:
         self.installation = installation
         self._callers_path = self.query("SELECT pg_catalog.current_setting('search_path') AS path")[0]["path"]
         self._qualified: dict[str, str] = {}      # name -> schema-qualified, found once per call
+        self._interrupts_checked = time.monotonic()
         self._set_path(PINNED_PATH)
 
     def close(self) -> None:
@@ -106,13 +115,23 @@ class Database:
         shutdown at once: a cancel raises here, a terminate ends the backend."""
         self.query("SELECT pg_catalog.pg_sleep($1)", [seconds], ["float8"])
 
+    def check_for_interrupts(self) -> None:
+        """Answer a pending cancel (raising here), terminate or shutdown, as PostgreSQL's
+        ``CHECK_FOR_INTERRUPTS`` would: pure Python never reaches one, so a long loop in the
+        backend calls this as it goes (see :mod:`._limits`). It asks the server at most every
+        :data:`_INTERRUPT_SECONDS`, so a loop may call it at every step."""
+        now = time.monotonic()
+        if now - self._interrupts_checked >= _INTERRUPT_SECONDS:
+            self.sleep(0)      # pg_sleep checks for interrupts before it looks at the time
+            self._interrupts_checked = time.monotonic()
+
     # --- names -------------------------------------------------------------------------
     def quoted(self, name: str, argument: str) -> str:
         """``name`` (``table`` or ``schema.table``) quoted for SQL, folded to lower case as
         PostgreSQL folds unquoted names; refuses anything else."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
-            raise ValueError(f"{argument}={name!r} is not a table name; expected 'table' or 'schema.table' (letters, "
-                             f"digits, _ and $)")
+            raise ValueError(f"{argument}={excerpt(name)} is not a table name; expected 'table' or 'schema.table' "
+                             f"(letters, digits, _ and $)")
         return ".".join(self._plpy.quote_ident(part.lower()) for part in name.split("."))
 
     def quote_ident(self, name: str) -> str:
@@ -141,7 +160,7 @@ class Database:
             self._set_path(PINNED_PATH)
         schema = row["found"] or row["here"]
         if schema is None:
-            raise ValueError(f"{argument}={name!r}: no schema on the search_path to create it in; name it as "
+            raise ValueError(f"{argument}={excerpt(name)}: no schema on the search_path to create it in; name it as "
                              f"'schema.table'")
         return f"{self._plpy.quote_ident(schema)}.{quoted}"
 
@@ -152,13 +171,13 @@ class Database:
     def require(self, name: str, argument: str) -> str:
         """The qualified name of an existing table; else an error naming it."""
         if not self.exists(name, argument):
-            raise ValueError(f"{argument} {name!r} does not exist")
+            raise ValueError(f"{argument} {excerpt(name)} does not exist")
         return self.qualified(name, argument)
 
     def require_absent(self, name: str, argument: str) -> str:
         """The qualified name of a table that does not exist yet; else an error naming it."""
         if self.exists(name, argument):
-            raise ValueError(f"{argument} {name!r} already exists; drop it or choose another name")
+            raise ValueError(f"{argument} {excerpt(name)} already exists; drop it or choose another name")
         return self.qualified(name, argument)
 
     def columns(self, name: str, argument: str) -> dict[str, str]:
@@ -172,8 +191,8 @@ class Database:
         have = self.columns(name, argument)
         missing = [column for column in wanted if column not in have]
         if missing:
-            raise ValueError(f"{argument} {name!r} has no column {', '.join(map(repr, missing))}; its columns are "
-                             f"{', '.join(have)}")
+            raise ValueError(f"{argument} {excerpt(name)} has no column {listed(missing)}; its columns are "
+                             f"{listed(list(have), quote=False, most=100)}")
 
     def lock_output(self, name: str, argument: str) -> None:
         """Hold the output table ``name`` for this call's transaction; a second call writing
@@ -182,8 +201,8 @@ class Database:
         got = self.query("SELECT pg_catalog.pg_try_advisory_xact_lock($1, $2) AS got", [first, second],
                          ["integer", "integer"])[0]["got"]
         if not got:
-            raise ValueError(f"{argument} {name!r} is being written by another call right now; wait for it to "
-                             f"end, or choose another name")
+            raise ValueError(f"{argument} {excerpt(name)} is being written by another call right now; wait for it "
+                             f"to end, or choose another name")
 
     # --- rows ----------------------------------------------------------------------------
     def read(self, name: str, argument: str, features: Sequence[str], label: str,
@@ -216,11 +235,11 @@ class Database:
             blocks.append(table_arrays(table, list(features), label, arrays, name))
         cursor.close()
         if not blocks:
-            raise ValueError(f"{name!r} has no rows; a dataset needs at least one")
+            raise ValueError(f"{excerpt(name)} has no rows; a dataset needs at least one")
         shapes = {(x.shape[1:], y.shape[1:]) for x, y in blocks}
         if len(shapes) > 1:
-            raise ValueError(f"{argument} {name!r} holds arrays of different shapes; every row's array must have "
-                             f"the same")
+            raise ValueError(f"{argument} {excerpt(name)} holds arrays of different shapes; every row's array must "
+                             f"have the same")
         return np.concatenate([x for x, _ in blocks]), np.concatenate([y for _, y in blocks])
 
     def class_values(self, name: str, argument: str, label: str) -> list[str] | None:
@@ -232,7 +251,7 @@ class Database:
         found = [row["value"] for row in self.query(f"SELECT DISTINCT {self._plpy.quote_ident(label)}::pg_catalog.text "
                                                     f"AS value FROM {self.require(name, argument)}")]
         if None in found:
-            raise ValueError(f"label column {label!r} of {name!r} holds NULLs; every row needs a class")
+            raise ValueError(f"label column {excerpt(label)} of {excerpt(name)} holds NULLs; every row needs a class")
         return sorted(found)
 
     # --- settings ----------------------------------------------------------------------
@@ -247,10 +266,10 @@ class Database:
         if value is None:
             return default if high is None else min(default, high)
         if not re.fullmatch(r"\d+", value.strip()) or int(value) < low:
-            raise ValueError(f"cerebro.{name}={value!r} must be an integer >= {low}")
+            raise ValueError(f"cerebro.{name}={excerpt(value)} must be an integer >= {low}")
         if high is not None and int(value) > high:
-            raise ValueError(f"cerebro.{name}={value!r} is above this installation's limit of {high} (the DBA sets "
-                             f"it with cerebro sql install --max-workers)")
+            raise ValueError(f"cerebro.{name}={excerpt(value)} is above this installation's limit of {high} (the DBA "
+                             f"sets it with cerebro sql install --max-workers)")
         return int(value)
 
     def workers(self) -> int:
@@ -267,8 +286,8 @@ class Database:
         given = self.setting("store")
         if given:
             if not self.superuser():
-                raise ValueError(f"cerebro.store={given!r}: only a superuser may choose the run directory; unset it "
-                                 f"(RESET cerebro.store) and runs go under {self.installation.root()}")
+                raise ValueError(f"cerebro.store={excerpt(given)}: only a superuser may choose the run directory; "
+                                 f"unset it (RESET cerebro.store) and runs go under {self.installation.root()}")
             return given
         row = self.query("SELECT pg_catalog.current_database() AS db, current_user AS who")[0]
         table = self.qualified(output_table, "model_output_table").replace('"', "")
@@ -277,7 +296,7 @@ class Database:
     def keras_backend(self) -> str | None:
         backend = self.setting("keras_backend")
         if backend is not None and backend not in KERAS_BACKENDS:
-            raise ValueError(f"cerebro.keras_backend={backend!r} must be one of {', '.join(KERAS_BACKENDS)}")
+            raise ValueError(f"cerebro.keras_backend={excerpt(backend)} must be one of {', '.join(KERAS_BACKENDS)}")
         return backend
 
 

@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 
 from ..data import in_content_order
-from ..search import choice
+from ..search import Hyperband, choice
 from ._database import Database
 from ._grid import ConfigGrid
 from ._job import job_directory, run_job
 from ._keras_model import GridBuild, ModelSpec, SelectionBuild
+from ._limits import MAX_GRID_CONFIGS, check_count, listed, quoted
 from ._model_tables import read_model_selection, require_model_ids, require_no_selection, write_selection
 from ._output import RunDescription, write_outputs
 from ._params import keyword_arguments
@@ -75,10 +76,10 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
     grids' space. The configurations tried are written to ``model_selection_table``, keyed in
     the order the trials were created."""
     if object_table is not None:
-        raise ValueError(f"object_table={object_table!r}: custom Keras objects are not supported; give NULL")
+        raise ValueError(f"object_table={quoted(object_table)}: custom Keras objects are not supported; give NULL")
     db.lock_output(model_output_table, "model_output_table")
     architectures = require_model_ids(db, model_arch_table, model_id_list)
-    grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid)
+    grid = ConfigGrid(model_id_list, compile_params_grid, fit_params_grid, pulse=db.check_for_interrupts)
     _one_epoch_per_iteration(grid, fit_params_grid)
     require_no_selection(db, model_selection_table)
     _require_no_output(db, model_output_table)
@@ -87,6 +88,7 @@ def automl(db: Database, source_table: str, model_output_table: str, model_arch_
         if automl_params else {}
     iterations = _automl_iterations(method, params, automl_params, automl_method)
     check_iterations(iterations, metrics_compute_frequency, "R" if method == "hyperband" else "num_iterations")
+    _check_trials(method, params, iterations)
     settings = run_settings(db, model_output_table)
     if random_state is not None:
         settings["seed"] = random_state
@@ -109,8 +111,8 @@ def _one_epoch_per_iteration(grid: ConfigGrid, fit_params_grid: str) -> None:
     something else."""
     epochs = grid.space.get("fit.epochs")
     if epochs is not None and (not isinstance(epochs, choice) or set(epochs.values) != {1}):
-        raise ValueError(f"fit_params_grid {fit_params_grid!r}: 'epochs' must be [1] for automl, whose budgets (R, "
-                         f"num_iterations) count iterations of one epoch; give 'epochs': [1] or leave it out")
+        raise ValueError(f"fit_params_grid {quoted(fit_params_grid)}: 'epochs' must be [1] for automl, whose budgets "
+                         f"(R, num_iterations) count iterations of one epoch; give 'epochs': [1] or leave it out")
 
 
 def _automl_iterations(method: str, params: Mapping[str, Any], automl_params: str | None, given: str) -> int:
@@ -118,15 +120,33 @@ def _automl_iterations(method: str, params: Mapping[str, Any], automl_params: st
     if method == "hyperband":
         _only(params, ("R", "eta", "skip_last"), method)
         if params.get("skip_last", 0) != 0:
-            raise ValueError(f"automl_params {automl_params!r}: skip_last={params['skip_last']!r} is not supported; "
-                             f"Cerebro's Hyperband runs every bracket")
+            raise ValueError(f"automl_params {quoted(automl_params)}: skip_last={quoted(params['skip_last'])} is not "
+                             f"supported; Cerebro's Hyperband runs every bracket")
         return params.get("R", 6)
     if method == "tpe":
         _only(params, ("num_configs", "num_iterations", "algorithm"), given)
         if params.get("algorithm", "tpe") != "tpe":
-            raise ValueError(f"automl_params {automl_params!r}: algorithm={params['algorithm']!r} must be tpe")
+            raise ValueError(f"automl_params {quoted(automl_params)}: algorithm={quoted(params['algorithm'])} must be "
+                             f"tpe")
         return params.get("num_iterations", 5)
-    raise ValueError(f"automl_method={given!r} must be one of {', '.join(map(repr, AUTOML_METHODS))}")
+    raise ValueError(f"automl_method={quoted(given)} must be one of {', '.join(map(repr, AUTOML_METHODS))}")
+
+
+def _check_trials(method: str, params: Mapping[str, Any], iterations: int) -> None:
+    """Refuse an automl run of more than :data:`._limits.MAX_GRID_CONFIGS` trials before
+    anything is read: TPE's ``num_configs``, or the trials Hyperband's brackets start
+    (counted from R and eta: R=9, eta=3 starts 17; R=10**9, eta=2 1.1 billion)."""
+    if method == "tpe":
+        trials = params.get("num_configs", 20)
+        if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+            raise ValueError(f"automl_params: num_configs={quoted(trials)} must be a positive integer")
+        check_count(f"automl_params num_configs={trials} makes", trials, "configurations", MAX_GRID_CONFIGS,
+                    "MAX_GRID_CONFIGS")
+        return
+    eta = params.get("eta", 3)
+    brackets = Hyperband(lambda config: None, {"config": choice([0])}, max_epochs=iterations, eta=eta).brackets()
+    check_count(f"automl_params R={iterations}, eta={quoted(eta)} makes", sum(b.keep[0] for b in brackets),
+                "configurations", MAX_GRID_CONFIGS, "MAX_GRID_CONFIGS", ": give a smaller R or a larger eta")
 
 
 def train_in_child(db: Database, job: dict[str, Any], identity: str, weights: Mapping[str, bytes],
@@ -167,8 +187,8 @@ def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray]
     for given, packed, argument in ((run.independent_varname, layout.independent_varname, "independent_varname"),
                                     (run.dependent_varname, layout.dependent_varname, "dependent_varname")):
         if given not in (None, packed):
-            raise ValueError(f"{argument}={given!r}: source_table {run.source_table!r} is packed, with {packed!r}; "
-                             f"give NULL or {packed!r}")
+            raise ValueError(f"{argument}={quoted(given)}: source_table {quoted(run.source_table)} is packed, with "
+                             f"{quoted(packed)}; give NULL or {quoted(packed)}")
     arrays = {}
     for table, argument, prefix in ((run.source_table, "source_table", "train"),
                                     (run.validation_table, "validation_table", "validation")):
@@ -176,8 +196,8 @@ def _read_data(db: Database, run: RunDescription) -> tuple[dict[str, np.ndarray]
             continue
         found = layout if prefix == "train" else packing(db, table, argument)
         if found is None or found.class_values != layout.class_values:
-            raise ValueError(f"validation_table {table!r} must be packed by validation_preprocessor_dl with "
-                             f"training_preprocessor_table => {run.source_table!r}, as the source table is")
+            raise ValueError(f"validation_table {quoted(table)} must be packed by validation_preprocessor_dl with "
+                             f"training_preprocessor_table => {quoted(run.source_table)}, as the source table is")
         arrays[f"{prefix}_features"], arrays[f"{prefix}_label"] = in_content_order(
             *read_packed(db, table, argument, found))
     return arrays, replace(run, independent_varname=layout.independent_varname,
@@ -190,7 +210,7 @@ def _read_rows(db: Database, run: RunDescription, label: str) -> tuple[dict[str,
     class values of a text ``label``."""
     features = [c.strip() for c in (run.independent_varname or "").split(",") if c.strip()]
     if not features:
-        raise ValueError(f"independent_varname={run.independent_varname!r} must name one or more columns")
+        raise ValueError(f"independent_varname={quoted(run.independent_varname)} must name one or more columns")
     for table, argument in ((run.source_table, "source_table"), (run.validation_table, "validation_table")):
         if table is not None:
             db.require_columns(table, argument, [*features, label])
@@ -203,8 +223,8 @@ def _read_rows(db: Database, run: RunDescription, label: str) -> tuple[dict[str,
     for table, argument, prefix in tables:
         x, y = in_content_order(*db.read(table, argument, features, label, class_values))
         if x.dtype == object:
-            raise TypeError(f"{argument} {table!r}: the SQL functions take numeric features (numbers or arrays "
-                            f"of numbers); {features} holds bytea")
+            raise TypeError(f"{argument} {quoted(table)}: the SQL functions take numeric features (numbers or arrays "
+                            f"of numbers); {quoted(features)} holds bytea")
         arrays[f"{prefix}_features"], arrays[f"{prefix}_label"] = x, y
     return arrays, class_values
 
@@ -228,16 +248,16 @@ def run_settings(db: Database, output_table: str) -> dict[str, Any]:
 
 def check_iterations(num_iterations: Any, frequency: Any, name: str = "num_iterations") -> None:
     if isinstance(num_iterations, bool) or not isinstance(num_iterations, int) or num_iterations < 1:
-        raise ValueError(f"{name}={num_iterations!r} must be a positive integer")
+        raise ValueError(f"{name}={quoted(num_iterations)} must be a positive integer")
     if frequency is not None and not 1 <= frequency <= num_iterations:
-        raise ValueError(f"metrics_compute_frequency={frequency!r} must be between 1 and num_iterations "
+        raise ValueError(f"metrics_compute_frequency={quoted(frequency)} must be between 1 and num_iterations "
                          f"({num_iterations})")
 
 
 def _only(params: Mapping[str, Any], allowed: tuple[str, ...], method: str) -> None:
     unknown = sorted(set(params) - set(allowed))
     if unknown:
-        raise ValueError(f"automl_params has {', '.join(unknown)}; {method} understands {', '.join(allowed)}")
+        raise ValueError(f"automl_params has {listed(unknown, quote=False)}; {method} understands {', '.join(allowed)}")
 
 
 def _require_no_output(db: Database, output_table: str) -> None:

@@ -16,6 +16,7 @@ import hashlib
 from ._database import Database
 from ._fit_multiple import check_iterations, run_settings, train_in_child
 from ._keras_model import ModelSpec, SelectionBuild
+from ._limits import quoted
 from ._model_tables import require_model_ids
 from ._output import RunDescription, write_model_output
 from ._params import parse_compile_params, parse_fit_params
@@ -30,7 +31,7 @@ def fit(db: Database, source_table: str, model: str, model_arch_table: str, mode
     iterations and write ``model`` and ``model_summary``. ``warm_start`` starts from the
     weights ``model`` holds (and replaces it); without it, ``model`` must not exist."""
     if object_table is not None:
-        raise ValueError(f"object_table={object_table!r}: custom Keras objects are not supported; give NULL")
+        raise ValueError(f"object_table={quoted(object_table)}: custom Keras objects are not supported; give NULL")
     check_iterations(num_iterations, metrics_compute_frequency)
     parse_compile_params(compile_params)
     fit_params = fit_params or ""
@@ -58,6 +59,6 @@ def _model_weights(db: Database, model: str) -> bytes | None:
     db.require_columns(model, "model (warm_start)", ["model_weights"])
     rows = db.query(f"SELECT model_weights FROM {table}")
     if len(rows) != 1:
-        raise ValueError(f"model {model!r} holds {len(rows)} rows; warm_start continues a table madlib_keras_fit "
+        raise ValueError(f"model {quoted(model)} holds {len(rows)} rows; warm_start continues a table madlib_keras_fit "
                          f"wrote, which holds one")
     return None if rows[0]["model_weights"] is None else bytes(rows[0]["model_weights"])

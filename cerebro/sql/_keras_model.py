@@ -17,6 +17,7 @@ import numpy as np
 
 from ..worker import KerasTrainable
 from ._grid import ConfigGrid
+from ._limits import cut, quoted
 from ._params import parse_compile_params, parse_fit_params
 
 
@@ -52,8 +53,8 @@ def keras3_json(model_arch: str) -> str:
     if not isinstance(arch, dict) or "module" in arch:
         return model_arch
     if arch.get("class_name") != "Sequential":
-        raise ValueError(f"model_arch is a Keras 2 {arch.get('class_name')!r} model; Keras 2 Sequential models are "
-                         f"converted, others must be saved again with Keras 3's model.to_json()")
+        raise ValueError(f"model_arch is a Keras 2 {quoted(arch.get('class_name'))} model; Keras 2 Sequential models "
+                         f"are converted, others must be saved again with Keras 3's model.to_json()")
     config = arch.get("config")
     layers = config if isinstance(config, list) else (config or {}).get("layers", [])
     converted = [_keras3_node(layer, "keras.layers") for layer in layers]
@@ -84,26 +85,32 @@ def check_model_arch(model_arch: str) -> None:
 
 
 def _check_node(node: Any, where: str) -> None:
+    # Only containers can hold a layer, so only they are walked: a list of millions of
+    # numbers is passed over, not walked one call (and one path string) each.
     if isinstance(node, list):
         for index, item in enumerate(node):
-            _check_node(item, f"{where}[{index}]")
+            if isinstance(item, (list, dict)):
+                _check_node(item, f"{where}[{index}]")
         return
     if not isinstance(node, dict):
         return
     kind, module = node.get("class_name"), node.get("module")
     if kind in _CODE_LAYERS or kind == "__lambda__":
-        raise ValueError(f"{where}: a {kind} layer runs code of its own in the server; use Keras's built-in "
-                         f"layers")
+        raise ValueError(f"{cut(where)}: a {cut(str(kind))} layer runs code of its own in the server; use Keras's "
+                         f"built-in layers")
     if kind == "function" and module not in _FUNCTION_MODULES:
-        raise ValueError(f"{where}: the function {module}.{node.get('config')} is not an activation; a model may "
-                         f"refer to Keras's activations only")
+        function = f"{module}.{node.get('config')}"
+        raise ValueError(f"{cut(where)}: the function {cut(function)} is not an activation; a model may refer to "
+                         f"Keras's activations only")
     if kind == "__numpy__":
-        raise ValueError(f"{where}: a constant given to a layer as its input; a layer's inputs must be other "
+        raise ValueError(f"{cut(where)}: a constant given to a layer as its input; a layer's inputs must be other "
                          f"layers' outputs")
     if module is not None and not (module == "keras" or str(module).startswith("keras.") or module == "builtins"):
-        raise ValueError(f"{where}: {module}.{kind} is not part of Keras; custom objects are not supported")
+        raise ValueError(f"{cut(where)}: {cut(f'{module}.{kind}')} is not part of Keras; custom objects are not "
+                         f"supported")
     for key, value in node.items():
-        _check_node(value, f"{where}.{key}")
+        if isinstance(value, (list, dict)):
+            _check_node(value, f"{where}.{key}")
 
 
 def keras_architecture(model_arch: str) -> Any:
@@ -123,19 +130,21 @@ def keras_model(model_arch: str, compile_params: str, *, one_hot: bool) -> Any:
     model = keras_architecture(model_arch)
     optimizer_class = optimizer_classes(keras).get(params.optimizer.lower())
     if optimizer_class is None:
-        raise ValueError(f"compile_params {compile_params!r}: optimizer {params.optimizer!r} is not a class of "
+        raise ValueError(f"compile_params {quoted(compile_params)}: optimizer {quoted(params.optimizer)} is not a "
+                         f"class of "
                          f"keras.optimizers (Adam, SGD, RMSprop, AdamW, ...)")
     try:
         optimizer = optimizer_class(**_legacy_decay(keras, optimizer_class, dict(params.optimizer_args)))
     except (TypeError, ValueError) as error:
-        raise ValueError(f"compile_params {compile_params!r}: {params.optimizer}{dict(params.optimizer_args)} "
-                         f"cannot be made: {error}") from None
+        raise ValueError(f"compile_params {quoted(compile_params)}: "
+                         f"{cut(params.optimizer + str(dict(params.optimizer_args)))} cannot be made: {cut(str(error))}"
+                         ) from None
     loss = "sparse_categorical_crossentropy" if params.loss == "categorical_crossentropy" and not one_hot \
         else params.loss
     try:
         keras.losses.get(loss)
     except ValueError:
-        raise ValueError(f"compile_params {compile_params!r}: loss {params.loss!r} is not a loss of "
+        raise ValueError(f"compile_params {quoted(compile_params)}: loss {quoted(params.loss)} is not a loss of "
                          f"keras.losses") from None
     model.compile(optimizer=optimizer, loss=loss, metrics=list(params.metrics))
     return model
@@ -148,7 +157,7 @@ def _legacy_decay(keras: Any, optimizer_class: type, args: dict[str, Any]) -> di
         return args
     decay = args.pop("decay")
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or decay < 0:
-        raise ValueError(f"decay={decay!r} must be a number >= 0 (Keras 2's time-based learning rate decay)")
+        raise ValueError(f"decay={quoted(decay)} must be a number >= 0 (Keras 2's time-based learning rate decay)")
     if decay:
         start = args.get("learning_rate", inspect.signature(optimizer_class).parameters["learning_rate"].default)
         args["learning_rate"] = keras.optimizers.schedules.InverseTimeDecay(start, decay_steps=1, decay_rate=decay)

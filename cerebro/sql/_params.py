@@ -8,9 +8,12 @@ never evaluated. A string that is not of that form is refused with the rule it b
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from ._limits import check_length, cut, listed, quoted
 
 COMPILE_EXAMPLE = "loss='categorical_crossentropy', optimizer='Adam(lr=0.001)', metrics=['accuracy']"
 FIT_EXAMPLE = "batch_size=32, epochs=1"
@@ -41,38 +44,42 @@ class FitParams:
 
 def keyword_arguments(text: str, what: str, example: str, *, bare_names: bool = False) -> dict[str, Any]:
     """``text`` (``a=1, b='x'``) as a dict of literals; with ``bare_names``, a bare name is
-    its own string (MADlib's ``algorithm=tpe``)."""
+    its own string (MADlib's ``algorithm=tpe``). At most :data:`._limits.MAX_PARAMS_CHARS`
+    characters: Python's parser takes time and memory in proportion, in the backend."""
     if not isinstance(text, str) or not text.strip():
-        raise ValueError(f"{what} {text!r} is empty; expected keyword arguments such as {example}")
+        raise ValueError(f"{what} {quoted(text)} is empty; expected keyword arguments such as {example}")
+    check_length(text, what)
     try:
         call = ast.parse(f"f({text})", mode="eval").body
         if not isinstance(call, ast.Call) or call.args or any(k.arg is None for k in call.keywords):
             raise ValueError("only name=value pairs are allowed")
         keywords = [(k.arg, k) for k in call.keywords if k.arg is not None]     # each, as checked above
-        names = [name for name, _ in keywords]
-        repeated = sorted({name for name in names if names.count(name) > 1})
+        # Counted once each: names.count(name) for each name grew with their square.
+        repeated = sorted(name for name, times in Counter(name for name, _ in keywords).items() if times > 1)
         if repeated:
-            raise ValueError(f"{', '.join(repeated)} given twice")
+            raise ValueError(f"{listed(repeated, quote=False)} given twice")
         return {name: k.value.id if bare_names and isinstance(k.value, ast.Name) else _literal(k)
                 for name, k in keywords}
-    except (SyntaxError, ValueError) as error:
-        raise ValueError(f"{what} {text!r} is malformed ({error.msg if isinstance(error, SyntaxError) else error}); "
-                         f"expected keyword arguments with literal values, such as {example}") from None
+    except (SyntaxError, ValueError, RecursionError) as error:
+        reason = error.msg if isinstance(error, SyntaxError) else error
+        raise ValueError(f"{what} {quoted(text)} is malformed ({reason}); expected keyword arguments with literal "
+                         f"values, such as {example}") from None
 
 
 def _literal(keyword: ast.keyword) -> Any:
     try:
         return ast.literal_eval(keyword.value)
     except ValueError:
-        raise ValueError(f"{keyword.arg}={ast.unparse(keyword.value)} is not a literal (quote strings: "
-                         f"{keyword.arg}='{ast.unparse(keyword.value)}')") from None
+        name, value = cut(str(keyword.arg)), cut(ast.unparse(keyword.value))
+        raise ValueError(f"{name}={value} is not a literal (quote strings: {name}='{value}')") from None
 
 
 def _known_keywords(text: str, what: str, example: str, known: tuple[str, ...]) -> dict[str, Any]:
     params = keyword_arguments(text, what, example)
     unknown = sorted(set(params) - set(known))
     if unknown:
-        raise ValueError(f"{what} {text!r} has {', '.join(unknown)}; the parameters understood are {', '.join(known)}")
+        raise ValueError(f"{what} {quoted(text)} has {listed(unknown, quote=False)}; the parameters understood are "
+                         f"{', '.join(known)}")
     return params
 
 
@@ -82,10 +89,11 @@ def parse_compile_params(text: str) -> CompileParams:
     params = _known_keywords(text, what, COMPILE_EXAMPLE, _COMPILE_KEYS)
     for key in ("loss", "optimizer"):
         if not isinstance(params.get(key), str):
-            raise ValueError(f"{what} {text!r} needs {key}='...' as a string, e.g. {COMPILE_EXAMPLE}")
+            raise ValueError(f"{what} {quoted(text)} needs {key}='...' as a string, e.g. {COMPILE_EXAMPLE}")
     metrics = params.get("metrics", [])
     if not isinstance(metrics, (list, tuple)) or not all(isinstance(m, str) for m in metrics):
-        raise ValueError(f"{what} {text!r}: metrics={metrics!r} must be a list of metric names, e.g. ['accuracy']")
+        raise ValueError(f"{what} {quoted(text)}: metrics={quoted(metrics)} must be a list of metric names, e.g. "
+                         f"['accuracy']")
     name, args = _optimizer(params["optimizer"], text)
     return CompileParams(name, args, params["loss"], tuple(metrics))
 
@@ -96,7 +104,7 @@ def _optimizer(text: str, params: str) -> tuple[str, tuple[tuple[str, Any], ...]
     try:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError as error:
-        raise ValueError(f"compile_params {params!r}: optimizer {text!r} is malformed ({error.msg}); "
+        raise ValueError(f"compile_params {quoted(params)}: optimizer {quoted(text)} is malformed ({error.msg}); "
                          f"expected {rule}") from None
     if isinstance(node, ast.Name):
         return node.id, ()
@@ -106,10 +114,10 @@ def _optimizer(text: str, params: str) -> tuple[str, tuple[tuple[str, Any], ...]
             args = {("learning_rate" if k.arg == "lr" else k.arg): ast.literal_eval(k.value) for k in node.keywords
                     if k.arg is not None}     # each, as checked above
         except ValueError:
-            raise ValueError(f"compile_params {params!r}: optimizer {text!r} has a value that is not a literal; "
-                             f"expected {rule}") from None
+            raise ValueError(f"compile_params {quoted(params)}: optimizer {quoted(text)} has a value that is not a "
+                             f"literal; expected {rule}") from None
         return node.func.id, tuple(sorted(args.items()))
-    raise ValueError(f"compile_params {params!r}: optimizer {text!r} is not {rule}")
+    raise ValueError(f"compile_params {quoted(params)}: optimizer {quoted(text)} is not {rule}")
 
 
 def parse_fit_params(text: str) -> FitParams:
@@ -121,7 +129,7 @@ def parse_fit_params(text: str) -> FitParams:
     batch_size, epochs = params.get("batch_size", 32), params.get("epochs", 1)
     for name, value in (("batch_size", batch_size), ("epochs", epochs)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{what} {text!r}: {name}={value!r} must be a positive integer")
+            raise ValueError(f"{what} {quoted(text)}: {name}={quoted(value)} must be a positive integer")
     return FitParams(batch_size, epochs)
 
 

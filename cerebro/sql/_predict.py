@@ -10,6 +10,7 @@ import numpy as np
 
 from ._database import Database
 from ._job import job_directory, run_job
+from ._limits import quoted
 from ._params import parse_compile_params
 from ._preprocess import packing, read_packed
 
@@ -32,7 +33,7 @@ def predict(db: Database, model_table: str, test_table: str, id_col: str, indepe
     row = _model_row(db, model_table, mst_key)
     trained = _trained_on(db, model_table)
     predict_rows(db, row, test_table, id_col, independent_varname, output_table, pred_type, trained,
-                 (f"model_table {model_table!r}", "its summary"))
+                 (f"model_table {quoted(model_table)}", "its summary"))
 
 
 def predict_rows(db: Database, row: dict, test_table: str, id_col: str, independent_varname: str,
@@ -47,7 +48,7 @@ def predict_rows(db: Database, row: dict, test_table: str, id_col: str, independ
     db.require_columns(test_table, "test_table", [id_col, *features])
     id_type = db.columns(test_table, "test_table")[id_col]
     if id_type not in _ID_TYPES:
-        raise ValueError(f"id_col {id_col!r} is {id_type}; predict takes an id of type {', '.join(_ID_TYPES)}")
+        raise ValueError(f"id_col {quoted(id_col)} is {id_type}; predict takes an id of type {', '.join(_ID_TYPES)}")
     output = db.require_absent(output_table, "output_table")
     inputs, ids = db.read(test_table, "test_table", features, id_col)
     outputs = np.asarray(_in_child(db, "predict", row, inputs / np.float32(trained["normalizing_const"]))["outputs"])
@@ -73,7 +74,7 @@ def rows_kept(pred_type: str | int | float) -> tuple[int, float | None]:
         return pred_type, None
     if isinstance(pred_type, float) and 0.0 <= pred_type < 1.0:
         return 1 << 30, pred_type
-    raise ValueError(f"pred_type={pred_type!r} must be 'response', 'prob', an integer >= 1 (the k likeliest "
+    raise ValueError(f"pred_type={quoted(pred_type)} must be 'response', 'prob', an integer >= 1 (the k likeliest "
                      f"classes) or a number in [0, 1) (the classes more likely than it)")
 
 
@@ -148,27 +149,28 @@ def _model_row(db: Database, model_table: str, mst_key: int | None) -> dict:
                     + ("" if mst_key is None else " WHERE mst_key = $1"),
                     [] if mst_key is None else [mst_key], [] if mst_key is None else ["integer"])
     if len(rows) != 1:
-        raise ValueError(f"model_table {model_table!r} has {len(rows)} models"
+        raise ValueError(f"model_table {quoted(model_table)} has {len(rows)} models"
                          + (f" with mst_key {mst_key}" if mst_key is not None else "; choose one with mst_key"))
     if rows[0]["model_weights"] is None:
-        raise ValueError(f"model_table {model_table!r}, mst_key {rows[0]['mst_key']}: the trial trained no weights")
+        raise ValueError(f"model_table {quoted(model_table)}, mst_key {rows[0]['mst_key']}: the trial trained no "
+                         f"weights")
     return rows[0]
 
 
 def _fit_model_row(db: Database, model_table: str, table: str, mst_key: int | None) -> dict:
     if mst_key is not None:
-        raise ValueError(f"mst_key={mst_key!r}: model_table {model_table!r} holds one model (madlib_keras_fit's), "
-                         f"without keys; give NULL")
+        raise ValueError(f"mst_key={mst_key!r}: model_table {quoted(model_table)} holds one model "
+                         f"(madlib_keras_fit's), without keys; give NULL")
     db.require_columns(model_table, "model_table", ["model_arch", "model_weights"])
     summary = f"{model_table}_summary"
     db.require_columns(summary, "model_table's summary", ["compile_params"])
     rows = db.query(f"SELECT model_arch::text AS model_arch, model_weights FROM {table}")
     if len(rows) != 1 or rows[0]["model_weights"] is None:
-        raise ValueError(f"model_table {model_table!r} must hold one row with model_weights; it holds "
+        raise ValueError(f"model_table {quoted(model_table)} must hold one row with model_weights; it holds "
                          f"{len(rows)} rows")
     compile_params = db.query(f"SELECT compile_params FROM {db.qualified(summary, 'model_table summary')}")
     if len(compile_params) != 1:
-        raise ValueError(f"{summary!r} must hold one row; it holds {len(compile_params)}")
+        raise ValueError(f"{quoted(summary)} must hold one row; it holds {len(compile_params)}")
     return {**rows[0], "compile_params": compile_params[0]["compile_params"]}
 
 
@@ -195,7 +197,7 @@ def _trained_on(db: Database, model_table: str) -> dict[str, Any]:
 def _names(text: str, argument: str) -> list[str]:
     names = [c.strip() for c in (text or "").split(",") if c.strip()]
     if not names:
-        raise ValueError(f"{argument}={text!r} must name one or more columns")
+        raise ValueError(f"{argument}={quoted(text)} must name one or more columns")
     return names
 
 

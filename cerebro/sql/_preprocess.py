@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ._database import Database
+from ._limits import MAX_CLASSES, check_count, listed, quoted
 
 _MAX_BUFFER_VALUES = 75_000_000     # MADlib's bound on the values one buffer holds
 _NATIVE = {"text", "character varying", "character", "integer", "smallint", "bigint", "boolean", "real",
@@ -55,7 +56,7 @@ def training_preprocessor_dl(db: Database, source_table: str, output_table: str,
     levels = _levels(db, source_table, y)
     if levels is not None and wanted is not None:
         if wanted < len(levels):
-            raise ValueError(f"num_classes={num_classes!r} is below the {len(levels)} classes {y!r} holds")
+            raise ValueError(f"num_classes={num_classes!r} is below the {len(levels)} classes {quoted(y)} holds")
         levels = levels + [None] * (wanted - len(levels))
     features, labels = _read_rows(db, source_table, "source_table", x, y, levels)
     order = np.random.default_rng(db.integer_setting("seed", 0, 0)).permutation(len(labels))
@@ -73,16 +74,18 @@ def validation_preprocessor_dl(db: Database, source_table: str, output_table: st
     _require_no_output(db, output_table)
     training = packing(db, training_preprocessor_table, "training_preprocessor_table")
     if training is None:
-        raise ValueError(f"training_preprocessor_table {training_preprocessor_table!r} is not a table "
+        raise ValueError(f"training_preprocessor_table {quoted(training_preprocessor_table)} is not a table "
                          f"training_preprocessor_dl wrote (it has no summary naming its columns)")
     x, y = _one_column(independent_varname, "independent_varname"), _one_column(dependent_varname,
                                                                                    "dependent_varname")
     db.require_columns(source_table, "source_table", [x, y])
     levels = training.class_values
     if levels is not None:
-        unknown = [v for v in _levels(db, source_table, y) or [] if v not in levels]
+        known = set(levels)      # a list's `in` made this 10,000 x 10,000 steps
+        unknown = [v for v in _levels(db, source_table, y) or [] if v not in known]
         if unknown:
-            raise ValueError(f"source_table {source_table!r} has classes {unknown[:5]} the training data does not")
+            raise ValueError(f"source_table {quoted(source_table)} has classes [{listed(unknown, most=5)}] the "
+                             f"training data does not")
     features, labels = _read_rows(db, source_table, "source_table", x, y, levels)
     packed = Packing(x, y, db.columns(source_table, "source_table")[y], levels, training.normalizing_const)
     _write(db, source_table, output_table, packed, features / np.float32(training.normalizing_const), labels,
@@ -106,7 +109,8 @@ def packing(db: Database, table: str, argument: str) -> Packing | None:
     classes = None if classes is None else [None if v is None else _text(v) for v in classes]
     const = 1.0 if row["normalizing_const"] is None else float(row["normalizing_const"])
     if not (math.isfinite(const) and const > 0):
-        raise ValueError(f"{argument} {table!r}: its summary's normalizing_const {const} must be a positive number")
+        raise ValueError(f"{argument} {quoted(table)}: its summary's normalizing_const {const} must be a positive "
+                         f"number")
     return Packing(x, y, _first(row.get("dependent_vartype")) or "", classes, const)
 
 
@@ -118,22 +122,23 @@ def read_packed(db: Database, table: str, argument: str, layout: Packing) -> tup
     rows = db.query(f"SELECT {quote(x)} AS x, {quote(x + '_shape')} AS x_shape, {quote(y)} AS y, "
                     f"{quote(y + '_shape')} AS y_shape FROM {db.require(table, argument)} ORDER BY buffer_id")
     if not rows:
-        raise ValueError(f"{argument} {table!r} has no rows; a dataset needs at least one")
+        raise ValueError(f"{argument} {quoted(table)} has no rows; a dataset needs at least one")
     features = [_buffer(row["x"], row["x_shape"], "<f4", table, x) for row in rows]
     labels = [_buffer(row["y"], row["y_shape"], "<i2", table, y) for row in rows]
     if len({f.shape[1:] for f in features}) > 1 or len({lab.shape[1:] for lab in labels}) > 1 or \
             any(len(f) != len(lab) for f, lab in zip(features, labels)):
-        raise ValueError(f"{argument} {table!r}: its buffers' shapes do not agree")
+        raise ValueError(f"{argument} {quoted(table)}: its buffers' shapes do not agree")
     return np.concatenate(features), np.concatenate(labels).astype(np.int16)
 
 
 def _buffer(data: Any, shape: Any, dtype: str, table: str, column: str) -> np.ndarray:
     if data is None or not shape or any(not isinstance(n, int) or n < 1 for n in shape):
-        raise ValueError(f"packed table {table!r}: column {column!r} has a buffer without data or with shape {shape}")
+        raise ValueError(f"packed table {quoted(table)}: column {quoted(column)} has a buffer without data or with "
+                         f"shape {quoted(shape)}")
     values = np.frombuffer(bytes(data), dtype=dtype)
     if values.size != math.prod(shape):
-        raise ValueError(f"packed table {table!r}: a buffer of {column!r} holds {values.size} values, its shape "
-                         f"{shape} says {math.prod(shape)}")
+        raise ValueError(f"packed table {quoted(table)}: a buffer of {quoted(column)} holds {values.size} values, its "
+                         f"shape {quoted(shape)} says {math.prod(shape)}")
     return values.reshape(shape)
 
 
@@ -143,27 +148,36 @@ def _read_rows(db: Database, table: str, argument: str, x: str, y: str,
     label arrays as they are."""
     features, labels = db.read(table, argument, [x], y, levels)
     if features.dtype == object:
-        raise TypeError(f"{argument} {table!r}: independent_varname {x!r} must be an array of numbers; it is bytea")
+        raise TypeError(f"{argument} {quoted(table)}: independent_varname {quoted(x)} must be an array of numbers; it "
+                        f"is bytea")
     if levels is None:
         if labels.ndim != 2:
-            raise TypeError(f"dependent_varname {y!r} is an array of {labels.shape[1:]} values; a one-hot label "
+            raise TypeError(f"dependent_varname {quoted(y)} is an array of {labels.shape[1:]} values; a one-hot label "
                             f"array has one dimension")
         return features.astype(np.float32), labels.astype(np.int16)
-    return features.astype(np.float32), np.eye(len(levels), dtype=np.int16)[labels]
+    # Row by row, not np.eye(classes)[labels]: that would first make classes x classes values.
+    one_hot = np.zeros((len(labels), len(levels)), dtype=np.int16)
+    one_hot[np.arange(len(labels)), labels.astype(np.intp)] = 1
+    return features.astype(np.float32), one_hot
 
 
 def _levels(db: Database, table: str, y: str) -> list[str | None] | None:
     """The distinct values of a label column to encode, as text, in their type's order; None
-    for a numeric array column (one-hot already, as MADlib takes it)."""
+    for a numeric array column (one-hot already, as MADlib takes it). More than
+    :data:`._limits.MAX_CLASSES` are refused: each packed row holds one value per class."""
     kind = db.columns(table, "source_table")[y]
     if kind.endswith("[]"):
         return None
-    quoted = db.quote_ident(y)
-    rows = db.query(f"SELECT value::pg_catalog.text AS text FROM (SELECT DISTINCT {quoted} AS value FROM "
-                    f"{db.require(table, 'source_table')}) AS levels ORDER BY value")
+    column = db.quote_ident(y)
+    rows = db.query(f"SELECT value::pg_catalog.text AS text FROM (SELECT DISTINCT {column} AS value FROM "
+                    f"{db.require(table, 'source_table')}) AS levels ORDER BY value LIMIT $1", [MAX_CLASSES + 1],
+                    ["integer"])
+    if len(rows) > MAX_CLASSES:
+        raise ValueError(f"dependent_varname {quoted(y)} of {quoted(table)} holds more than {MAX_CLASSES:,} distinct "
+                         f"values; at most {MAX_CLASSES:,} classes are one-hot encoded (MAX_CLASSES)")
     values = [row["text"] for row in rows]
     if None in values:
-        raise ValueError(f"dependent_varname {y!r} of {table!r} holds NULLs; every row needs a class")
+        raise ValueError(f"dependent_varname {quoted(y)} of {quoted(table)} holds NULLs; every row needs a class")
     return values
 
 
@@ -205,7 +219,7 @@ def _check_buffers(buffer_size: int | None, distribution_rules: str | None) -> N
                                     or buffer_size < 1):
         raise ValueError(f"buffer_size={buffer_size!r} must be a positive integer")
     if distribution_rules not in (None, "all_segments"):
-        raise ValueError(f"distribution_rules={distribution_rules!r}: PostgreSQL has one segment; give NULL or "
+        raise ValueError(f"distribution_rules={quoted(distribution_rules)}: PostgreSQL has one segment; give NULL or "
                          f"'all_segments'")
 
 
@@ -234,14 +248,17 @@ def _num_classes(num_classes: Any) -> int | None:
         return None
     values = num_classes if isinstance(num_classes, list) else [num_classes]
     if len(values) != 1 or isinstance(values[0], bool) or not isinstance(values[0], int) or values[0] < 1:
-        raise ValueError(f"num_classes={num_classes!r} must be one positive integer (one label column)")
+        raise ValueError(f"num_classes={quoted(num_classes)} must be one positive integer (one label column)")
+    check_count(f"num_classes={values[0]} asks for", values[0], "classes", MAX_CLASSES, "MAX_CLASSES",
+                ": each packed row holds one value per class")
     return values[0]
 
 
 def _one_column(text: str | None, argument: str) -> str:
     names = [c.strip() for c in (text or "").split(",") if c.strip()]
     if len(names) != 1:
-        raise ValueError(f"{argument}={text!r} must name one column (several inputs or outputs are not supported)")
+        raise ValueError(f"{argument}={quoted(text)} must name one column (several inputs or outputs are not "
+                         f"supported)")
     return names[0]
 
 
