@@ -123,9 +123,15 @@ class Real(Constraint):
         self.low, self.high, self.low_open, self.high_open = low, high, low_open, high_open
 
     def accepts(self, value: Any) -> bool:
-        """Whether ``value`` is a real number, not a bool, within the bounds."""
-        return isinstance(value, numbers.Real) and not _is_bool(value) and \
-            _within(value, self.low, self.high, self.low_open, self.high_open)
+        """Whether ``value`` is a real number, not a bool, within the bounds (and, an integer,
+        one a float can hold: 10**400 overflows every computation it would enter)."""
+        if not isinstance(value, numbers.Real) or _is_bool(value):
+            return False
+        try:
+            float(value)
+        except OverflowError:
+            return False
+        return _within(value, self.low, self.high, self.low_open, self.high_open)
 
     def describe(self) -> str:
         """``"a number"`` with one bound (``">= 2"``, ``"< 1"``), or the interval alone: ``"in (0, 0.5]"``."""

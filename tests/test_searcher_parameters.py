@@ -127,6 +127,7 @@ def test_arguments_are_checked_when_the_constructor_returns_and_stored_as_given(
     (cb.TPESearch, dict(grace_period=1.0), ValueError, "grace_period=1.0 must be an integer >= 1"),
     (cb.Hyperband, dict(eta=math.nan), ValueError, "eta=nan must be a number >= 2"),
     (cb.Hyperband, dict(eta="3"), ValueError, "eta='3' must be a number >= 2"),
+    (cb.Hyperband, dict(eta=10**400), ValueError, f"eta={'1' + '0' * 199}... (401 characters) must be a number >= 2"),
     (cb.ASHA, dict(max_concurrent=0), ValueError, "max_concurrent=0 must be an integer >= 1"),
     (cb.PBT, dict(population=0), ValueError, "population=0 must be an integer >= 1"),
     (cb.PBT, dict(resample_probability=1.5), ValueError, "resample_probability=1.5 must be in [0, 1]"),
