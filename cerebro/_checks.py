@@ -30,7 +30,12 @@ def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
     >>> quoted("x" * 1000, limit=12)
     "'xxxxxxxxxxx... (1002 characters)"
     """
-    text = repr(value)
+    if isinstance(value, int) and value.bit_length() > 10_000:      # repr would refuse it (int_max_str_digits)
+        return f"an integer of {value.bit_length():,} bits"
+    try:
+        text = repr(value)
+    except Exception as error:      # noqa: BLE001 (a message about a value must not fail on it)
+        return f"a {type(value).__name__} that cannot be shown ({type(error).__name__})"
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 

@@ -6,6 +6,7 @@ outputs), heads-only checkpoints, and every way out (model(), predict, safetenso
 TorchScript, ONNX) composing the frozen layers and the head."""
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -63,6 +64,57 @@ def test_frozen_layers_that_differ_in_anything_that_computes_them_have_other_dig
     one, two = _differ_only_in(change)
     assert one.digests()[:1] == two.digests()[:1] and one.digests()[1:] != two.digests()[1:]
     assert one.unfaithful is None and two.unfaithful is None
+
+
+class _Slotted(torch.nn.Module):
+    __slots__ = ("__factor",)          # stored as _Slotted__factor
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.__factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.__factor
+
+
+def _made_in_build(factor: float) -> torch.nn.Module:
+    class Act:                         # a helper class of build's: other code per factor
+        @staticmethod
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return x * factor
+
+    class Backbone(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return Act.f(x)
+    return Backbone()
+
+
+def _hooked_sequential(factor: float) -> torch.nn.Module:
+    torch.manual_seed(0)
+    chain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    chain.register_forward_hook(lambda module, inputs, out: out * factor)
+    return chain
+
+
+class _Defaulted(torch.nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.table = collections.defaultdict(lambda: factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.table["unseen"]
+
+
+@pytest.mark.parametrize("make", [Scale, _Slotted, _made_in_build, _hooked_sequential, _Defaulted],
+                         ids=["attribute", "private slot", "helper class made in build", "hook on the Sequential",
+                              "defaultdict's factory"])
+def test_frozen_modules_computing_other_outputs_never_share_a_digest(make):
+    one, two, again = FrozenPart(make(1.0)), FrozenPart(make(-0.0)), FrozenPart(make(1.0))
+    assert one.digests() != two.digests() and one.digests() == again.digests()
+    assert one.unfaithful is None and two.unfaithful is None
+    x = torch.ones(1, 4)
+    assert not torch.equal(one(x), two(x))
+    assert torch.equal(torch.from_numpy(one.run_from(0, x, torch.device("cpu"))), one(x))
 
 
 def test_a_plain_attribute_tells_two_frozen_layers_apart_and_equal_builds_share():

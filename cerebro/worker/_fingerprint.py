@@ -29,6 +29,7 @@ import enum
 import functools
 import hashlib
 import struct
+import sys
 import types
 import weakref
 from typing import Any
@@ -43,11 +44,20 @@ _HEAP_TYPE = 1 << 9         # Py_TPFLAGS_HEAPTYPE: a class defined in Python, wh
 _CLASS_NOISE = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__annotations__",
                           "__firstlineno__", "__static_attributes__", "__type_params__", "__parameters__",
                           "__orig_bases__", "_abc_impl", "__slots__", "__annotate_func__", "__annotations_cache__"})
-_NAMED_KINDS = (torch.dtype, torch.device, torch.layout, torch.memory_format, types.ModuleType)
+_NAMED_KINDS = (torch.dtype, torch.device, torch.layout, torch.memory_format, torch.qscheme)
+# torch's own hook dicts, keyed by a handle's number (a process-wide counter): renumbered by order
+_HOOK_DICTS = frozenset({"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                         "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs",
+                         "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+                         "_load_state_dict_post_hooks"})
 _BUILTIN_KINDS = (types.BuiltinFunctionType, types.WrapperDescriptorType, types.MethodDescriptorType,
                   types.MethodWrapperType, types.ClassMethodDescriptorType, types.GetSetDescriptorType,
                   types.MemberDescriptorType)
-_CLASSES: weakref.WeakKeyDictionary[type, bytes] = weakref.WeakKeyDictionary()    # class -> its digest
+
+
+# A module's classes (one per process, like its globals) digested once: a class made in a
+# function (per build) is digested in each fingerprint, as its code and attributes may differ.
+_MODULES_CLASSES: weakref.WeakKeyDictionary[type, bytes | None] = weakref.WeakKeyDictionary()
 
 
 class Unfaithful(Exception):
@@ -75,10 +85,11 @@ class _Walk:
     """One fingerprint being made: the hash, and the objects already digested (an object
     met again, or in a loop, is digested by its place in the walk, not again)."""
 
-    def __init__(self, read_tensors: bool, classes_by_name: bool = False) -> None:
+    def __init__(self, read_tensors: bool, classes: dict[type, bytes | None] | None = None) -> None:
         self.hash = hashlib.sha256()
         self.read_tensors = read_tensors
-        self.classes_by_name = classes_by_name      # within a class's own digest: no loop through another
+        # The classes digested in this fingerprint (None: being digested, met again in a loop).
+        self.classes: dict[type, bytes | None] = {} if classes is None else classes
         self._seen: dict[int, int] = {}
         self._held: list[Any] = []      # kept alive to the end of the walk, so no id is reused in it
 
@@ -88,15 +99,20 @@ class _Walk:
     def value(self, value: Any, where: str) -> None:
         kind = type(value)
         if value is None or kind in (bool, int, float, complex, str):
-            self.put(kind.__name__, repr(value))
+            self.put(kind.__name__, _exactly(value))
         elif kind in (bytes, bytearray):
             self.put(kind.__name__, str(len(value)))
             self.hash.update(value)
         elif isinstance(value, enum.Enum):
-            self.put("enum", _qualified(kind), value.name)
+            self.put("enum", value.name)
+            self.klass(kind, f"{where}'s class")
             self.value(value.value, f"{where}.value")
+        elif isinstance(value, types.ModuleType):
+            if sys.modules.get(value.__name__) is not value:     # made by hand: its contents are its state
+                raise Unfaithful(f"{where} is a module object {value.__name__!r} that is not the imported one")
+            self.put("module", value.__name__)
         elif isinstance(value, _NAMED_KINDS):
-            self.put(kind.__name__, value.__name__ if isinstance(value, types.ModuleType) else str(value))
+            self.put(kind.__name__, str(value))
         elif id(value) in self._seen:
             self.put("again", str(self._seen[id(value)]))
         else:
@@ -109,7 +125,7 @@ class _Walk:
         if isinstance(value, torch.Tensor):
             self.tensor(value, where)
         elif isinstance(value, (np.ndarray, np.generic)):
-            self.array(np.asarray(value), where)
+            self.array(value, where)
         elif isinstance(value, torch.nn.Module):
             self.obj(value, where)
         elif kind in (tuple, list, torch.Size) or (isinstance(value, tuple) and hasattr(value, "_fields")):
@@ -124,6 +140,7 @@ class _Walk:
                 self.value(item, where)
         elif isinstance(value, dict) and kind.__module__ in ("builtins", "collections"):
             self.put(_qualified(kind), str(len(value)))
+            self.value(getattr(value, "default_factory", None), f"{where}.default_factory")
             for key, item in value.items():
                 self.value(key, f"{where} key")
                 self.value(item, f"{where}[{quoted(key, 80)}]")
@@ -136,7 +153,8 @@ class _Walk:
             self.value(value(), where)
         elif isinstance(value, functools.partial):
             self.put("partial")
-            for part, name in ((value.func, "func"), (value.args, "args"), (value.keywords, "keywords")):
+            for part, name in ((value.func, "func"), (value.args, "args"), (value.keywords, "keywords"),
+                               (vars(value), "__dict__")):
                 self.value(part, f"{where}.{name}")
         elif isinstance(value, types.MethodType):
             self.put("method")
@@ -162,27 +180,36 @@ class _Walk:
             self.obj(value, where)
 
     def tensor(self, tensor: torch.Tensor, where: str) -> None:
+        """Its kind, shape and values (a quantized one's integers, scales and zero points), and
+        what is set on it (a ``Parameter``'s own attributes)."""
         self.put(_qualified(type(tensor)), str(tensor.dtype), str(tuple(tensor.shape)), str(tensor.layout),
                  str(tensor.requires_grad))
+        self.value(dict(vars(tensor)), f"{where}.__dict__")
         if not self.read_tensors or tensor.is_meta or not tensor.numel():
             return
-        try:
-            flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        except (RuntimeError, TypeError) as error:
-            raise Unfaithful(f"{where} is a {tensor.layout} {tensor.dtype} tensor whose values cannot be read as "
-                             f"bytes ({error})") from None
-        self.hash.update(flat.numpy().tobytes())
+        if tensor.is_quantized:
+            self.value(tensor.qscheme(), f"{where}'s scheme")
+            per_channel = tensor.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+            self.value((tensor.q_per_channel_scales(), tensor.q_per_channel_zero_points(), tensor.q_per_channel_axis())
+                       if per_channel else (tensor.q_scale(), tensor.q_zero_point()), f"{where}'s quantization")
+            tensor = tensor.int_repr()
+        self.hash.update(tensor_bytes(tensor, where))
 
-    def array(self, array: np.ndarray, where: str) -> None:
+    def array(self, array: np.ndarray | np.generic, where: str) -> None:
+        """Its class (a matrix, a masked array), dtype (fields too), shape and values."""
         if array.dtype.hasobject:
             raise Unfaithful(f"{where} is a numpy array of Python objects")
-        self.put("ndarray", array.dtype.str, str(array.shape))
+        self.put(_qualified(type(array)), repr(array.dtype.descr if array.dtype.fields else array.dtype.str),
+                 str(np.shape(array)))
         self.hash.update(np.ascontiguousarray(array).tobytes())
+        if isinstance(array, np.ma.MaskedArray):
+            self.array(np.ma.getmaskarray(array), f"{where}'s mask")
 
     def function(self, function: types.FunctionType, where: str) -> None:
         """Its code, defaults and what it closes over (not its globals: see the module)."""
         self.put("function", str(function.__module__), function.__qualname__)
         self.code(function.__code__, where)
+        self.value(dict(vars(function)), f"{where}.__dict__")
         self.value(function.__defaults__, f"{where}'s defaults")
         self.value(function.__kwdefaults__, f"{where}'s keyword defaults")
         for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
@@ -206,13 +233,15 @@ class _Walk:
 
     def klass(self, kind: type, where: str) -> None:
         """A class by name and by the code of everything defined in it and its bases."""
-        if self.classes_by_name:
-            self.put("class", _qualified(kind))
-            return
-        digest = _CLASSES.get(kind)
-        if digest is None:
-            digest = _CLASSES[kind] = _class_digest(kind, self.read_tensors)
-        self.put("class", _qualified(kind), digest.hex())
+        if kind not in self.classes and kind in _MODULES_CLASSES:
+            self.classes[kind] = _MODULES_CLASSES[kind]
+        if kind not in self.classes:
+            self.classes[kind] = None
+            self.classes[kind] = _class_digest(kind, self)
+            if "<locals>" not in kind.__qualname__:
+                _MODULES_CLASSES[kind] = self.classes[kind]
+        digest = self.classes[kind]
+        self.put("class", _qualified(kind), "loop" if digest is None else digest.hex())
 
     def obj(self, value: Any, where: str) -> None:
         """An object of a Python class (a module, a user's own object): its class and its
@@ -230,11 +259,11 @@ class _Walk:
             raise Unfaithful(f"{where} is a {_qualified(kind)}, whose state cannot be read")
         attributes = dict(state or {})
         attributes.update({name: getattr(value, name) for name in slots})
-        numbers = _hook_numbers(attributes)
+        numbers = _hook_numbers(attributes) if isinstance(value, torch.nn.Module) else {}
         for name in sorted(attributes):
             self.put("attribute", name)
             item = attributes[name]
-            if numbers and isinstance(item, dict) and "hook" in name:
+            if numbers and name in _HOOK_DICTS and isinstance(item, dict):
                 item = {numbers.get(key, key): hook for key, hook in item.items()}
             self.value(item, f"{where}.{name}")
 
@@ -250,16 +279,44 @@ def _slots(kind: type) -> list[str]:
     """The names of the slots ``kind`` and its bases declare (not ``__dict__``, ``__weakref__``)."""
     names = []
     for base in kind.__mro__:
-        declared = getattr(base, "__slots__", ())
-        names += [declared] if isinstance(declared, str) else list(declared)
+        declared = base.__dict__.get("__slots__", ())
+        for name in [declared] if isinstance(declared, str) else list(declared):
+            private = name.startswith("__") and not name.endswith("__")     # stored under its mangled name
+            names.append(f"_{base.__name__.lstrip('_')}{name}" if private else name)
     return [name for name in dict.fromkeys(names) if name not in ("__dict__", "__weakref__")]
 
 
-def _class_digest(kind: type, read_tensors: bool) -> bytes:
-    """What a class's own code and constants are. A class attribute of another kind (a
-    ``TypeVar``, a compiled object) is the same for every object of the class, so it cannot
-    tell two apart: it counts by its kind alone."""
-    walk = _Walk(read_tensors, classes_by_name=True)
+def tensor_bytes(tensor: torch.Tensor, where: str) -> bytes:
+    """A tensor's values as bytes, in a dense, contiguous layout on the CPU (a sparse tensor,
+    a conjugate or negative view read as the values they stand for)."""
+    try:
+        dense = tensor.detach().cpu()
+        dense = dense.to_dense() if dense.layout != torch.strided else dense
+        flat = dense.resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+    except (RuntimeError, TypeError) as error:
+        raise Unfaithful(f"{where} is a {tensor.layout} {tensor.dtype} tensor whose values cannot be read as "
+                         f"bytes ({error})") from None
+    return flat.numpy().tobytes()
+
+
+def _exactly(value: Any) -> str:
+    """A plain value exactly: a float's bits (-0.0, NaN payloads), an int in hex (any size)."""
+    if isinstance(value, float):
+        return struct.pack("<d", value).hex()
+    if isinstance(value, complex):
+        return struct.pack("<dd", value.real, value.imag).hex()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return hex(value)
+    return repr(value)
+
+
+def _class_digest(kind: type, within: _Walk) -> bytes:
+    """What a class's own code and constants are, the classes they name digested likewise
+    (a helper class made in ``build`` with other code is another class). A class attribute
+    of another kind (a ``TypeVar``, a compiled object) counts by its kind alone, where the
+    class is one of a module's (one class per process); a class made in a function is
+    unfaithful with such an attribute."""
+    walk = _Walk(within.read_tensors, within.classes)
     for base in kind.__mro__[:-1]:
         walk.put("base", _qualified(base))
         for name in sorted(set(base.__dict__) - _CLASS_NOISE if base.__flags__ & _HEAP_TYPE else ()):
@@ -267,12 +324,14 @@ def _class_digest(kind: type, read_tensors: bool) -> bytes:
             try:
                 walk.value(base.__dict__[name], f"{_qualified(base)}.{name}")
             except Unfaithful:
+                if "<locals>" in base.__qualname__:     # made per build: its attributes may differ per build
+                    raise
                 walk.put("opaque", _qualified(type(base.__dict__[name])))
     return walk.hash.digest()
 
 
 def _hook_numbers(attributes: dict[str, Any]) -> dict[Any, int]:
     """A module's hook handles (a process-wide counter) by their order among its hooks."""
-    handles = {key for name, item in attributes.items() if isinstance(item, dict) and "hook" in name
+    handles = {key for name, item in attributes.items() if name in _HOOK_DICTS and isinstance(item, dict)
                for key in item if isinstance(key, int)}
     return {handle: index for index, handle in enumerate(sorted(handles))}

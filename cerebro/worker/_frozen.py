@@ -51,7 +51,7 @@ import torch
 
 from ..data import InMemoryPartition, PartitionSource, StreamedPartition
 from ..store._scratch import remove_scratch, scratch_directory
-from ._fingerprint import Unfaithful, fingerprint
+from ._fingerprint import Unfaithful, fingerprint, tensor_bytes
 
 MATERIALIZED_BYTES = 2 << 30     # per worker, in memory; CEREBRO_MATERIALIZED_BYTES sets another
 MATERIALIZED_DISK_BYTES = 32 << 30   # per worker, mapped from local disk; CEREBRO_MATERIALIZED_DISK_BYTES
@@ -75,8 +75,11 @@ class FrozenPart:
 
     @property
     def layers(self) -> list[torch.nn.Module]:
-        """The prefix steps: a ``Sequential``'s layers, else the module as one."""
-        return list(self.module) if isinstance(self.module, torch.nn.Sequential) else [self.module]
+        """The prefix steps: a plain ``Sequential``'s layers (whose forward is their chain
+        alone), else the module as one (a subclass's forward, or hooks on it, are its own)."""
+        module = self.module
+        hooked = module._forward_hooks or module._forward_pre_hooks
+        return list(module) if type(module) is torch.nn.Sequential and not hooked else [module]
 
     def digests(self) -> list[str]:
         """One digest per prefix (``layers[:k + 1]``), each chained on the one before: equal
@@ -132,9 +135,12 @@ def _weights_digest(layer: torch.nn.Module) -> bytes:
     """An unfaithful layer's class and weights: which stored weights are its."""
     described = hashlib.sha256(f"{type(layer).__module__}.{type(layer).__qualname__}\n".encode())
     for name, tensor in layer.state_dict().items():
-        tensor = tensor.detach().cpu().contiguous()
         described.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}\n".encode())
-        described.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        if tensor.numel() and not tensor.is_meta:
+            try:
+                described.update(tensor_bytes(tensor, name))
+            except Unfaithful as why:       # not even its weights can be read: it cannot be stored either
+                raise ValueError(f"frozen layer {type(layer).__name__}: {why}") from None
     return described.digest()
 
 
