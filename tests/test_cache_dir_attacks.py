@@ -39,6 +39,20 @@ def test_a_cache_dir_others_can_write_without_the_sticky_bit_is_refused_naming_i
     cache.close()
 
 
+def test_a_cache_dir_under_a_directory_others_can_write_is_refused_naming_that_directory(tmp_path):
+    team = tmp_path / "team"              # a team directory without the sticky bit: alice's can be renamed away
+    (team / "alice").mkdir(parents=True)
+    os.chmod(team, 0o777)
+    expected = (f"cache_dir {str(team / 'alice')!r} is under {str(team)!r}, which is writable by other users without "
+                f"the sticky bit (mode 777): they could swap what Cerebro writes there")
+    with pytest.raises(PermissionError, match=f"^{re.escape(expected)}"):
+        LocalCache(_data(tmp_path), str(team / "alice"), worker=0).local_dir([0])
+    os.chmod(team, 0o1777)
+    cache = LocalCache(_data(tmp_path), str(team / "alice"), worker=0)
+    assert os.path.isdir(cache.local_dir([0]))
+    cache.close()
+
+
 def test_a_cache_dir_of_another_user_or_a_link_is_refused(tmp_path):
     if os.getuid() != 0:
         pytest.skip("making a directory another user owns needs root")

@@ -62,19 +62,33 @@ class LocalCache:
 
 
 def check_cache_dir(path: str) -> None:
-    """Raise unless ``path`` is a directory no other user can swap entries in: not a link,
-    owned by this user or root, writable by others only with the sticky bit."""
+    """Raise unless ``path`` is a directory no other user can swap entries in, nor swap it or
+    a directory above it: not a link, and it and every directory above it owned by this user
+    or root, writable by others only with the sticky bit."""
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a directory"
         raise NotADirectoryError(f"cache_dir {path!r} is {what}; give a directory of yours (its real path)")
+    directory = os.path.realpath(path)
+    while True:
+        problem = _swappable(os.lstat(directory))
+        if problem is not None:
+            which = "" if directory == os.path.realpath(path) else f"under {directory!r}, which is "
+            raise PermissionError(f"cache_dir {path!r} is {which}{problem}: they could swap what Cerebro writes "
+                                  f"there; give a directory only you can write, or set its sticky bit (chmod +t), as "
+                                  f"/tmp has")
+        if directory == os.path.dirname(directory):
+            return
+        directory = os.path.dirname(directory)
+
+
+def _swappable(info: os.stat_result) -> str | None:
+    """Why another user could rename or replace entries of the directory ``info`` is of, or None."""
     if info.st_uid not in (os.getuid(), 0):
-        raise PermissionError(f"cache_dir {path!r} is owned by another user (uid {info.st_uid}): they could swap what "
-                              f"Cerebro writes there; give a directory of yours")
+        return f"owned by another user (uid {info.st_uid})"
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-        raise PermissionError(f"cache_dir {path!r} is writable by other users without the sticky bit (mode "
-                              f"{stat.S_IMODE(info.st_mode):o}): they could swap what Cerebro writes there; give a "
-                              f"directory only you can write, or set its sticky bit (chmod +t), as /tmp has")
+        return f"writable by other users without the sticky bit (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
 
 
 def _copy(source: str, target: str) -> int:
