@@ -80,3 +80,22 @@ def test_ray_which_puts_the_working_directory_on_its_workers_path_is_said_to_whe
     [said] = caplog.records
     assert said.getMessage().startswith(f"the working directory {shared} is writable by other users, and Ray puts "
                                         f"it first on every worker's path")
+
+
+@pytest.mark.parametrize("chosen", [None, "/usr/bin/python3"])
+def test_sparks_local_python_workers_keep_the_working_directory_off_their_path(chosen, monkeypatch):
+    from cerebro.data._spark_python import use_the_drivers_python_locally
+
+    class Context:         # what of a SparkContext the function reads and sets
+        def __init__(self, master: str) -> None:
+            self.master, self.pythonExec, self.environment = master, "python3", {}
+
+        def getConf(self):        # noqa: N802 (Spark's name)
+            return {"spark.pyspark.python": chosen}
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    local, cluster = Context("local[2]"), Context("spark://127.0.0.1:7077")
+    use_the_drivers_python_locally(local)
+    use_the_drivers_python_locally(cluster)
+    assert local.environment["PYTHONSAFEPATH"] == "1" and HERE in local.environment["PYTHONPATH"].split(os.pathsep)
+    assert local.pythonExec == (sys.executable if chosen is None else "python3")
+    assert cluster.environment == {} and cluster.pythonExec == "python3"    # its executors' own directories

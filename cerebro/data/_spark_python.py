@@ -32,14 +32,17 @@ _SAID = re.compile(r"Spark's executors run the Python [^\n]*")
 
 def use_the_drivers_python_locally(context: Any) -> None:
     """For a ``local`` master with no Python chosen (``PYSPARK_PYTHON`` or
-    ``spark.pyspark.python``), the executors run this interpreter, which has Cerebro."""
+    ``spark.pyspark.python``), the executors run this interpreter, which has Cerebro. With
+    any local master, they keep the working directory off their path."""
     chosen = os.environ.get("PYSPARK_PYTHON") or context.getConf().get("spark.pyspark.python", None)
-    if context.master.startswith("local") and not chosen:
+    if not context.master.startswith("local"):
+        return
+    if not chosen:
         context.pythonExec = sys.executable
-        # Its workers start as ``python -m pyspark.daemon`` in the driver's working directory:
-        # keep that off their path (see cerebro._python), the driver's own path on it.
-        context.environment["PYTHONSAFEPATH"] = "1"
-        context.environment.setdefault("PYTHONPATH", drivers_path())
+    # Its workers start as ``python -m pyspark.daemon`` in the driver's working directory:
+    # keep that off their path (see cerebro._python), the driver's own path on it.
+    context.environment["PYTHONSAFEPATH"] = "1"
+    context.environment.setdefault("PYTHONPATH", drivers_path())
 
 
 class ExecutorPythonError(RuntimeError):
