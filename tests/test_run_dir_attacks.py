@@ -405,8 +405,10 @@ def test_a_run_json_that_asks_for_a_million_workers_or_other_partitions_is_refus
     meta = {"num_partitions": 2, "feature_shape": [64], "label_shape": [], "label_dtype": "int64",
             "rows": {"train": [5, 5], "val": [1, 1]}}
     Path(run, "data").mkdir()
-    Path(run, "data", "meta.json").write_text(json.dumps(meta))
     store = RunStore.open(run)
+    with pytest.raises(RunInfoError, match=r"data/meta\.json is missing: the run's partitions cannot be read"):
+        _check_partitions(store, {"data": {"partitions": 5000}})      # deleted so that no count is checked
+    Path(run, "data", "meta.json").write_text(json.dumps(meta))
     info = {**store.read_run_info(), "workers": 1_000_000}
     info["data"] = {"partitions": 2}
     with pytest.raises(RunInfoError, match=r"its workers=1000000 must be between 1 and the run's 2 partitions"):
@@ -442,3 +444,15 @@ def test_messages_about_what_a_run_directory_holds_quote_at_most_a_few_hundred_c
     with pytest.warns(UserWarning) as said:
         RunSettings.from_run_info(info)
     assert len(str(said[0].message)) < 500 and "(100002 characters)" in str(said[0].message)
+
+
+@pytest.mark.parametrize("line", [
+    {"event": "trial_created", "trial_id": "../../another_users_run/trials/t0000"},
+    {"event": "exploit", "trial_id": "t0001", "source": "/etc/t0000"},
+    {"event": "decide", "decisions": {"t0001": "continue", "../t0002": "stop"}, "time": 1.0},
+])
+def test_a_journal_line_naming_a_trial_by_a_path_is_damage_not_a_file_to_read(line):
+    from cerebro.store._journal_lines import malformed
+    said = malformed(line)
+    assert said is not None and ("not a trial id such as 't0003'" in said or "not only trial ids" in said)
+    assert malformed({**line, "trial_id": "t0001", "source": "t0000", "decisions": {"t0001": "stop"}}) is None

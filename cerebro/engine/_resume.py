@@ -187,8 +187,9 @@ def _check_partitions(store: RunStore, info: dict[str, Any]) -> None:
     workers over that many partitions."""
     try:
         described = read_layout(store.data_dir).num_partitions
-    except FileNotFoundError:
-        return        # no data/meta.json: the workers say so, naming it
+    except FileNotFoundError:      # deleted, so that run.json's count goes unchecked?
+        raise RunInfoError(f"{files.join(store.data_dir, 'meta.json')} is missing: the run's partitions cannot be "
+                           f"read, so it cannot resume") from None
     written = _partition_files(store)
     if info["data"]["partitions"] != written or described != written:
         raise RunInfoError(f"{store.file('run.json')} is damaged: its data.partitions is {info['data']['partitions']} "

@@ -54,6 +54,10 @@ def parse_record(line: bytes) -> dict[str, Any] | None:
         return None
 
 
+TRIAL_ID = re.compile(r"t[0-9]{4,9}")
+_TRIAL_ID_FIELDS = ("trial_id", "source")
+
+
 def malformed(record: dict[str, Any]) -> str | None:
     """Why a line whose CRC-32 holds is still no event Cerebro wrote: a field of another type
     than its event's (a line anyone may have written, with its CRC); None where it is fine.
@@ -67,6 +71,12 @@ def malformed(record: dict[str, Any]) -> str | None:
         value = record.get(name)
         if value is not None and not _fits(value, hint):
             return f"its {record['event']} field {name!r} is {reprlib.repr(value)}, not {hint}"
+        # A trial id names files (trials/<id>/...): never a path
+        if name in _TRIAL_ID_FIELDS and value is not None and not TRIAL_ID.fullmatch(str(value)):
+            return f"its {record['event']} field {name!r} is {reprlib.repr(value)}, not a trial id such as 't0003'"
+    decisions = record.get("decisions")
+    if isinstance(decisions, dict) and not all(TRIAL_ID.fullmatch(str(key)) for key in decisions):
+        return f"its {record['event']} decisions name {reprlib.repr(list(decisions))}, not only trial ids"
     return None
 
 
