@@ -10,6 +10,11 @@ import sys
 from ..report._http import LOOPBACK, RunServer, connection_cap, family, shown_host
 from ._progress import Progress
 
+# Of one core, on average: what the clients of /metrics may take from the driver, under the GIL
+# its scheduling needs, whatever they do (a scrape costs far less: see report/_prometheus);
+# and the CPU seconds they may take at once, before the share holds them back.
+CPU_SHARE, CPU_BURST = 0.02, 0.1
+
 
 def check_port(port: int | None, host: str = LOOPBACK) -> None:
     """Fail now, before any work, where ``fit(metrics_port=port, metrics_host=host)`` could
@@ -49,7 +54,8 @@ class MetricsEndpoint(Progress):
 
     def start(self, run_dir: str, workers: int) -> None:
         try:
-            self.server = RunServer(self.run_dir, self.host, self.port, dashboard=False)
+            self.server = RunServer(self.run_dir, self.host, self.port, dashboard=False, cpu_share=CPU_SHARE,
+                                    cpu_burst=CPU_BURST)
         except OSError as error:      # taken since fit checked it
             raise ValueError(f"metrics_port={self.port} cannot be listened on: {error.strerror}; it was free when "
                              f"the run was checked, and another process took it since") from None

@@ -9,7 +9,9 @@ share of the process's descriptors: the run's own files never starve for them); 
 is answered 503 and closed by the accepting thread, with no thread of its own. A request
 has :data:`DEADLINE` seconds from its connection to its answer, whatever its client sends
 (each read waits only for the time left), and a request whose run cannot be read is
-answered 503 with one line saying why, never a traceback or a hung thread.
+answered 503 with one line saying why, never a traceback or a hung thread. And it takes at
+most ``cpu_share`` of a core from its process, whatever its clients do (:mod:`._budget`):
+past it, no connection is accepted until the time is made up.
 """
 from __future__ import annotations
 
@@ -28,14 +30,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from ._prometheus import RunCollector
+from ._budget import CpuBudget
+from ._prometheus import MetricsText
 
 LOOPBACK = "127.0.0.1"
 MAX_CONNECTIONS = 32    # served at once; more are refused at once
 DEADLINE = 10.0         # seconds from a connection to its answer
 FD_SHARE = 16           # the connections may take at most 1/16th of the process's descriptors
+CPU_SHARE = 0.2         # of a core, on average, for a server in a process of its own (cerebro dashboard) ...
+CPU_BURST = 1.0         # ... which may take this many CPU seconds at once (the page's first read of a long run)
+PAUSE_STEP = 0.25       # seconds the accepting thread waits at a time for its budget (shutdown() waits as long)
 _BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n"
          b"too many connections; try again\n")
 _Answer = tuple[int, str, bytes]
@@ -62,21 +68,24 @@ class RunServer(ThreadingHTTPServer):
     """Serves the run in ``run_dir`` on ``host:port`` (0: a free port): the dashboard and
     ``/metrics``, or ``/metrics`` alone. Binds at once, so a port in use fails here.
     ``max_connections`` (capped by :func:`connection_cap`) and ``deadline`` (seconds a
-    request may take, from its connection to its answer) bound what clients can hold."""
+    request may take, from its connection to its answer) bound what clients can hold, and
+    ``cpu_share`` (of a core, on average; ``cpu_burst`` CPU seconds at once) the CPU time they
+    can take from this process."""
 
     daemon_threads = True
     request_queue_size = 128   # connections the kernel queues before refusing; they hold no descriptor of ours
 
     def __init__(self, run_dir: str | os.PathLike, host: str = LOOPBACK, port: int = 8265,
                  dashboard: bool = True, *, max_connections: int = MAX_CONNECTIONS,
-                 deadline: float = DEADLINE) -> None:
+                 deadline: float = DEADLINE, cpu_share: float = CPU_SHARE, cpu_burst: float = CPU_BURST) -> None:
         from ._dashboard import RunView
 
         self.cap, self.deadline = connection_cap(max_connections), deadline
         self._slots = threading.BoundedSemaphore(self.cap)
+        self.budget = CpuBudget(cpu_share, cpu_burst)
+        self._accepting = 0.0           # the accepting thread's CPU time as it began taking the connection
         self.view = RunView(run_dir) if dashboard else None
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(RunCollector(run_dir))
+        self.metrics = MetricsText(run_dir)
         self._page: bytes | None = None
         self.address_family = family(host)
         try:
@@ -108,6 +117,11 @@ class RunServer(ThreadingHTTPServer):
         return thread
 
     def get_request(self) -> tuple[socket.socket, Any]:
+        owed = self.budget.owed()
+        if owed > 0:     # the connection waits in the kernel's queue; the loop comes back (and sees a shutdown)
+            time.sleep(min(owed, PAUSE_STEP))
+            raise BlockingIOError(errno.EAGAIN, "the server's CPU budget is spent for now")
+        self._accepting = time.thread_time()
         try:
             return super().get_request()
         except OSError as error:
@@ -118,21 +132,26 @@ class RunServer(ThreadingHTTPServer):
             raise
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            refuse(request)      # no thread, and its descriptor closed at once
-            self.shutdown_request(request)
-            return
         try:
-            super().process_request(request, client_address)
-        except BaseException:     # no thread took the slot: nothing else would give it back
-            self._slots.release()
-            raise
+            if not self._slots.acquire(blocking=False):
+                refuse(request)      # no thread, and its descriptor closed at once
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:     # no thread took the slot: nothing else would give it back
+                self._slots.release()
+                raise
+        finally:                      # the accept, the refusal or the thread's start
+            self.budget.charge(time.thread_time() - self._accepting)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        started = time.thread_time()
         try:
             super().process_request_thread(request, client_address)    # closes the connection
         finally:
             self._slots.release()
+            self.budget.charge(time.thread_time() - started)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hangs up or misbehaves is no news worth a traceback on the run's stderr.
@@ -203,7 +222,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._host_allowed():
             self._send(403, "text/plain", self._refusal())
         elif path == "/metrics":
-            self._send(*answered(lambda: (200, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))))
+            self._send(*answered(lambda: (200, CONTENT_TYPE_LATEST, self.server.metrics.get())))
         elif self.server.view is None:
             self._send(404, "text/plain", b"only /metrics is served here\n")
         elif path == "/":
