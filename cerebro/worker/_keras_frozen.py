@@ -144,11 +144,12 @@ def _head(model: Any, tensor: Any) -> Any:
 
 def _layer_digest(layer: Any) -> bytes:
     """The layer's class and code, configuration (names aside), plain attributes and weights."""
-    described = hashlib.sha256(fingerprint(type(layer), where=f"layer {layer.name}'s class"))
+    described = hashlib.sha256()
     try:
+        described.update(fingerprint(type(layer), where=f"layer {layer.name}'s class"))
         for sub in layer._flatten_layers(include_self=True):
             described.update(fingerprint(_plain_attributes(sub), where=f"layer {sub.name}"))
-    except Unfaithful:        # a function closing over an object: this layer is told apart by itself alone
+    except Unfaithful:        # a closure over an object, a class made per build: this layer is told apart by itself
         described.update(f"object {id(layer)}".encode())
     try:
         config = json.dumps(_unnamed(layer.get_config(), _names(layer)), sort_keys=True, default=repr)
