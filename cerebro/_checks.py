@@ -36,6 +36,12 @@ def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
         text = repr(value)
     except Exception as error:      # noqa: BLE001 (a message about a value must not fail on it)
         return f"a {type(value).__name__} that cannot be shown ({type(error).__name__})"
+    return shortened(text, limit)
+
+
+def shortened(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` for a message, unquoted: its first ``limit`` characters where it is longer,
+    saying how long it was."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._checks import QUOTE_LIMIT, quoted
+from .._checks import quoted
+from .._checks import shortened as cut  # a message's excerpt of a text, as quoted() is of a value
 
 __all__ = ["MAX_ARCH_CHARS", "MAX_CLASSES", "MAX_GRID_CHARS", "MAX_GRID_CONFIGS", "MAX_GRID_PARAMETERS",
            "MAX_PARAMS_CHARS", "Pulse", "check_count", "check_length", "cut", "listed", "no_pulse", "quoted"]
@@ -73,13 +74,7 @@ def check_length(text: Any, what: str, limit: int = MAX_PARAMS_CHARS, name: str 
 
 
 def listed(items: Sequence[Any], *, quote: bool = True, most: int = 20) -> str:
-    """``items`` for a message, comma-separated: each as :func:`quoted` (or as its text, cut
+    """``items`` for a message, comma-separated: each as :func:`quoted` (or as its text, shortened
     alike), at most ``most`` of them and how many more; never a million names back."""
     shown = [quoted(item) if quote else cut(str(item)) for item in items[:most]]
     return ", ".join(shown) + (f" and {len(items) - most:,} more" if len(items) > most else "")
-
-
-def cut(text: str) -> str:
-    """``text`` for a message, unquoted: its first :data:`cerebro._checks.QUOTE_LIMIT`
-    characters where it is longer, saying how long it was."""
-    return text if len(text) <= QUOTE_LIMIT else f"{text[:QUOTE_LIMIT]}... ({len(text):,} characters)"
