@@ -142,7 +142,6 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
     """Read and check everything resume needs, and replay the journal; None where the run
     finished and there is nothing to retry or extend (with a warning)."""
     info = store.read_run_info()
-    _check_partitions(store, info)
     events, damaged = store.read_journal()
     retry = failed_trials(events) if retry_failed else {}
     kept, cut = replayable(events, damaged)
@@ -157,6 +156,7 @@ def _plan(store: RunStore, build: Callable[[dict], Any] | None, trust: bool, ret
         raise UntrustedStateError(store.path)
     if not store.has("build.pkl"):
         raise ResumeError(f"{store.path!r} has no build.pkl: it was not started by fit, so it cannot resume")
+    _check_partitions(store, info)
     policy = cloudpickle.loads(store.read_searcher())
     if build is not None:
         check_fits_checkpoints(build, store, kept, info)
