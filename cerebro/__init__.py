@@ -25,6 +25,7 @@ _EXPORTS = {
     "MissingExtraError": "._extras",
     "metrics": ".metrics",
     "predict": ".serve",
+    "simulate": "._simulate",
     "sql": ".sql",
     **dict.fromkeys(["Result", "TrialResult", "load"], ".results"),
     **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
@@ -37,8 +38,8 @@ __all__ = ["ASHA", "PBT", "Backend", "DaskBackend", "Dataset", "GridSearch", "Hy
            "LocalBackend", "MissingExtraError", "RandomSearch", "RayBackend", "Result", "ResumeError", "Searcher",
            "SparkBackend", "StoreInUseError", "StoreWriteError", "TPESearch", "TooManyFailuresError", "TorchTrainable",
            "Trainable", "TrialResult", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError", "WorkerLostError",
-           "add_trial", "choice", "load", "loguniform", "metrics", "predict", "quniform", "randint", "resume", "sql",
-           "stop", "uniform"]
+           "add_trial", "choice", "load", "loguniform", "metrics", "predict", "quniform", "randint", "resume",
+           "simulate", "sql", "stop", "uniform"]
 
 
 def __getattr__(name: str) -> Any:
@@ -58,6 +59,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from . import metrics, sql
     from ._extras import MissingExtraError
+    from ._simulate import simulate
     from .backends import Backend, DaskBackend, LocalBackend, RayBackend, SparkBackend
     from .data import Dataset
     from .engine import (

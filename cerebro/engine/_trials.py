@@ -252,14 +252,8 @@ class TrialBook(Decisions):
     def _report(self, trial: Trial, epoch: int, state: object, train_sums: dict[int, Sums],
                 eval_sums: dict[int, Sums], learning_rate: float | None) -> Decision | None:
         """Checkpoint and journal ``epoch`` and ask the searcher; None where it diverged (ended)."""
-        metrics = {**mean_metrics("train", train_sums), **mean_metrics("val", eval_sums)}
-        try:
-            for prefix, sums in (("train", train_sums), ("val", eval_sums)):
-                states = merged_states(sums)
-                if states and self.exact is not None:
-                    metrics.update(self.exact.values(trial.config, prefix, states))
-        except Exception:       # the user's Metric failed to compute: its trial fails, not the run
-            self.end(trial, TrialStatus.FAILED, traceback.format_exc(), epoch)
+        metrics = self.epoch_metrics(trial, epoch, train_sums, eval_sums)
+        if metrics is None:
             return None
         if learning_rate is not None:
             metrics[LEARNING_RATE] = learning_rate
@@ -279,6 +273,22 @@ class TrialBook(Decisions):
         self.recorder.emit(Decided(trial.trial_id, epoch, decision.value))
         self.decide_due = True
         return decision
+
+    def epoch_metrics(self, trial: Trial, epoch: int, train_sums: dict[int, Sums],
+                      eval_sums: dict[int, Sums]) -> dict[str, float] | None:
+        """``epoch``'s metrics: row-weighted means of the sub-epochs' sums, and the exact
+        (torchmetrics) ones from their merged states; None where the user's Metric failed,
+        which ends ``trial`` failed (not the run). :mod:`._simulate` takes them from its objective."""
+        metrics = {**mean_metrics("train", train_sums), **mean_metrics("val", eval_sums)}
+        try:
+            for prefix, sums in (("train", train_sums), ("val", eval_sums)):
+                states = merged_states(sums)
+                if states and self.exact is not None:
+                    metrics.update(self.exact.values(trial.config, prefix, states))
+        except Exception:
+            self.end(trial, TrialStatus.FAILED, traceback.format_exc(), epoch)
+            return None
+        return metrics
 
     def drained(self) -> bool:
         """The run is stopping and every live trial waits at an epoch boundary."""

@@ -55,6 +55,7 @@ class Result:
         self.mode: str = info["searcher"]["mode"]
         self.keep_checkpoints: int | None = info.get("limits", {}).get("keep_checkpoints")
         self._history: list[dict[str, Any]] = []
+        self._ended_at: list[float] = []       # each history row's time, in the order the epochs ended
         self._schedule: list[dict[str, Any]] = []
         self._exploits: list[dict[str, Any]] = []
         self._redone: set[tuple[str, int]] = set()
@@ -91,6 +92,7 @@ class Result:
                 self._history.append({"trial_id": trial.trial_id, "epoch": event.epoch, **event.metrics,
                                       "exploited_from": exploited[0] if exploited else None,
                                       "warm_started_from": trial.warm_started_from, **flat_config(trial.config)})
+                self._ended_at.append(event.time)
             case Exploited() as event:
                 self._exploits.append({k: v for k, v in event.record().items() if k != "time"})
             case SubEpoch() as event:
@@ -215,6 +217,22 @@ class Result:
         the config the epoch trained with."""
         rows = sorted(self._history, key=lambda row: (row["trial_id"], row["epoch"]))
         return pd.DataFrame(rows, columns=None if rows else ["trial_id", "epoch"])
+
+    def anytime(self) -> pd.DataFrame:
+        """The anytime curve: after each epoch end, in the order they ended, ``time`` (seconds
+        since the run started: simulated ones for ``cb.simulate``), ``trial_epochs`` (epochs
+        trained by all trials so far: the compute spent), the ``trial_id`` and ``epoch`` that
+        ended, its ``value`` of ``metric``, and ``best``: the best finite value of any epoch so
+        far under ``mode`` (NaN before the first)."""
+        better = min if self.mode == "min" else max
+        rows, best = [], math.nan
+        for count, (row, time) in enumerate(zip(self._history, self._ended_at), start=1):
+            value = row.get(self.metric)
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                best = value if math.isnan(best) else better(best, value)
+            rows.append({"time": time, "trial_epochs": count, "trial_id": row["trial_id"], "epoch": row["epoch"],
+                         "value": value, "best": best})
+        return pd.DataFrame(rows, columns=["time", "trial_epochs", "trial_id", "epoch", "value", "best"])
 
     def lineage(self) -> pd.DataFrame:
         """PBT's exploits, in the order they happened: after ``epoch``, ``trial_id`` took the

@@ -207,6 +207,15 @@ class RunStore:
         """Add one typed event to the journal (see :mod:`cerebro.store._events`)."""
         self.append(event.name, **event.record())
 
+    def emit_many(self, events: list[Event]) -> None:
+        """Add typed events to the journal in one write, synced once: a simulated run's
+        (:mod:`cerebro.engine._simulate`), whose thousands of epochs a second a file opened
+        and synced per line would slow a hundredfold."""
+        lines = [record(json.dumps({"event": e.name, **e.record()}, default=float).encode()) for e in events]
+        with files.open_append(self.file("journal.jsonl")) as f:
+            f.write(b"".join(lines))
+            files.sync(f)
+
     def events(self) -> Iterator[dict[str, Any]]:
         """The journal's events whose lines pass their check (see :meth:`read_journal`)."""
         yield from self.read_journal()[0]
