@@ -73,7 +73,10 @@ def test_the_sql_guide_architectures_are_keras_json(tmp_path, monkeypatch):
 def test_the_worked_searcher_runs_as_written(tmp_path, monkeypatch):
     """Successive halving by hand: four trials, the better half of each rung going on."""
     monkeypatch.chdir(tmp_path)
-    namespace, printed = run_section("docs/extending.md", "A searcher", 2)
+    namespace, printed = run_section("docs/extending.md", "A searcher", 3)
+    # Tried offline first: cb.simulate's rungs halve eight trials to one.
+    assert printed.splitlines()[0] == "[1, 1, 1, 1, 2, 2, 3, 4]"
+    assert namespace["simulated"].finished and namespace["simulated"].best.epochs == 4
     result = namespace["result"]
     assert sorted(t.epochs for t in result.trials) == [1, 1, 2, 3]
     assert [t.status for t in sorted(result.trials, key=lambda t: t.epochs)] == ["stopped"] * 3 + ["completed"]
