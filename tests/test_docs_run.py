@@ -15,6 +15,7 @@ TESTS = os.path.dirname(__file__)
 RUN_BY = {("README.md", ""): "test_docs_run.py",
           ("docs/guide.md", "Quick start"): "test_docs_run.py",
           ("docs/guide.md", "Searchers"): "test_nested_space.py",
+          ("docs/guide.md", "Searching offline"): "test_simulate.py",
           ("docs/guide.md", "Selection workflow"): "test_guide_workflow.py",
           ("docs/guide.md", "Warm start"): "test_guide_workflow.py",
           ("docs/guide.md", "Learning-rate schedules"): "test_guide_workflow.py",

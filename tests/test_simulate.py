@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from _cli import cerebro
+from _docs import run_section
 
 import cerebro as cb
 
@@ -194,3 +195,14 @@ def test_a_users_searcher_is_simulated_as_the_engine_would_run_it():
     for lr, (status, epochs) in by_lr.items():
         gap = abs(math.log10(lr) + 2)
         assert (status, epochs) == (("stopped", 1) if gap + 0.5 > 1.2 else ("completed", 4))
+
+
+def test_the_guides_section_runs_as_written(tmp_path, monkeypatch):
+    """docs/guide.md § Searching offline: random search and ASHA on one simulated curve."""
+    monkeypatch.chdir(tmp_path)
+    namespace, printed = run_section("docs/guide.md", "Searching offline", 1)
+    random, asha = printed.splitlines()
+    assert random.startswith("RandomSearch: 30 trials, 270 trial-epochs, ")      # every trial to its 9 epochs
+    spent = int(re.match(r"ASHA: 60 trials, (\d+) trial-epochs, ", asha).group(1))
+    assert spent < 270 and spent == len(namespace["result"].history())
+    assert float(asha.rsplit(" ", 1)[1]) == round(namespace["result"].best.best_metrics["val_loss"], 3)
