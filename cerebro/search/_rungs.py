@@ -66,7 +66,7 @@ class Rungs:
     def _judge(self, index: int, rung: int) -> Decision | None:
         """Go on or stop at ``rung``; None while an older trial may still reach it."""
         values = self._values[rung]
-        if any(older not in values and older in self.live for older in range(index)):
+        if any(older < index and older not in values for older in self.live):      # live: max_concurrent at most
             return None
         peers = {older: value for older, value in values.items() if older <= index}
         rank = ranked(peers, self.mode).index(index)
