@@ -28,13 +28,13 @@ _EXPORTS = {
     "simulate": "._simulate",
     "sql": ".sql",
     **dict.fromkeys(["Result", "TrialResult", "load"], ".results"),
-    **dict.fromkeys(["ASHA", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch", "choice",
-                     "loguniform", "quniform", "randint", "uniform"], ".search"),
+    **dict.fromkeys(["ASHA", "BOHB", "PBT", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch",
+                     "choice", "loguniform", "quniform", "randint", "uniform"], ".search"),
     **dict.fromkeys(["StoreInUseError", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError"], ".store"),
     **dict.fromkeys(["KerasTrainable", "TorchTrainable", "Trainable"], ".worker"),
 }
 
-__all__ = ["ASHA", "PBT", "Backend", "DaskBackend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable",
+__all__ = ["ASHA", "BOHB", "PBT", "Backend", "DaskBackend", "Dataset", "GridSearch", "Hyperband", "KerasTrainable",
            "LocalBackend", "MissingExtraError", "RandomSearch", "RayBackend", "Result", "ResumeError", "Searcher",
            "SparkBackend", "StoreInUseError", "StoreWriteError", "TPESearch", "TooManyFailuresError", "TorchTrainable",
            "Trainable", "TrialResult", "TrustKeyError", "UntrustedCodeError", "UntrustedStateError", "WorkerLostError",
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from .results import Result, TrialResult, load
     from .search import (
         ASHA,
+        BOHB,
         PBT,
         GridSearch,
         Hyperband,

@@ -4,7 +4,8 @@
 in the middle of a training sub-epoch once 3 epochs are journaled), ``after-checkpoint`` (at the
 first training batch after the 4th epoch end), ``decision`` (ASHA's driver kills itself inside its first decision
 that stops or promotes a trial, in ``report`` or in ``decide``: which of the two makes it depends
-on timing, that one is made does not), ``scheduled`` (as mid-epoch, for trials with a
+on timing, that one is made does not), ``bohb-decision`` (BOHB's, likewise, once its model has
+proposed a trial), ``scheduled`` (as mid-epoch, for trials with a
 learning-rate schedule and clipping, stepped per epoch or per batch) or ``long`` or
 ``plain`` (not killed by itself: 50 epochs, or the reference grid held at the epoch count
 in the file ``STORE.hold`` (:func:`_faults.held`), for a test to stop).
@@ -89,8 +90,9 @@ def held_build(store: str):
     return build_held
 
 
-class KillingASHA(cb.ASHA):
-    """ASHA whose driver dies inside its first decision that stops or promotes a trial."""
+class DiesAtADecision:
+    """A searcher (mixed in before it) whose driver dies inside its first decision that stops
+    or promotes a trial, once ``due()``."""
 
     marker = ""
 
@@ -106,9 +108,29 @@ class KillingASHA(cb.ASHA):
             self._die()
         return decisions
 
+    def due(self) -> bool:
+        return True
+
     def _die(self) -> None:
-        if claim(self.marker):
+        if self.due() and claim(self.marker):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillingASHA(DiesAtADecision, cb.ASHA):
+    """ASHA whose driver dies inside its first decision that stops or promotes a trial."""
+
+
+class KillingBOHB(DiesAtADecision, cb.BOHB):
+    """BOHB whose driver dies inside its first decision that stops or promotes a trial after
+    its model proposed one."""
+
+    def due(self) -> bool:
+        return any(p["by"] == "model" for p in self.state()["proposals"].values())
+
+
+BOHB_SPACE = {"lr": cb.loguniform(1e-3, 5e-2), "hidden": cb.choice([16, 32])}
+BOHB_SETTINGS = {"num_trials": 12, "max_epochs": 4, "grace_period": 1, "reduction_factor": 2, "max_concurrent": 3,
+                 "n_startup_trials": 3, "random_fraction": 0.0}
 
 
 def assert_same_results(resumed: cb.Result, expected: cb.Result, partitions: int = 4) -> None:
@@ -128,9 +150,9 @@ def assert_same_results(resumed: cb.Result, expected: cb.Result, partitions: int
 
 
 def searcher(point: str, store: str, marker: str) -> cb.Searcher:
-    if point == "decision":
-        search = KillingASHA(build, SPACE, num_trials=8, max_epochs=4, grace_period=1, reduction_factor=2,
-                             max_concurrent=4)
+    if point in ("decision", "bohb-decision"):
+        search = KillingBOHB(build, BOHB_SPACE, **BOHB_SETTINGS) if point == "bohb-decision" else \
+            KillingASHA(build, SPACE, num_trials=8, max_epochs=4, grace_period=1, reduction_factor=2, max_concurrent=4)
         search.marker = marker
         return search
     if point == "long":          # never killed by itself: 50 epochs for a test to kill
@@ -147,6 +169,8 @@ def reference(point: str) -> cb.Searcher:
     """The same search, never killed."""
     if point == "decision":
         return cb.ASHA(build, SPACE, num_trials=8, max_epochs=4, grace_period=1, reduction_factor=2, max_concurrent=4)
+    if point == "bohb-decision":
+        return cb.BOHB(build, BOHB_SPACE, **BOHB_SETTINGS)
     if point == "scheduled":
         return cb.GridSearch(scheduled, SCHEDULED_SPACE, epochs=3)
     return cb.GridSearch(build, SPACE, epochs=3)

@@ -1,4 +1,4 @@
-"""TPE, Hyperband, ASHA and PBT on real runs: the papers' rules read back from the history,
+"""TPE, Hyperband, ASHA, BOHB and PBT on real runs: the papers' rules read back from the history,
 PBT's bitwise state copy, and the same decisions and results on 1 and 2 workers."""
 from __future__ import annotations
 
@@ -148,6 +148,8 @@ SEARCHERS = {
                             max_concurrent=4),
     "hyperband": lambda: cb.Hyperband(build, PBT_SPACE, max_epochs=4, eta=2),
     "pbt": lambda: cb.PBT(build, PBT_SPACE, population=4, epochs=4, perturbation_interval=2),
+    "bohb": lambda: cb.BOHB(build, PBT_SPACE, num_trials=10, max_epochs=4, grace_period=1, reduction_factor=2,
+                            max_concurrent=3, n_startup_trials=3),
     "tpe": lambda: cb.TPESearch(build, PBT_SPACE, num_trials=8, epochs=3, max_concurrent=3, n_startup_trials=3,
                                 grace_period=1, reduction_factor=2),
     "random": lambda: cb.RandomSearch(build, PBT_SPACE, num_trials=6, epochs=4, patience=1, min_delta=0.01),

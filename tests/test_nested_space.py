@@ -1,5 +1,5 @@
 """Nested (conditional) spaces: a ``cb.choice`` of dicts that hold primitives. A grid expands
-every branch (the product within a branch only); random, ASHA, Hyperband, TPE and PBT draw
+every branch (the product within a branch only); random, ASHA, Hyperband, TPE, BOHB and PBT draw
 configs that each fit exactly one branch, the same whatever the timing; PBT keeps a trial in
 its branch; a flat space draws as it always did; history() and summary() flatten configs with
 dotted names, absent keys missing; runs are the same on 1 and 2 workers."""
@@ -41,6 +41,8 @@ SEARCHERS = {
     "asha": lambda: cb.ASHA(no_build, SPACE, num_trials=16, max_epochs=4, grace_period=1, reduction_factor=2),
     "hyperband": lambda: cb.Hyperband(no_build, SPACE, max_epochs=4, eta=2),
     "tpe": lambda: cb.TPESearch(no_build, SPACE, num_trials=16, epochs=2, max_concurrent=4, n_startup_trials=4),
+    "bohb": lambda: cb.BOHB(no_build, SPACE, num_trials=24, max_epochs=4, grace_period=1, reduction_factor=2,
+                            max_concurrent=4, n_startup_trials=4),
     "pbt": lambda: cb.PBT(no_build, SPACE, population=8, epochs=6, perturbation_interval=2, resample_probability=0.5),
 }
 

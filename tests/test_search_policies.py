@@ -33,6 +33,8 @@ SEARCHERS = {
                           epochs=8, perturbation_interval=2),
     "tpe": lambda: cb.TPESearch(no_build, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
                                 num_trials=16, epochs=2, max_concurrent=4, n_startup_trials=4),
+    "bohb": lambda: cb.BOHB(no_build, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)}, num_trials=30,
+                            max_epochs=9, grace_period=1, reduction_factor=3, max_concurrent=4, n_startup_trials=4),
     "tpe_pruned": lambda: cb.TPESearch(no_build, {"penalty": cb.uniform(0, 1), "lr": cb.loguniform(1e-3, 1e-1)},
                                        num_trials=16, epochs=9, max_concurrent=4, n_startup_trials=4,
                                        grace_period=1),

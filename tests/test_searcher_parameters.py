@@ -24,7 +24,7 @@ from cerebro.engine import TrialRequest
 
 # The built-in searchers and docs/extending.md's worked example: what every searcher passes.
 HALVING = module_of_section("docs/extending.md", "A searcher")["SuccessiveHalving"]
-SEARCHERS = [cb.GridSearch, cb.RandomSearch, cb.TPESearch, cb.Hyperband, cb.ASHA, cb.PBT, HALVING]
+SEARCHERS = [cb.GridSearch, cb.RandomSearch, cb.TPESearch, cb.Hyperband, cb.ASHA, cb.BOHB, cb.PBT, HALVING]
 SPACE = {"lr": cb.loguniform(1e-4, 1e-1), "hidden": cb.choice([8, 16])}
 SHOWN_SPACE = "space={'lr': loguniform(0.0001, 0.1), 'hidden': choice([8, 16])}"
 LEGACY_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "legacy_run")

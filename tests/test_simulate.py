@@ -39,6 +39,8 @@ SEARCHERS = {
     "hyperband": lambda: cb.Hyperband(nothing, SPACE, max_epochs=9, eta=3),
     "tpe": lambda: cb.TPESearch(nothing, SPACE, num_trials=14, epochs=4, max_concurrent=3, n_startup_trials=4,
                                 grace_period=1, reduction_factor=2),
+    "bohb": lambda: cb.BOHB(nothing, SPACE, num_trials=20, max_epochs=9, grace_period=1, max_concurrent=4,
+                            n_startup_trials=4),
     "pbt": lambda: cb.PBT(nothing, {"lr": cb.loguniform(1e-4, 1e-1), "width": 64, "model": {"depth": 2}},
                           population=6, epochs=6, perturbation_interval=2),
 }
@@ -60,7 +62,7 @@ def test_the_same_decisions_on_1_2_4_and_8_workers(tmp_path, name):
         assert other_trials == trials
         pd.testing.assert_frame_equal(other_history, history)
         pd.testing.assert_frame_equal(other_lineage, lineage)
-    if name in ("asha", "hyperband", "tpe", "random"):
+    if name in ("asha", "hyperband", "tpe", "random", "bohb"):
         assert any(t.status == "stopped" for t in one.trials)      # something was decided
     if name == "pbt":
         assert len(lineage) > 0

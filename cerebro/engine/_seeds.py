@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 # Distinct streams, so a trial's init seed never equals one of its sub-epoch seeds.
-_INIT, _SUBEPOCH, VISIT_TRIAL, _SEARCH, VISIT_RING = 1, 2, 3, 4, 5
+_INIT, _SUBEPOCH, VISIT_TRIAL, _SEARCH, VISIT_RING, _PROPOSAL = 1, 2, 3, 4, 5, 6
 
 
 def trial_index(trial_id: str) -> int:
@@ -39,3 +39,10 @@ def subepoch_seed(run_seed: int, trial_id: str, epoch: int, partition: int) -> i
 def search_rng(run_seed: int) -> np.random.Generator:
     """The generator a searcher draws configurations from."""
     return np.random.default_rng(derive_seed(run_seed, _SEARCH))
+
+
+def proposal_rng(run_seed: int, index: int) -> np.random.Generator:
+    """The generator a model-based searcher draws trial ``index``'s proposal from (random or
+    the model's, the model's sampler seed, a random config): one per trial, so the proposal
+    is the same whenever, and after however many others, it is made."""
+    return np.random.default_rng(derive_seed(run_seed, _PROPOSAL, index))

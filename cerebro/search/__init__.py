@@ -1,5 +1,6 @@
 from ._asha import ASHA
 from ._base import Searcher
+from ._bohb import BOHB
 from ._grid import GridSearch
 from ._hyperband import Hyperband
 from ._pbt import PBT
@@ -7,5 +8,5 @@ from ._random import RandomSearch
 from ._space import Distribution, choice, loguniform, quniform, randint, uniform
 from ._tpe import TPESearch
 
-__all__ = ["ASHA", "PBT", "Distribution", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch",
+__all__ = ["ASHA", "BOHB", "PBT", "Distribution", "GridSearch", "Hyperband", "RandomSearch", "Searcher", "TPESearch",
            "choice", "loguniform", "quniform", "randint", "uniform"]
