@@ -28,8 +28,8 @@ class Search(SearchPolicy, Protocol):
 
     build: Callable[[dict], Any]
     space: Mapping[str, Any]
-    metric: str
-    mode: str
+    metric: str | list[str]
+    mode: str | list[str]
 
     def _validate(self) -> None: ...
     def _settings(self) -> dict[str, Any]: ...

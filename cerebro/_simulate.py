@@ -66,7 +66,8 @@ def simulate(searcher: Searcher, objective: Callable[[dict[str, Any], int], Mapp
     """
     _check(searcher, objective, workers, seed, epoch_seconds, store)
     simulation = Simulation(objective, workers, _seconds(epoch_seconds))
-    settings = RunSettings(seed, workers, evaluate=False, metric=searcher.metric, mode=searcher.mode,
+    first = searcher.objectives()[0]         # what ranks epochs; several objectives: each is checked
+    settings = RunSettings(seed, workers, evaluate=False, metric=first.metric, mode=first.mode,
                            patience=searcher.patience, min_delta=searcher.min_delta, tensorboard=False)
     path = tempfile.mkdtemp(prefix="cerebro-simulate-") if store is None else store
     run_store = RunStore.create(path)

@@ -47,7 +47,8 @@ def merged_states(sums: dict[int, Sums]) -> dict:
 
 
 def mean_metrics(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:
-    """Row-weighted means over partitions, added in partition order so results are bitwise stable."""
+    """Row-weighted means over partitions, added in partition order so results are bitwise
+    stable, and the model's own metrics (``params``), unprefixed."""
     if not sums:
         return {}
     ordered = [sums[p] for p in sorted(sums)]
@@ -55,5 +56,5 @@ def mean_metrics(prefix: str, sums: dict[int, Sums]) -> dict[str, float]:
     if total.rows == 0:
         return {}
     return {f"{prefix}_loss": total.loss / total.rows,
-            **{f"{prefix}_{name}": value / total.rows for name, value in total.metrics.items()}}
+            **{f"{prefix}_{name}": value / total.rows for name, value in total.metrics.items()}, **total.model}
 

@@ -20,6 +20,7 @@ import cloudpickle
 import numpy as np
 import torch
 
+from .._objectives import primary
 from .._version import __version__
 from ..backends import Backend
 from ..data import Dataset
@@ -42,10 +43,11 @@ from ._warm import check_warm_start
 
 
 def execute(policy: SearchPolicy, how: How, *, build: Callable[[dict], Any],
-            example_configs: Sequence[dict[str, Any]], metric: str, mode: str, settings: dict[str, Any],
-            data: Dataset) -> Result:
+            example_configs: Sequence[dict[str, Any]], metric: str | Sequence[str], mode: str | Sequence[str],
+            settings: dict[str, Any], data: Dataset) -> Result:
     """Run ``policy`` with MOP, as ``how`` (checked: :func:`._how.check_how`) says; every
-    argument is checked before any worker starts.
+    argument is checked before any worker starts. ``metric`` and ``mode``: the search's
+    objectives (see :mod:`cerebro._objectives`); the first ranks epochs and trials.
 
     ``build`` is checked on the driver (see :mod:`._preflight`) with the first trials the
     policy starts with, then ``example_configs`` (configurations drawn from the space).
@@ -61,8 +63,9 @@ def execute(policy: SearchPolicy, how: How, *, build: Callable[[dict], Any],
         store = os.path.join("cerebro_runs", f"{settings['class'].lower()}-"
                                              f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}")
     searcher_blob = pickle_build(policy)
+    first = primary(metric, mode)       # what makes an epoch a trial's best, what patience watches
     run_settings = RunSettings(int(seed), how.partitions, data.has_validation, options.limits, VisitScheme.LATIN,
-                               data.storage, keras_backend=keras_backend, metric=metric, mode=mode,
+                               data.storage, keras_backend=keras_backend, metric=first.metric, mode=first.mode,
                                time_budget=options.time_budget, patience=settings.get("patience"),
                                min_delta=settings.get("min_delta", 0.0), warm_start=WarmStartFrom.of_searcher(settings),
                                tensorboard=options.tensorboard, mlflow=options.mlflow,

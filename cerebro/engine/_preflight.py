@@ -44,7 +44,7 @@ PREFLIGHT_ROWS = 4      # real rows for the preflight's one training step
 PREFLIGHT_MAX_BYTES = 2 << 30
 
 
-def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]], metric: str,
+def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]], metric: str | Sequence[str],
                 data: Dataset) -> Trainable:
     """The first of ``configs``' trainables; raises, naming the problem, if the run could not do
     what it is asked (see the module)."""
@@ -199,17 +199,21 @@ def first_trials(policy: SearchPolicy, seed: int) -> list[dict[str, Any]]:
     return [request.config for request in probe.suggest()[:8]]
 
 
-def check_metric(trainable: Any, metric: str, has_validation: bool) -> list[str]:
-    """The metrics ``trainable`` logs; raises unless it is a trainer that logs ``metric``."""
+def check_metric(trainable: Any, metric: str | Sequence[str], has_validation: bool) -> list[str]:
+    """The metrics ``trainable`` logs; raises unless it is a trainer that logs ``metric``
+    (each of them, where a search has several objectives)."""
     if not isinstance(trainable, Trainable):
         raise not_a_trainable(trainable)
     prefixes = ("train", "val") if has_validation else ("train",)
     logged = [f"{p}_{name}" for p in prefixes for name in ("loss", *trainable.metric_names())]
     if has_validation:
         logged += [f"val_{name}" for name in trainable.validation_metric_names()]
-    if metric not in logged:
-        hint = "" if has_validation else " (the data has no validation split)"
-        raise ValueError(f"metric={metric!r} is not logged{hint}; logged metrics are {logged}")
+    logged += list(trainable.model_metrics())       # of the model itself, unprefixed (cb.metrics.params)
+    for name in [metric] if isinstance(metric, str) else metric:
+        if name not in logged:
+            hint = "" if has_validation else " (the data has no validation split)"
+            how = "; metrics={'params': cb.metrics.params} logs the parameter count" if name == "params" else ""
+            raise ValueError(f"metric={name!r} is not logged{hint}; logged metrics are {logged}{how}")
     return logged
 
 

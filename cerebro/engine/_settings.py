@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .._checks import Integer, Optional, Real, quoted
+from .._objectives import primary
 from ..data import Storage
 from ..store._run_info import RunInfoError
 from ..store._trust import signature, signed_by_me
@@ -110,7 +111,8 @@ class RunSettings:
         heartbeat_interval: seconds between a worker's heartbeats.
         startup_timeout: seconds a worker may take to connect and load its partitions.
         keras_backend: the Keras backend the workers use, where the build makes Keras models.
-        metric, mode: what makes an epoch a trial's best (its weights are kept apart).
+        metric, mode: what makes an epoch a trial's best (its weights are kept apart): the
+            primary (first) objective of a search with several (see :mod:`cerebro._objectives`).
         patience, min_delta: early stopping (see :func:`._epoch_rules.plateau`); None: never.
         time_budget: seconds after which the run stops at its trials' next epoch boundaries,
             resumable (None: none); a resume's counts from its own start (none unless given).
@@ -176,10 +178,11 @@ class RunSettings:
         if not trusted:
             mlflow, cache_dir = _untrusted(mlflow, cache_dir)
             _refuse_untrusted_warm_start(warm_start)
+        first = primary(searcher["metric"], searcher["mode"])
         return cls(info["seed"], data["partitions"], sum(data["val_rows"]) > 0, Limits(**info.get("limits", {})),
                    VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
                    Storage(data.get("in_memory", True), cache_dir),
-                   keras_backend=keras_backend, metric=searcher["metric"], mode=searcher["mode"],
+                   keras_backend=keras_backend, metric=first.metric, mode=first.mode,
                    patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
                    warm_start=warm_start, tensorboard=info.get("tensorboard", False),
                    mlflow=mlflow)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any
 
+from .._objectives import objectives
 from .._version import __version__
 from ..results import Result
 from ..store import Event, RunFinished, RunStarted, RunStore, SubEpoch, TrialStatus
@@ -58,9 +59,10 @@ class ObjectiveBook(TrialBook):
     """The trial book of a simulated run: an epoch's metrics are the objective's."""
 
     def __init__(self, policy: SearchPolicy, scheduler: MOPScheduler, settings: RunSettings, recorder: Recorder,
-                 objective: Objective) -> None:
+                 objective: Objective, others: Sequence[str] = ()) -> None:
         super().__init__(policy, scheduler, settings, recorder)
         self.objective = objective
+        self.required = (settings.metric, *others)     # the search's objectives: each epoch must give each
 
     def epoch_metrics(self, trial: Trial, epoch: int, train_sums: dict[int, Sums],
                       eval_sums: dict[int, Sums]) -> dict[str, float] | None:
@@ -69,7 +71,7 @@ class ObjectiveBook(TrialBook):
         mapping of names to numbers, or without the searcher's metric, fails the trial; a
         metric that is not finite ends it diverged."""
         try:
-            metrics = _checked_metrics(self.objective(dict(trial.config), epoch), self.settings.metric, epoch)
+            metrics = _checked_metrics(self.objective(dict(trial.config), epoch), self.required, epoch)
         except Exception:
             self.end(trial, TrialStatus.FAILED, traceback.format_exc(), epoch)
             return None
@@ -80,20 +82,22 @@ class ObjectiveBook(TrialBook):
         return metrics
 
 
-def _checked_metrics(metrics: Any, metric: str, epoch: int) -> dict[str, float]:
-    """The objective's answer as the epoch's metrics; a TypeError or KeyError naming what is wrong."""
+def _checked_metrics(metrics: Any, required: Sequence[str], epoch: int) -> dict[str, float]:
+    """The objective's answer as the epoch's metrics, with each of the ``required`` ones (the
+    search's objectives, the first ranking); a TypeError or KeyError naming what is wrong."""
     if not isinstance(metrics, Mapping):
         raise TypeError(f"the objective returned {type(metrics).__name__} {metrics!r} for epoch {epoch}; it must "
-                        f"return a dict of metric names to numbers, e.g. {{{metric!r}: 0.25}}")
+                        f"return a dict of metric names to numbers, e.g. {{{required[0]!r}: 0.25}}")
     checked = {}
     for name, value in metrics.items():
         if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, Real):
             raise TypeError(f"the objective returned {name!r}: {value!r} for epoch {epoch}; metrics must be "
                             f"named by strings and be numbers")
         checked[name] = float(value)
-    if metric not in checked:
-        raise KeyError(f"the objective returned no {metric!r} for epoch {epoch} (it returned {sorted(checked)}); "
-                       f"the searcher ranks trials by it")
+    for metric in required:
+        if metric not in checked:
+            raise KeyError(f"the objective returned no {metric!r} for epoch {epoch} (it returned "
+                           f"{sorted(checked)}); the searcher ranks trials by it")
     return checked
 
 
@@ -146,7 +150,8 @@ def run_simulation(policy: SearchPolicy, simulation: Simulation, store: RunStore
         "versions": {"cerebro": __version__}})
     recorder = JournalRecorder(store)
     scheduler = MOPScheduler({w: [w] for w in range(simulation.workers)}, evaluate=False)
-    book = ObjectiveBook(policy, scheduler, settings, recorder, simulation.objective)
+    others = [o.metric for o in objectives(searcher_settings["metric"], searcher_settings["mode"])[1:]]
+    book = ObjectiveBook(policy, scheduler, settings, recorder, simulation.objective, others)
     policy.start(settings.seed)
     recorder.emit(RunStarted({w: {"host": "simulated", "pid": None, "partitions": [w]}
                               for w in range(simulation.workers)}, 0.0, 0.0))

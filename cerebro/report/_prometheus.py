@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from .._objectives import primary
 from ..results._live import LIVE_FILE, is_stale, read_live, well_formed
 from ..store import RunStore
 from ..store import _files as files
@@ -93,7 +94,7 @@ class Following:
         try:
             started_over, records = self._tail.read()
             if started_over or self._tally is None:
-                self._tally = RunTally(info["searcher"]["metric"], info["searcher"]["mode"])
+                self._tally = RunTally(*primary(info["searcher"]["metric"], info["searcher"]["mode"]))
             for record in records:
                 self._tally.apply(record)
         except BaseException:      # a fold cut short: read the journal whole at the next look

@@ -7,11 +7,12 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 import cloudpickle
 import pandas as pd
 
+from .._objectives import Objective, objectives
 from ..store import (
     EpochEnd,
     Exploited,
@@ -29,6 +30,7 @@ from ..store import (
     parse_event,
 )
 from ..store import _files as files
+from ._pareto import non_dominated
 from ._run_state import RunLine, RunState
 from ._trial_result import TrialResult, flat_config
 
@@ -51,8 +53,12 @@ class Result:
         info = store.read_run_info()
         self.run_dir = store.path
         self.seed: int = info["seed"]
-        self.metric: str = info["searcher"]["metric"]
-        self.mode: str = info["searcher"]["mode"]
+        # What the search optimised: (metric, mode) pairs; with several, pareto() gives their front.
+        # The first is the primary one, ``metric`` and ``mode``: what best and ranked() rank by.
+        self.objectives: tuple[Objective, ...] = objectives(info["searcher"]["metric"], info["searcher"]["mode"],
+                                                            recorded=True)
+        self.metric: str = self.objectives[0].metric
+        self.mode: str = self.objectives[0].mode
         self.keep_checkpoints: int | None = info.get("limits", {}).get("keep_checkpoints")
         self._history: list[dict[str, Any]] = []
         self._ended_at: list[float] = []       # each history row's time, in the order the epochs ended
@@ -185,6 +191,34 @@ class Result:
                         key=lambda t: sign * self._value(t, scope))
         return scored + [t for t in self.trials if not self._scored(t, scope)]
 
+    def pareto(self) -> list[TrialResult]:
+        """The Pareto front of a run with several objectives (``metric=["val_accuracy",
+        "params"]``): the trials that no other trial dominates, i.e. beats on one objective
+        while no worse on any other; equal trials are all on it. Each trial is judged at its
+        best epoch BY THE FIRST METRIC (its :attr:`TrialResult.best_metrics`: the weights
+        kept), whatever its status but a failure, as :attr:`best`; a trial without a finite
+        value of every objective there is left out. In :meth:`ranked` order: by the first
+        metric, best first, ties in creation order. On a run with one objective, a
+        ``ValueError``: ``best`` and ``ranked()`` are its answer.
+
+        Example:
+            >>> import cerebro as cb
+            >>> def objective(config, epoch):       # wider: more accurate, and larger
+            ...     return {"val_accuracy": 1 - 1 / config["width"], "params": 10.0 * config["width"]}
+            >>> search = cb.GridSearch(lambda config: None, {"width": cb.choice([8, 32, 128])}, epochs=1,
+            ...                        metric=["val_accuracy", "params"], mode=["max", "min"])
+            >>> [(t.config["width"], t.best_metrics["params"]) for t in cb.simulate(search, objective).pareto()]
+            [(128, 1280.0), (32, 320.0), (8, 80.0)]
+        """
+        if len(self.objectives) == 1:
+            raise ValueError(f"the run {self.run_dir!r} has one objective ({self.metric!r}, mode={self.mode!r}), so "
+                             f"no Pareto front: result.best and result.ranked() give its best trials; pass "
+                             f"metric=[...] and mode=[...] to a searcher to search on several")
+        scored = [t for t in self.ranked() if self._scored(t, "best")
+                  and all(_finite(t.best_metrics.get(o.metric)) for o in self.objectives)]
+        points = [[t.best_metrics[o.metric] for o in self.objectives] for t in scored]
+        return [scored[index] for index in non_dominated(points, self.objectives)]
+
     def _value(self, trial: TrialResult, scope: str) -> float:
         metrics = trial.best_metrics if scope == "best" else trial.metrics
         value = metrics.get(self.metric)
@@ -261,6 +295,10 @@ class Result:
 
     def __repr__(self) -> str:
         return f"Result({self.run_dir!r}, trials={len(self._trials)}, state={str(self.state)!r})"
+
+
+def _finite(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _kind(cause: str | None) -> str:

@@ -40,6 +40,7 @@ class ASHA(Searcher):
 
     cannot_extend: ClassVar[str] = (
         "its rungs are placed by max_epochs, so with another budget other trials would have been promoted")
+    cannot_multi_objective: ClassVar[str] = "it promotes the trials that rank best at each rung on one metric"
     _parameters: ClassVar[dict[str, Constraint]] = {
         "num_trials": Integer(low=1), "max_epochs": Integer(low=1), "grace_period": Integer(low=1),
         "reduction_factor": Real(low=2), "max_concurrent": Integer(low=1)}

@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import _checks
-from .._checks import Constraint, Integer, OneOf, Optional, Real, String
+from .._checks import Constraint, Integer, OneOf, Optional, Real
+from .._objectives import MetricNames, Modes, Objective, objectives, recorded
 from ..engine._interface import Decision, Exploit, TrialRequest
 from ..engine._settings import Limits, RunOptions
 from ._configs import check_config
@@ -52,7 +53,8 @@ class _CheckedOnConstruction(ABCMeta):
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         searcher = super().__call__(*args, **kwargs)
         searcher._validate()
-        _check_direction(searcher.metric, searcher.mode)      # here alone: fit validates again
+        for metric, mode in searcher.objectives():      # here alone: fit validates again
+            _check_direction(metric, mode)
         return searcher
 
 
@@ -83,15 +85,25 @@ class Searcher(metaclass=_CheckedOnConstruction):
       can: where each trial is decided on its own metrics alone, as in grid and random
       search, so an added trial changes no other's decisions. It runs ``self.epochs``.
 
-    The defaults refuse both, with the reason, so a searcher never gets either by accident.
+    - ``cannot_multi_objective``: why it cannot search on several metrics at once
+      (``metric=["val_accuracy", "params"]``), or ``""`` where it can: where it ranks
+      trials on none, as grid and random search, or on every objective (TPE's
+      multi-objective sampler). It reads them from :meth:`objectives`.
+
+    The defaults refuse all three, with the reason, so a searcher never gets one by accident.
 
     Args:
         build: ``build(config)`` -> a :class:`cerebro.TorchTrainable` or :class:`cerebro.KerasTrainable`;
             runs on the workers.
         space: parameter name -> a primitive (``cb.choice``, ``cb.uniform``, ...) or a constant.
         metric: what ``result.best`` ranks by: ``val_loss`` (default), ``train_loss``, or
-            ``train_<name>`` / ``val_<name>`` for a metric the trainable logs.
-        mode: ``"min"`` or ``"max"``.
+            ``train_<name>`` / ``val_<name>`` for a metric the trainable logs (``params`` for
+            ``cb.metrics.params``). Several objectives: a list, e.g. ``["val_accuracy",
+            "params"]``, searched for their Pareto front (``result.pareto()``) by the searchers
+            that can (``cannot_multi_objective`` is empty). The FIRST metric is the primary
+            one: each trial's best epoch and the checkpoints kept, ``patience``,
+            ``result.best`` and ``ranked()`` use it alone.
+        mode: ``"min"`` or ``"max"``; with several metrics a list of as many, in their order.
         patience: early stopping: a trial whose ``metric`` has not improved by more than
             ``min_delta`` for ``patience`` epochs ends ``stopped`` (None: never). Checked where
             the searcher lets the trial go on; it depends on the trial's metrics only, so the
@@ -113,14 +125,18 @@ class Searcher(metaclass=_CheckedOnConstruction):
     _parameters: ClassVar[dict[str, Constraint]] = {
         "build": _checks.Callable(description="a function build(config) -> cb.TorchTrainable or cb.KerasTrainable"),
         "space": SearchSpace(),
-        "metric": String(description="a string such as 'val_loss'"),
-        "mode": OneOf("min", "max"),
+        "metric": MetricNames(),
+        "mode": Modes(),
         "patience": Optional(Integer(low=1)),
         "min_delta": Real(low=0.0),
         "warm_start": Optional(RunSource()),
         "warm_start_epoch": OneOf("best", "last"),
     }
 
+    # As given: a string, or a list of them for several objectives (see objectives()); typed Any
+    # so that a searcher refusing several (cannot_multi_objective) uses them as the strings they are.
+    metric: Any
+    mode: Any
     patience: int | None = None     # as the class has them: searchers pickled before they existed
     min_delta: float = 0.0
     warm_start: Any = None
@@ -129,10 +145,11 @@ class Searcher(metaclass=_CheckedOnConstruction):
     # said why that keeps its decisions what they would have been (see the class docstring).
     cannot_extend: ClassVar[str] = "it does not say whether its decisions depend on the epoch budget"
     cannot_add: ClassVar[str] = "it chooses its trials itself, and its decisions depend on which it chose"
+    cannot_multi_objective: ClassVar[str] = "it does not say how it ranks trials on several metrics"
     epochs: int     # each trial's budget, set by a searcher that can be extended or added to (see above)
 
     def __init__(self, build: Callable[[dict], Trainable], space: Mapping[str, Any], *,
-                 metric: str = "val_loss", mode: str = "min", patience: int | None = None,
+                 metric: str | list[str] = "val_loss", mode: str | list[str] = "min", patience: int | None = None,
                  min_delta: float = 0.0, warm_start: Any = None, warm_start_epoch: str = "best") -> None:
         """Store the arguments as given; they are checked once every constructor has run."""
         self.build = build
@@ -211,10 +228,30 @@ class Searcher(metaclass=_CheckedOnConstruction):
 
     def _validate(self) -> None:
         """Check every declared argument against its constraint, in the signature's order, then
-        :meth:`_check`'s rules between them; the first failure raises."""
+        the objectives (:meth:`objectives`) and :meth:`_check`'s rules between arguments; the
+        first failure raises."""
         for name, constraint in self._declared().items():
             constraint.check(name, getattr(self, name))
+        self.objectives()
         self._check()
+
+    def objectives(self) -> tuple[Objective, ...]:
+        """``metric`` and ``mode`` as ``(metric, mode)`` pairs, the primary one first: one
+        where ``metric`` is a string. Raises ``ValueError`` naming the rule where they do not
+        pair up, or where this searcher cannot search on several (``cannot_multi_objective``).
+
+        >>> import cerebro as cb
+        >>> search = cb.RandomSearch(lambda config: None, {"lr": cb.loguniform(1e-4, 1e-1)},
+        ...                          metric=["val_accuracy", "params"], mode=["max", "min"])
+        >>> [tuple(objective) for objective in search.objectives()]
+        [('val_accuracy', 'max'), ('params', 'min')]
+        """
+        found = objectives(self.metric, self.mode)
+        if len(found) > 1 and self.cannot_multi_objective:
+            raise ValueError(f"{type(self).__name__} cannot search on several objectives (metric={self.metric!r}): "
+                             f"{self.cannot_multi_objective}; give it one metric, or search for the Pareto front "
+                             f"with cb.RandomSearch, cb.GridSearch or cb.TPESearch")
+        return found
 
     def _check(self) -> None:
         """Rules between arguments, checked after each argument passed its own constraint;
@@ -228,7 +265,7 @@ class Searcher(metaclass=_CheckedOnConstruction):
                 if name not in ("build", "space", "metric", "mode") and not self._unset(name)}
         if "warm_start" in rest:
             rest["warm_start"] = run_dir_of(rest["warm_start"])
-        return {"class": type(self).__name__, "metric": self.metric, "mode": self.mode,
+        return {"class": type(self).__name__, "metric": recorded(self.metric), "mode": recorded(self.mode),
                 "space": {key: repr(value) for key, value in self.space.items()}, **rest}
 
     def _unset(self, name: str) -> bool:

@@ -53,6 +53,7 @@ class Hyperband(Searcher):
 
     cannot_extend: ClassVar[str] = (
         "its brackets and rungs are sized by max_epochs, so with another budget other trials would have run")
+    cannot_multi_objective: ClassVar[str] = "it keeps the trials that rank best in each bracket on one metric"
     _parameters: ClassVar[dict[str, Constraint]] = {"max_epochs": Integer(low=1), "eta": Real(low=2)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, max_epochs: int = 81, eta: float = 3,

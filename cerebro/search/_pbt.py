@@ -50,6 +50,7 @@ class PBT(Searcher):
     """
 
     cannot_extend: ClassVar[str] = ""
+    cannot_multi_objective: ClassVar[str] = "it replaces the trials that rank worst on one metric by the best ones"
     _parameters: ClassVar[dict[str, Constraint]] = {
         "population": All(Integer(low=1), Integer(low=2, description="at least 2: PBT copies between trials")),
         "epochs": Integer(low=1),

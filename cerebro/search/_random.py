@@ -30,10 +30,11 @@ class RandomSearch(Searcher):
 
     cannot_extend: ClassVar[str] = ""
     cannot_add: ClassVar[str] = ""
+    cannot_multi_objective: ClassVar[str] = ""      # it trains every trial: the front is among them
     _parameters: ClassVar[dict[str, Constraint]] = {"num_trials": Integer(low=1), "epochs": Integer(low=1)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 10,
-                 epochs: int = 10, metric: str = "val_loss", mode: str = "min",
+                 epochs: int = 10, metric: str | list[str] = "val_loss", mode: str | list[str] = "min",
                  patience: int | None = None, min_delta: float = 0.0,
                  warm_start: Any = None, warm_start_epoch: str = "best") -> None:
         """Store the arguments as given; they are checked once every constructor has run."""

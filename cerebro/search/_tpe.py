@@ -76,6 +76,13 @@ class TPESearch(Searcher):
     top ``1/reduction_factor`` of the trials that reached the rung; TPE is told a pruned
     trial as ``PRUNED`` with its per-epoch values, as Optuna's own pruners do.
 
+    With several metrics (``metric=["val_accuracy", "params"]``, ``mode=["max", "min"]``),
+    Optuna's multi-objective TPE (Ozaki et al., "Multiobjective Tree-Structured Parzen
+    Estimator", JAIR 2022) searches for their Pareto front (``result.pareto()``): each trial
+    is told its last epoch's value of every metric. Pruning ranks trials on one metric, so it
+    is refused there (``grace_period`` stays None), as Optuna's pruners refuse
+    multi-objective studies; ``patience`` watches the first metric.
+
     Reproducible by construction: trial ``i`` is drawn after exactly the results of trials
     ``0 .. i - max_concurrent`` were told, in id order, so timing and the number of workers
     never change which configurations are tried; ``max_concurrent`` does.
@@ -95,13 +102,14 @@ class TPESearch(Searcher):
     cannot_extend: ClassVar[str] = (
         "each trial it suggested was drawn from the metrics the trials before it ended with, which a longer "
         "budget changes")
+    cannot_multi_objective: ClassVar[str] = ""      # Optuna's TPE samples for several objectives
     _parameters: ClassVar[dict[str, Constraint]] = {
         "num_trials": Integer(low=1), "epochs": Integer(low=1), "max_concurrent": Integer(low=1),
         "n_startup_trials": Integer(low=0), "grace_period": Optional(Integer(low=1)), "reduction_factor": Real(low=2)}
 
     def __init__(self, build: Callable, space: Mapping[str, Any], *, num_trials: int = 20, epochs: int = 10,
                  max_concurrent: int = 8, n_startup_trials: int = 10, grace_period: int | None = None,
-                 reduction_factor: float = 3, metric: str = "val_loss", mode: str = "min",
+                 reduction_factor: float = 3, metric: str | list[str] = "val_loss", mode: str | list[str] = "min",
                  patience: int | None = None, min_delta: float = 0.0,
                  warm_start: Any = None, warm_start_epoch: str = "best") -> None:
         """Store the arguments as given; they are checked once every constructor has run."""
@@ -115,9 +123,14 @@ class TPESearch(Searcher):
         self.reduction_factor = reduction_factor
 
     def _check(self) -> None:
-        """The first rung cannot lie beyond ``epochs``, and Optuna must be able to sample the space."""
+        """The first rung cannot lie beyond ``epochs``, no pruning on several metrics, and Optuna
+        must be able to sample the space."""
         if self.grace_period is not None and self.grace_period > self.epochs:
             raise ValueError(f"grace_period={self.grace_period!r} must be at most epochs={self.epochs!r}")
+        if self.grace_period is not None and len(self.objectives()) > 1:
+            raise ValueError(f"grace_period={self.grace_period!r} prunes trials by their rank on one metric, and "
+                             f"metric={self.metric!r} has {len(self.objectives())}: Optuna's pruners refuse "
+                             f"multi-objective studies too; leave grace_period=None to search for the Pareto front")
         for path, primitive in leaves(self.space):
             if not (isinstance(primitive, choice) and primitive.branches):   # a branch: its index
                 _optuna_distribution(".".join(path), primitive)
@@ -129,14 +142,16 @@ class TPESearch(Searcher):
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         sampler = optuna.samplers.TPESampler(seed=int(search_rng(seed).integers(2**31)),
                                              n_startup_trials=self.n_startup_trials)
-        self._study = optuna.create_study(direction="minimize" if self.mode == "min" else "maximize",
-                                          sampler=sampler)
+        self._study = optuna.create_study(directions=["minimize" if o.mode == "min" else "maximize"
+                                                      for o in self.objectives()], sampler=sampler)
         self._asked = self._told = 0
         self._open: dict[int, Any] = {}               # trial -> its Optuna trial, until told
-        self._curves: dict[int, dict[int, float]] = {}   # trial -> epoch -> value, until told
+        # trial -> epoch -> the value of each objective, until told
+        self._curves: dict[int, dict[int, tuple[float, ...]]] = {}
         self._ended: dict[int, str] = {}              # ended trials not told yet -> their status
         # No rungs below `epochs` when grace_period is None: no pruning.
-        self._rungs = Rungs(self.grace_period or self.epochs, self.reduction_factor, self.epochs, self.mode)
+        self._rungs = Rungs(self.grace_period or self.epochs, self.reduction_factor, self.epochs,
+                            self.objectives()[0].mode)
 
     def suggest(self) -> list[TrialRequest]:
         """Tell ended trials in id order and ask new ones, each after exactly the results of
@@ -153,16 +168,18 @@ class TPESearch(Searcher):
         return requests
 
     def _tell(self, index: int, status: str) -> None:
-        """Tell Optuna how trial ``index`` ended, with its per-epoch values: a completed one
-        its last value, a stopped one ``PRUNED``, any other (or a non-finite value) ``FAIL``."""
+        """Tell Optuna how trial ``index`` ended: a completed one its last epoch's value of each
+        objective (one: with its per-epoch values, as a pruned one), a stopped one ``PRUNED``,
+        any other (or a non-finite value) ``FAIL``."""
         from optuna.trial import TrialState
         trial, curve = self._open.pop(index), self._curves.pop(index, {})
-        for epoch, value in sorted(curve.items()):
-            if math.isfinite(value):
-                trial.report(value, epoch)
-        final = curve[max(curve)] if curve else math.nan
-        if status == "completed" and math.isfinite(final):
-            self._study.tell(trial, final)
+        single = len(self._study.directions) == 1
+        for epoch, values in sorted(curve.items()):
+            if single and math.isfinite(values[0]):     # Optuna keeps intermediate values of one objective only
+                trial.report(values[0], epoch)
+        final = curve[max(curve)] if curve else (math.nan,)
+        if status == "completed" and all(math.isfinite(value) for value in final):
+            self._study.tell(trial, final[0] if single else list(final))
         elif status == "stopped":
             self._study.tell(trial, state=TrialState.PRUNED)
         else:
@@ -180,8 +197,12 @@ class TPESearch(Searcher):
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
         """Record the epoch's value for Optuna; at a rung, go on, stop or wait as ASHA does."""
         index = trial_index(trial_id)
-        self._curves.setdefault(index, {})[epoch] = metrics[self.metric]
-        return self._rungs.report(index, epoch, metrics[self.metric])
+        # The other objectives' may be missing (an objective function that did not give one):
+        # such a trial is told as failed, not the run.
+        first, *others = self.objectives()
+        values = (metrics[first.metric], *(metrics.get(o.metric, math.nan) for o in others))
+        self._curves.setdefault(index, {})[epoch] = values
+        return self._rungs.report(index, epoch, values[0])
 
     def decide(self) -> dict[str, Decision]:
         """Decisions for trials waiting at a rung whose older peers have all reached it or ended."""
@@ -202,8 +223,11 @@ class TPESearch(Searcher):
         return self._rungs.reason(trial_index(trial_id))
 
     def state(self) -> dict[str, Any]:
-        """How many trials were asked, every told trial's state and value, and the rungs."""
+        """How many trials were asked, every told trial's state and value (``values``, one per
+        objective, with several), and the rungs."""
         told = [t for t in self._study.trials if t.state.is_finished()]
+        key = "value" if len(self._study.directions) == 1 else "values"
         return {"asked": self._asked,
-                "told": [{"trial_id": trial_name(t.number), "state": t.state.name, "value": t.value} for t in told],
+                "told": [{"trial_id": trial_name(t.number), "state": t.state.name,
+                          key: t.value if key == "value" else t.values} for t in told],
                 **self._rungs.state()}

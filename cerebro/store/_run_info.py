@@ -6,9 +6,14 @@ import json
 import reprlib
 from typing import IO, Any
 
-# The entries every reader needs (a dot: one inside another), with their types.
-REQUIRED = {"seed": int, "workers": int, "searcher.class": str, "searcher.metric": str, "searcher.mode": str,
-            "data.partitions": int}
+from .._objectives import objectives
+
+# The entries every reader needs (a dot: one inside another), with their types: a search's
+# metric and mode are strings, or lists of them where it has several objectives.
+REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "seed": int, "workers": int, "searcher.class": str, "searcher.metric": (str, list),
+    "searcher.mode": (str, list), "data.partitions": int}
+_KINDS = {int: "a whole number", str: "a string", (str, list): "a string or a list of strings"}
 
 
 class RunInfoError(ValueError):
@@ -31,6 +36,9 @@ def checked_run_info(file: IO, path: str) -> dict[str, Any]:
         value = holder.get(key) if isinstance(holder, dict) else None
         if not isinstance(value, kind) or isinstance(value, bool):
             found = "missing" if value is None else reprlib.repr(value)
-            raise RunInfoError(f"{path} is damaged: its {name!r} must be "
-                               f"{'a whole number' if kind is int else 'a string'}, not {found}")
+            raise RunInfoError(f"{path} is damaged: its {name!r} must be {_KINDS[kind]}, not {found}")
+    try:
+        objectives(info["searcher"]["metric"], info["searcher"]["mode"], recorded=True)
+    except (TypeError, ValueError) as error:
+        raise RunInfoError(f"{path} is damaged: its searcher's {error}") from None
     return info

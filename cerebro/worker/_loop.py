@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib
 import os
@@ -337,6 +338,9 @@ def _run(task: RunSubEpoch, trainables: _Trainables, sources: dict[int, dict[str
             else:
                 sums = trainable.evaluate_batches(counted, deadline)
         compute = time.perf_counter() - started
+        model = trainable.model_metrics()
+        if model:               # of the model as the sub-epoch left it (cb.metrics.params)
+            sums = dataclasses.replace(sums, model=model)
         state = pack_tensors(trainable.state()) if train else None
         handed_back = () if state is None or trainables.outbox is None else \
             trainables.reserve(task.trial_id, task.version + 1, state)

@@ -102,13 +102,16 @@ class RunSubEpoch:
 
 @dataclass(frozen=True)
 class Sums:
-    """Row-weighted sums of a sub-epoch's loss and metrics, and the states of its exact
-    (torchmetrics) metrics (:mod:`._exact`); added up per epoch in partition order."""
+    """Row-weighted sums of a sub-epoch's loss and metrics, the states of its exact
+    (torchmetrics) metrics (:mod:`._exact`), and the model's own metrics as they are after it
+    (``model``: :meth:`Trainable.model_metrics`, not summed: the later partition's stand);
+    added up per epoch in partition order."""
 
     rows: int
     loss: float
     metrics: dict[str, float]
     states: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def empty(cls, metrics: Iterable[str]) -> Sums:
@@ -117,7 +120,8 @@ class Sums:
     def __add__(self, other: Sums) -> Sums:
         return Sums(self.rows + other.rows, self.loss + other.loss,
                     {name: total + other.metrics[name] for name, total in self.metrics.items()},
-                    merge_states(self.states, other.states) if other.states else self.states)
+                    merge_states(self.states, other.states) if other.states else self.states,
+                    {**self.model, **other.model})
 
 
 @dataclass(frozen=True)

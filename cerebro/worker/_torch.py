@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
+from ..metrics import ModelMetric
 from ._exact import is_metric, merges, sub_epoch_state
 from ._frozen import FrozenPart
 from ._protocol import Sums
@@ -22,7 +23,8 @@ from ._state_check import Spec, check_torch_optimizer, dtype_name
 from ._torch_checks import broadcast_refused, check_loss
 from ._trainable import Trainable, Transform, callable_transforms, check_deadline, describe, positive_batch_size
 
-Metric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+BatchMetric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Metric = BatchMetric | ModelMetric
 SchedulerFactory = Callable[[torch.optim.Optimizer, int], LRScheduler]
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
 
@@ -48,7 +50,9 @@ class TorchTrainable(Trainable):
             ``Metric`` object (``MulticlassF1Score(10, average="macro")``, ``BinaryAUROC()``):
             updated batch by batch, its state merged over every partition, computed once per
             epoch, exact over the whole set (:mod:`cerebro.worker._exact`). Each is logged per
-            epoch for training (``train_<name>``) and validation (``val_<name>``).
+            epoch for training (``train_<name>``) and validation (``val_<name>``); a metric of
+            the model itself (``cb.metrics.params``: its trainable parameter count) once, as
+            ``<name>``.
         transform: ``transform(features, rng)`` -> an array or tensor with one row per row of
             ``features``, run on the worker on every training batch (decode, normalise,
             augment) in its prefetch thread. ``features`` is the batch as stored (e.g. uint8
@@ -136,7 +140,13 @@ class TorchTrainable(Trainable):
         self._exact = {name: metric for name, metric in self.metrics.items() if is_metric(metric)}
         for name, metric in self._exact.items():
             merges(name, metric)          # refuses a state that cannot be merged over partitions
-        self._means = {name: metric for name, metric in self.metrics.items() if name not in self._exact}
+        self._model_metrics: dict[str, ModelMetric] = {}
+        self._means: dict[str, BatchMetric] = {}
+        for name, metric in self.metrics.items():
+            if isinstance(metric, ModelMetric):
+                self._model_metrics[name] = metric
+            elif name not in self._exact:
+                self._means[name] = metric
         callable_transforms(self)
         try:
             self.lr_scheduler_step = SchedulerStep(self.lr_scheduler_step)
@@ -181,7 +191,10 @@ class TorchTrainable(Trainable):
 
     # --- what the driver checks ---------------------------------------------------------
     def metric_names(self) -> tuple[str, ...]:
-        return tuple(self.metrics)
+        return tuple(name for name in self.metrics if name not in self._model_metrics)
+
+    def model_metrics(self) -> dict[str, float]:
+        return {name: metric(self.model) for name, metric in self._model_metrics.items()}
 
     def exact_metrics(self) -> dict[str, Any]:
         return self._exact
@@ -385,7 +398,7 @@ class TorchTrainable(Trainable):
 
 @torch.no_grad()
 def _batch_sums(loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor,
-                metrics: Mapping[str, Metric]) -> Sums:
+                metrics: Mapping[str, BatchMetric]) -> Sums:
     n = len(targets)
     return Sums(n, float(loss.detach()) * n, {name: float(metric(outputs, targets)) * n
                                               for name, metric in metrics.items()})

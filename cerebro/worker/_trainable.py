@@ -101,6 +101,13 @@ class Trainable(abc.ABC):
         the merged states the workers send (:mod:`cerebro.worker._exact`)."""
         return {}
 
+    def model_metrics(self) -> dict[str, float]:
+        """Metrics of the model itself, by name, as it is now (``cb.metrics.params``: its
+        parameter count): logged each epoch under their own names, unprefixed. Asked after
+        each sub-epoch on the worker, and of the meta-device build on the driver for their
+        names; the default has none."""
+        return {}
+
     def check_label(self, label: np.ndarray) -> None:
         """Raise, naming the problem, if labels like ``label`` (a sample) cannot fit the loss."""
 
