@@ -120,6 +120,32 @@ def _cell(value: Any, config: bool) -> str:
     return str(value)
 
 
+def print_front(result: Result, console: Console) -> None:
+    """A run with several objectives: its Pareto front (``result.pareto()``) as a table, each
+    trial with every objective at its best epoch by the first; nothing for one objective."""
+    if len(result.objectives) < 2 or not result.trials:
+        return
+    front, named = result.pareto(), ", ".join(f"{o.metric} ({o.mode})" for o in result.objectives)
+    if not front:
+        console.print(f"Pareto front on {named}: no trial has a value of each yet", highlight=False, markup=False)
+        return
+    table = Table(title=f"Pareto front on {named}: {len(front)} trials, each at its best epoch by {result.metric}",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for header in ("trial", "status", "at epoch", *(o.metric for o in result.objectives), "config"):
+        table.add_column(header, justify="left" if header in ("trial", "status", "config") else "right",
+                         overflow="fold")
+    for trial in front:
+        table.add_row(trial.trial_id, str(trial.status), str(trial.best_epoch),
+                      *(_cell(_whole(trial.best_metrics[o.metric]), False) for o in result.objectives),
+                      rounded(trial.config))
+    console.print(table)
+
+
+def _whole(value: float) -> float | int:
+    """A whole number (a parameter count) as an int, so it shows without a fraction."""
+    return int(value) if float(value).is_integer() else value
+
+
 def print_state(result: Result, console: Console) -> None:
     """Where the run stands, in one line (the driver's error after it, where it failed): how
     many trials ended, where the others are, and what goes on with the run."""

@@ -17,7 +17,7 @@ from ._checks import quoted
 from ._cli_dashboard import dashboard, metrics_options
 from ._cli_serve import export, predict_command
 from ._cli_sql import sql
-from ._cli_tables import print_state, print_summary, print_trial, show_warning
+from ._cli_tables import print_front, print_state, print_summary, print_trial, show_warning
 from .results import Result, load
 
 
@@ -229,6 +229,7 @@ def status(run_dir: str, trial: str | None) -> None:
     if incidents["state_lost"]:
         console.print(f"trial states lost with their workers and recomputed: {incidents['state_lost']}")
     print_summary(result, console)
+    print_front(result, console)
 
 
 @main.command()

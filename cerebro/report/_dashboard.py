@@ -23,11 +23,12 @@ from typing import Any
 from ..results import Result, load
 from ..results._live import LIVE_FILE, is_stale, read_live, well_formed
 from . import _figures
-from ._html import _CSS, headline, trial_table
+from ._html import _CSS, front_table, headline, trial_table
 from ._prometheus import Reread
 
 FIGURES = (("Learning curves", "curves"), ("Workers over time", "gantt"), ("Best so far", "best-so-far"),
-           ("Configurations against the objective", "parallel"), ("Epochs each trial trained", "rungs"))
+           ("Configurations against the objective", "parallel"), ("Epochs each trial trained", "rungs"),
+           ("The Pareto front on the first two objectives", "pareto"))
 
 
 class RunView:
@@ -81,14 +82,17 @@ def _done_sections(result: Result) -> dict[str, str]:
                 else "<p>No trial has failed.</p>")
     shown = {k: info.get(k) for k in ("searcher", "backend", "workers", "seed", "limits", "time_budget",
                                        "visit_order", "reproducible")}
-    return {"headline": headline(result), "trials": trial_table(result), "failures": failures,
+    front = front_table(result)      # several objectives only: one has no front
+    return {"headline": headline(result), **({"front": front} if front else {}), "trials": trial_table(result),
+            "failures": failures,
             "settings": f"<pre>{html.escape(json.dumps(shown, indent=1, default=str))}</pre>"}
 
 
 def _figures_of(result: Result) -> dict[str, str | None]:
     made = {"curves": _figures.learning_curves(result), "best-so-far": _figures.best_so_far(result),
             "gantt": _figures.gantt(result), "rungs": _figures.rungs(result),
-            "parallel": _figures.parallel_coordinates(result, _figures.log_keys(result))}
+            "parallel": _figures.parallel_coordinates(result, _figures.log_keys(result)),
+            "pareto": _figures.pareto_front(result)}
     return {name: None if figure is None else figure.to_json() for name, figure in made.items()}
 
 
@@ -126,9 +130,10 @@ def page() -> bytes:
     bottom = "".join(f"<section><h2>{title}</h2><div id='{name}'></div></section>" for title, name in
                      (("Failures", "failures"), ("Settings", "settings")))
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Cerebro dashboard</title>"
-            f"<style>{_CSS} progress{{width:12em}}</style>"
+            f"<style>{_CSS} progress{{width:12em}} section:empty{{display:none}}</style>"
             f"<script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script></head><body>"
-            f"<p id='connection'>Connecting...</p><div id='headline'></div>{top}{charts}{bottom}"
+            f"<p id='connection'>Connecting...</p><div id='headline'></div><section id='front'></section>"
+            f"{top}{charts}{bottom}"
             f"<script>{_SCRIPT}</script></body></html>").encode()
 
 

@@ -115,6 +115,38 @@ def best_so_far(result: Result) -> Any:
     return figure
 
 
+def pareto_front(result: Result) -> Any:
+    """A run with several objectives: every trial at its best epoch by the first metric, the
+    first two objectives against each other, the Pareto front (on all of them) highlighted and
+    joined in the order of the first; None for one objective or before a trial has each."""
+    import plotly.graph_objects as go
+    if len(result.objectives) < 2:
+        return None
+    front = result.pareto()
+    if not front:
+        return None
+    (x, x_mode), (y, y_mode) = result.objectives[:2]
+    ids = {t.trial_id for t in front}
+    others = [t for t in result.trials if t.trial_id not in ids and not t.status.is_failure
+              and all(_finite(t.best_metrics.get(m)) for m in (x, y))]
+    figure = go.Figure()
+    for name, trials, style in (("other trials", others, {"color": "#aaa", "size": 7}),
+                                ("Pareto front", front, {"color": "#d62828", "size": 11})):
+        figure.add_trace(go.Scatter(x=[t.best_metrics[x] for t in trials], y=[t.best_metrics[y] for t in trials],
+                                    mode="lines+markers" if trials is front else "markers", name=name,
+                                    line={"shape": "hv", "color": style["color"]}, marker=style,
+                                    text=[t.trial_id for t in trials],
+                                    hovertext=[f"{t.trial_id}: {rounded(t.config)}" for t in trials]))
+    figure.update_layout(height=420, xaxis_title=f"{x} ({x_mode})", yaxis_title=f"{y} ({y_mode})",
+                         title=f"{len(front)} trials on the front of {len(result.objectives)} objectives, each at "
+                               f"its best epoch by {x}")
+    return figure
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def importance(result: Result, log: Collection[str]) -> Any:
     """fANOVA importance of each varying hyperparameter for the objective at the best epoch."""
     import plotly.graph_objects as go

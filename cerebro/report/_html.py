@@ -43,7 +43,8 @@ def render(result: Result) -> str:
                ("Hyperparameter importance", "importance", _figures.importance(result, log)),
                ("Workers over time", "gantt", _figures.gantt(result)),
                ("Configurations against the objective", "parallel", _figures.parallel_coordinates(result, log)),
-               ("Epochs each trial trained", "rungs", _figures.rungs(result))]
+               ("Epochs each trial trained", "rungs", _figures.rungs(result)),
+               ("The Pareto front on the first two objectives", "pareto", _figures.pareto_front(result))]
     if len(result.lineage()):
         figures.append(("PBT lineage", "lineage", _figures.lineage(result)))
     sections = []
@@ -53,10 +54,12 @@ def render(result: Result) -> str:
         div = figure.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{name}",
                              config={"displaylogo": False})
         sections.append(f'<section id="{name}"><h2>{html.escape(title)}</h2>{div}</section>')
+    front = front_table(result)
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Cerebro report</title>"
             f"<style>{_CSS}</style><script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script>"
             f"</head><body>{headline(result)}"
-            f'<section id="trials"><h2>Trials</h2>{trial_table(result)}</section>'
+            + (f'<section id="front">{front}</section>' if front else "")
+            + f'<section id="trials"><h2>Trials</h2>{trial_table(result)}</section>'
             f"{''.join(sections)}</body></html>")
 
 
@@ -68,8 +71,7 @@ def headline(result: Result) -> str:
     ended = ", ".join(f"{n} {status}" for status, n in sorted(counts.items(), key=lambda item: -item[1]))
     lines = [f"<h1>Cerebro run <code>{html.escape(result.run_dir)}</code></h1>",
              f"<p>{_text(info['searcher']['class'])}, seed {_text(result.seed)}, {_text(info['workers'])} workers, "
-             f"{_text(info['data']['partitions'])} partitions: {status}. Objective: {_text(result.metric)} "
-             f"({_text(result.mode)}).</p>",
+             f"{_text(info['data']['partitions'])} partitions: {status}. {_objectives(result)}.</p>",
              f"<p id='when'>{html.escape(_when(info, result))}</p>",
              f"<p id='counts'>{len(result.trials)} trials: {html.escape(ended or 'none yet')}</p>"]
     try:
@@ -85,6 +87,31 @@ def headline(result: Result) -> str:
                     f"<br><code>{html.escape(rounded(best.config))}</code></p>"
                     f"<p>Export it: <code id='export'>{html.escape(export)}</code></p>")
     return f"<div class='card'>{''.join(lines)}</div>"
+
+
+def _objectives(result: Result) -> str:
+    """``Objective: val_loss (min)``, or with several, all of them and which ranks the trials."""
+    named = ", ".join(f"{_text(o.metric)} ({_text(o.mode)})" for o in result.objectives)
+    if len(result.objectives) == 1:
+        return f"Objective: {named}"
+    return f"Objectives: {named}; the first ranks the trials, all of them make the Pareto front"
+
+
+def front_table(result: Result) -> str:
+    """A run with several objectives: its Pareto front (``result.pareto()``), each trial with
+    every objective at its best epoch by the first, and its config; "" for one objective."""
+    if len(result.objectives) < 2:
+        return ""
+    front = result.pareto()
+    rows = "".join(f"<tr class='front'><td>{_text(t.trial_id)}</td><td>{_text(t.status)}</td>"
+                   f"<td>{_text(t.best_epoch)}</td>"
+                   + "".join(f"<td>{_count_or_number(t.best_metrics[o.metric])}</td>" for o in result.objectives)
+                   + f"<td><code>{html.escape(rounded(t.config))}</code></td></tr>" for t in front)
+    head = "".join(f"<th>{_text(o.metric)} ({_text(o.mode)})</th>" for o in result.objectives)
+    return (f"<h2>Pareto front</h2><p>{len(front)} trials that no other trial beats on one objective while no "
+            f"worse on the others, each at its best epoch by {_text(result.metric)}:</p>"
+            f"<table><thead><tr><th>trial</th><th>status</th><th>epoch</th>{head}<th>config</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
 
 
 def _when(info: dict[str, Any], result: Result) -> str:
@@ -135,6 +162,11 @@ def _value(value: Any) -> str:
     if value is None:
         return ""
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _count_or_number(value: float) -> str:
+    """A whole number (a parameter count) as one, else as :func:`_number`."""
+    return str(int(value)) if float(value).is_integer() else _number(value)
 
 
 def _number(value: float | None) -> str:
