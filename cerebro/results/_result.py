@@ -167,7 +167,8 @@ class Result:
     @property
     def best(self) -> TrialResult:
         """The best so far: the trial whose best epoch has the best ``metric`` under ``mode``
-        (its :attr:`TrialResult.best_epoch`, whose weights are kept), whatever its status but
+        (the first of several objectives: :meth:`pareto` gives their front), at its
+        :attr:`TrialResult.best_epoch` (whose weights are kept), whatever its status but
         a failure (failed, diverged, timeout): completed, stopped, or still live, running,
         paused or parked in a run that stopped (``ranked(scope="last")`` ranks by the last
         epoch instead). :class:`NoBestTrialError` where no such trial has an epoch yet."""
@@ -179,8 +180,9 @@ class Result:
         return ranked[0]
 
     def ranked(self, scope: str = "best") -> list[TrialResult]:
-        """Every trial, best first: those with a finite ``metric`` at their best epoch
-        (``scope="best"``) or at their last (``"last"``), whatever their status but a failure
+        """Every trial, best first (by the first metric, with several objectives): those with a
+        finite ``metric`` at their best epoch (``scope="best"``) or at their last (``"last"``),
+        whatever their status but a failure
         (a trial stopped early and one parked by a stopped run are ranked alike); then the
         others (failed, diverged, timeout, or without an epoch yet), in creation order. Ties
         keep creation order."""

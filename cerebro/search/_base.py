@@ -104,8 +104,9 @@ class Searcher(metaclass=_CheckedOnConstruction):
             one: each trial's best epoch and the checkpoints kept, ``patience``,
             ``result.best`` and ``ranked()`` use it alone.
         mode: ``"min"`` or ``"max"``; with several metrics a list of as many, in their order.
-        patience: early stopping: a trial whose ``metric`` has not improved by more than
-            ``min_delta`` for ``patience`` epochs ends ``stopped`` (None: never). Checked where
+        patience: early stopping: a trial whose ``metric`` (the first, with several) has not
+            improved by more than ``min_delta`` for ``patience`` epochs ends ``stopped`` (None:
+            never). Checked where
             the searcher lets the trial go on; it depends on the trial's metrics only, so the
             same trials stop at the same epochs on any worker count and on resume.
         min_delta: the least change of ``metric`` that counts as an improvement.
