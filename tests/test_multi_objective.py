@@ -241,9 +241,9 @@ def test_params_is_the_trainable_parameter_count_logged_once_unprefixed_over_par
 
 @pytest.mark.slow
 def test_a_real_run_logs_params_each_epoch_and_searches_for_the_front(tmp_path):
-    space = {"lr": 3e-2, "width": cb.choice([4, 16, 64])}
-    result = cb.GridSearch(_build(), space, epochs=2, **BOTH).fit(digits(partitions=2, rows=300), workers=2,
-                                                                  store=tmp_path / "run", seed=0, verbose=0)
+    search, data = cb.GridSearch(_build(), {"lr": 3e-2, "width": cb.choice([4, 16, 64])}, epochs=2, **BOTH), \
+        digits(partitions=2, rows=300)
+    result = search.fit(data, workers=2, store=tmp_path / "run", seed=0, verbose=0)
     history = result.history()
     assert "train_params" not in history and "val_params" not in history
     assert (history.params == 64 * history.width + history.width + 10 * history.width + 10).all()
@@ -255,3 +255,6 @@ def test_a_real_run_logs_params_each_epoch_and_searches_for_the_front(tmp_path):
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["searcher"]["metric"] == ["val_accuracy", "params"]
     assert np.isfinite(history.val_accuracy).all()
+    again = search.fit(data, workers=2, store=tmp_path / "run", seed=0, verbose=0, resume=True)   # finished: as is
+    assert [t.trial_id for t in again.pareto()] == [t.trial_id for t in front]
+    assert again.history().equals(history)
