@@ -114,6 +114,8 @@ class BOHB(Searcher):
         self._ended: set[int] = set()
         self._configs: list[dict[str, Any]] = []
         self._proposals: list[dict[str, Any]] = []     # per trial: how it was proposed, as state() shows it
+        self._studies: dict[int, Any] = {}      # level -> Optuna's in-memory study of the results there
+        self._told = dict.fromkeys(levels, 0)   # per level: trials 0 .. told - 1 are in its study
 
     def suggest(self) -> list[TrialRequest]:
         """Propose the next trial while fewer than ``max_concurrent`` are live and the results
@@ -142,6 +144,7 @@ class BOHB(Searcher):
     def _propose(self, index: int) -> dict[str, Any]:
         """Trial ``index``'s config, from the results it sees and a generator of its own;
         records how it was proposed."""
+        import optuna
         rng = proposal_rng(self._seed, index)
         coin, sampler_seed = rng.random(), int(rng.integers(2**31))
         level = self._level(index)
@@ -150,27 +153,19 @@ class BOHB(Searcher):
                 Proposal.TOO_FEW if level is None else Proposal.RANDOM
             self._proposals.append({"by": how.value})
             return sample_config(self.space, rng)
-        reached, stopped = self._observed(level, index), self._stopped_before(level, index)
-        self._proposals.append({"by": Proposal.MODEL.value, "epoch": level, "points": len(reached),
-                                "stopped": len(stopped)})
-        return self._sample_model(reached, stopped, sampler_seed)
+        study = self._study(level, index, sampler_seed)
+        told = [t.state.name for t in study.get_trials(deepcopy=False)]
+        self._proposals.append({"by": Proposal.MODEL.value, "epoch": level, "points": told.count("COMPLETE"),
+                                "stopped": told.count("PRUNED")})
+        trial = study.ask()
+        config = {key: _suggest(trial, value, key) for key, value in self.space.items()}
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)      # asked, not observed: TPE leaves it out
+        return config
 
     def _observed(self, level: int, index: int) -> dict[int, float]:
         """The finite results at epoch ``level`` that trial ``index`` sees: trial -> metric."""
         last = index - self._lags[level]
         return {i: value for i, value in sorted(self._levels[level].items()) if i <= last and math.isfinite(value)}
-
-    def _stopped_before(self, level: int, index: int) -> dict[int, dict[int, float]]:
-        """The trials whose results at epoch ``level`` trial ``index`` would see but that ended
-        before it, with their finite results at the rungs they reached: trial -> epoch -> metric."""
-        curves = {}
-        for i in range(index - self._lags[level] + 1):
-            if i not in self._levels[level]:
-                curve = {epoch: values[i] for epoch, values in self._levels.items()
-                         if epoch < level and i in values and math.isfinite(values[i])}
-                if curve:           # a trial that failed before its first rung tells nothing
-                    curves[i] = curve
-        return curves
 
     def _level(self, index: int) -> int | None:
         """The highest rung (or ``max_epochs``) at which trial ``index`` sees at least
@@ -179,31 +174,40 @@ class BOHB(Searcher):
         return next((level for level in sorted(self._levels, reverse=True)
                      if len(self._observed(level, index)) >= needed), None)
 
-    def _sample_model(self, reached: dict[int, float], stopped: dict[int, dict[int, float]],
-                      seed: int) -> dict[str, Any]:
-        """A config from multivariate TPE fitted on the trials that ``reached`` a level (trial ->
-        metric there) and on those ``stopped`` before it (trial -> epoch -> metric), in a fresh
-        in-memory study whose sampler is seeded with ``seed``: nothing but they and the seed
-        decide it. The stopped trials are told as pruned, with their results at the rungs they
-        reached, so TPE ranks them below every trial that reached the level (as Optuna's pruned
-        trials): the trials at a high rung are all good ones, and without the others TPE's
-        density of the bad configurations would lie on the good region and push proposals away."""
+    def _study(self, level: int, index: int, seed: int) -> Any:
+        """The study of the results at epoch ``level`` with every trial that trial ``index``
+        sees there told (in index order, each once), and a multivariate TPE sampler seeded
+        with ``seed``: nothing but they and the seed decide what it proposes.
+
+        A trial that ended before ``level`` is told as pruned, with its results at the rungs it
+        reached, so TPE ranks it below every trial that reached the level (as Optuna ranks its
+        pruned trials): the trials at a high rung are all good ones, and without the others
+        TPE's density of the bad configurations would lie on the good region."""
         import optuna
         from optuna.trial import TrialState, create_trial
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)   # multivariate, group
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=0, multivariate=True, group=True,
                                                  constant_liar=False)
-        study = optuna.create_study(direction="minimize" if self.mode == "min" else "maximize", sampler=sampler)
-        for i, value in reached.items():
+        if level not in self._studies:
+            self._studies[level] = optuna.create_study(direction="minimize" if self.mode == "min" else "maximize",
+                                                       sampler=sampler)
+        study = self._studies[level]
+        study.sampler = sampler
+        for i in range(self._told[level], index - self._lags[level] + 1):
             params, distributions = optuna_params(self.space, self._configs[i])
-            study.add_trial(create_trial(params=params, distributions=distributions, value=value))
-        for i, curve in stopped.items():
-            params, distributions = optuna_params(self.space, self._configs[i])
-            study.add_trial(create_trial(state=TrialState.PRUNED, params=params, distributions=distributions,
-                                         intermediate_values=curve))
-        trial = study.ask()
-        return {key: _suggest(trial, value, key) for key, value in self.space.items()}
+            if i in self._levels[level]:
+                if math.isfinite(self._levels[level][i]):
+                    study.add_trial(create_trial(params=params, distributions=distributions,
+                                                 value=self._levels[level][i]))
+                continue
+            curve = {epoch: values[i] for epoch, values in self._levels.items()
+                     if epoch < level and i in values and math.isfinite(values[i])}
+            if curve:           # a trial that failed before its first rung tells nothing
+                study.add_trial(create_trial(state=TrialState.PRUNED, params=params, distributions=distributions,
+                                             intermediate_values=curve))
+        self._told[level] = max(self._told[level], index - self._lags[level] + 1)
+        return study
 
     def report(self, trial_id: str, epoch: int, metrics: dict[str, float]) -> Decision:
         """Keep the epoch's metric where the model may be fitted on it (a rung or ``max_epochs``);
