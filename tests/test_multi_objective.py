@@ -68,6 +68,7 @@ def test_bad_objectives_are_refused_where_the_searcher_is_made_naming_the_value_
 
 @pytest.mark.parametrize("cls, why", [
     (cb.ASHA, "it promotes the trials that rank best at each rung on one metric"),
+    (cb.BOHB, "it promotes the trials that rank best at each rung on one metric"),
     (cb.Hyperband, "it keeps the trials that rank best in each bracket on one metric"),
     (cb.PBT, "it replaces the trials that rank worst on one metric by the best ones"),
 ])
