@@ -5,6 +5,8 @@ on *where* or *when*, so any worker count, backend or timing gives the same numb
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 # Distinct streams, so a trial's init seed never equals one of its sub-epoch seeds.
@@ -16,6 +18,7 @@ def trial_index(trial_id: str) -> int:
     return int(trial_id[1:])
 
 
+@functools.cache      # searchers name every trial in their state at each decision
 def trial_name(index: int) -> str:
     """7 -> ``"t0007"``: trials are named in creation order."""
     return f"t{index:04d}"
