@@ -1,7 +1,7 @@
 """Extending a run (``cb.resume(run_dir, epochs=N)``, ``cerebro resume --epochs``): a grid,
 random or PBT run trained on to N epochs is bitwise the run that had ``epochs=N`` from the
 start (history, weights, decisions, early stops, exploits), on another worker count too;
-ASHA, Hyperband and TPE runs are refused, saying why, with nothing written."""
+ASHA, BOHB, Hyperband and TPE runs are refused, saying why, with nothing written."""
 from __future__ import annotations
 
 import os
@@ -87,6 +87,8 @@ def test_a_crash_during_the_extension_resumes_to_the_same_run(tmp_path):
 @pytest.mark.parametrize("searcher, why", [
     (lambda: cb.ASHA(build, SPACE, num_trials=2, max_epochs=2, reduction_factor=2),
      "its rungs are placed by max_epochs"),
+    (lambda: cb.BOHB(build, SPACE, num_trials=2, max_epochs=2, reduction_factor=2),
+     "its rungs are placed by max_epochs, so with another budget other trials would have been promoted, and its model"),
     (lambda: cb.Hyperband(build, SPACE, max_epochs=2, eta=2), "its brackets and rungs are sized by max_epochs"),
     (lambda: cb.TPESearch(build, {"lr": cb.loguniform(1e-3, 1e-2)}, num_trials=2, epochs=1),
      "each trial it suggested was drawn from the metrics"),

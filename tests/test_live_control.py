@@ -121,7 +121,7 @@ def test_trials_can_be_added_to_grid_and_random_runs_only():
     with pytest.raises(ValueError, match=r"^config\['lr'\]=0.5 must be a number in \[0.0001, 0.1\]"):
         cb.RandomSearch(build, space).added({"lr": 0.5, "layers": 1, "act": "relu"})
     for searcher in (cb.PBT(build, space), cb.ASHA(build, space), cb.Hyperband(build, space),
-                     cb.TPESearch(build, space)):
+                     cb.TPESearch(build, space), cb.BOHB(build, space)):
         with pytest.raises(ValueError, match=rf"^trials cannot be added to a {type(searcher).__name__} run: it "
                                              rf"chooses its trials itself"):
             searcher.added({"lr": 0.01, "layers": 1, "act": "relu"})
