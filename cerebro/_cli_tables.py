@@ -18,14 +18,16 @@ from .results._run_state import RunState
 from .results._trial_result import rounded
 
 
-def print_summary(result: Result, console: Console) -> None:
+def print_summary(result: Result, console: Console, top: int | None = None) -> None:
     """The trials ranked by the run's metric at their best epoch, as a table that fits the
     console: configs' numbers to 4 significant digits (0.001 and 0.005 stay apart), the
     settings every trial shares on a line above it, a long reason cut short, and where it
-    still does not fit, the least telling columns left out, saying which."""
+    still does not fit, the least telling columns left out, saying which. ``top``: the best
+    ``top`` trials alone (None: every one), with the count of each status, so that a run of
+    10,000 trials fits a screen."""
     if not result.trials:       # a run that has not begun one (or failed first): its state says so
         return
-    columns, shared = _summary_columns(result)
+    columns, shared = _summary_columns(result, top)
     if shared:
         console.print(f"every trial: {rounded(shared)}", highlight=False, soft_wrap=True)
     reason = next((c for c in columns if c.name == "reason"), None)
@@ -43,6 +45,11 @@ def print_summary(result: Result, console: Console) -> None:
     for row in zip(*(column.cells for column in columns)):
         table.add_row(*row)
     console.print(table)
+    if top is not None and len(result.trials) > top:
+        statuses = Counter(str(t.status) for t in result.trials)
+        console.print(f"the best {top} of {len(result.trials):,} trials ("
+                      + ", ".join(f"{n:,} {s}" for s, n in statuses.most_common())
+                      + "); --all shows every one", highlight=False, soft_wrap=True)
     if left_out:
         console.print(f"(left out to fit {console.width} columns: {', '.join(left_out)}; --trial ID shows one "
                       f"in full)", highlight=False, soft_wrap=True)
@@ -79,9 +86,11 @@ def _width(columns: list[_Column], reason: _Column | None, whole: int, room: int
     return width()
 
 
-def _summary_columns(result: Result) -> tuple[list[_Column], dict[str, Any]]:
-    """The summary's columns as text, and the config values every trial shares (left out)."""
+def _summary_columns(result: Result, top: int | None = None) -> tuple[list[_Column], dict[str, Any]]:
+    """The summary's columns as text (of the best ``top`` trials; None: every one), and the
+    config values every trial shown shares (left out)."""
     summary, metric = result.summary(), result.metric
+    summary = summary if top is None else summary.head(top)
     if "best_epoch" in summary and summary.best_epoch.isna().all():
         summary = summary.drop(columns=["best_epoch", f"best_{metric}"])     # no epoch ended yet
     if "reason" in summary and summary.reason.isna().all():

@@ -20,6 +20,8 @@ from ._cli_sql import sql
 from ._cli_tables import print_front, print_state, print_summary, print_trial, show_warning
 from .results import Result, load
 
+TOP = 20      # trials a status or a run's summary shows: a screen, whatever the run's size
+
 
 def exit_if_failed(result: Result) -> None:
     """Exit 1, saying why, when every trial of the run failed."""
@@ -202,16 +204,19 @@ def run(experiment: str, workers: int, backend: str, store: str | None, seed: in
                         time_budget=time_budget, hang_after=hang_after or None, metrics_port=metrics_port,
                         metrics_host=metrics_host,
                         mlflow=False if mlflow is None else (True if mlflow == "local" else mlflow))
-    print_summary(result, Console())
+    print_summary(result, Console(), TOP)
     exit_if_failed(result)
 
 
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--trial", default=None, help="show this trial alone, its whole error included (e.g. t0003, or best)")
-def status(run_dir: str, trial: str | None) -> None:
-    """Show where a run stands, live or finished: its trials, their status and metrics (a
-    failed trial's error in one line: --trial ID shows all of it).
+@click.option("--top", default=TOP, show_default=True, type=click.IntRange(min=1), help="the best trials shown")
+@click.option("--all", "every", is_flag=True, help="show every trial, not only the best --top")
+def status(run_dir: str, trial: str | None, top: int, every: bool) -> None:
+    """Show where a run stands, live or finished: its best trials, their status and metrics
+    (a failed trial's error in one line: --trial ID shows all of it), and how many trials
+    ended each way.
 
     Example: cerebro status runs/exp1 --trial t0003
     """
@@ -228,7 +233,7 @@ def status(run_dir: str, trial: str | None) -> None:
                          else "") + f", all restarted {incidents['workers_restarted']} times")
     if incidents["state_lost"]:
         console.print(f"trial states lost with their workers and recomputed: {incidents['state_lost']}")
-    print_summary(result, console)
+    print_summary(result, console, None if every else top)
     print_front(result, console)
 
 
@@ -287,7 +292,7 @@ def resume(run_dir: str, workers: int | None, quiet: bool, trust: bool, retry_fa
     from . import resume as resume_run
     result = resume_run(run_dir, workers=workers, verbose=0 if quiet else 1, trust=trust, retry_failed=retry_failed,
                         epochs=epochs, metrics_port=metrics_port, metrics_host=metrics_host)
-    print_summary(result, Console())
+    print_summary(result, Console(), TOP)
     exit_if_failed(result)
 
 
