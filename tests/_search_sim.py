@@ -5,6 +5,7 @@ that decisions never depend on that order. The trials are read back from the boo
 and checkpoints, as a run's journal and checkpoints tell them."""
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -152,8 +153,10 @@ def outcome(trials: dict[str, SimTrial]) -> list[tuple]:
     return [(t.trial_id, t.config, t.status, t.epoch, t.values, t.exploits) for t in trials.values()]
 
 
-def expected_asha(penalties: list[float], rung_epochs: list[int], eta: float, max_epochs: int) -> list[int]:
-    """Reference ASHA with trials arriving in id order: the epoch each trial ends at."""
+def expected_asha(penalties: list[float], rung_epochs: list[int], eta: float, max_epochs: int,
+                  strict: bool = False) -> list[int]:
+    """Reference ASHA with trials arriving in id order: the epoch each trial ends at. The top
+    ``ceil(n / eta)`` at a rung go on; ``strict``: the top ``floor(n / eta)``, at least one."""
     ended_at, reached = [], [dict() for _ in rung_epochs]
     for index, value in enumerate(penalties):
         epoch = max_epochs
@@ -161,7 +164,7 @@ def expected_asha(penalties: list[float], rung_epochs: list[int], eta: float, ma
             reached[rung][index] = value
             better = sorted(reached[rung].items(), key=lambda item: (item[1], item[0]))
             rank = [i for i, _ in better].index(index)
-            if not rank < len(better) / eta:
+            if not rank < (max(1, math.floor(len(better) / eta)) if strict else len(better) / eta):
                 epoch = rung_epoch
                 break
         ended_at.append(epoch)

@@ -100,11 +100,14 @@ def test_the_same_trials_stops_and_proposals_on_1_2_4_and_8_workers(tmp_path):
     assert results[8].anytime().time.iloc[-1] < one.anytime().time.iloc[-1]    # more workers, sooner
 
 
-def test_stops_and_promotions_are_ashas():
+def test_stops_and_promotions_are_successive_halvings():
+    """ASHA's rungs with successive halving's rule: the top floor(n / 3) go on, at least one."""
     searcher = bohb(num_trials=30, max_concurrent=5)
     trials = simulate(searcher, lambda config, epoch, values: distance(config), seed=8, timing_seed=2)
-    assert [t.epoch for t in trials.values()] == expected_asha([distance(t.config) for t in trials.values()],
-                                                               [1, 3], 3, 9)
+    ended = [t.epoch for t in trials.values()]
+    penalties = [distance(t.config) for t in trials.values()]
+    assert ended == expected_asha(penalties, [1, 3], 3, 9, strict=True)
+    assert ended != expected_asha(penalties, [1, 3], 3, 9)         # ASHA's own ceil keeps more
     stopped = next(t for t in trials.values() if t.status == "stopped")
     assert searcher.stop_reason(stopped.trial_id).startswith(f"stopped at rung {[1, 3].index(stopped.epoch)} ")
     assert Proposal.MODEL.value in proposed_by(searcher).values()

@@ -31,8 +31,9 @@ class BOHB(Searcher):
     """BOHB (Falkner et al., "BOHB: Robust and Efficient Hyperparameter Optimization at
     Scale", ICML 2018), asynchronous as Syne Tune and Ray Tune run it: the trials of
     asynchronous successive halving (rungs at ``grace_period * reduction_factor**k`` epochs
-    below ``max_epochs``, stops and promotions as :class:`ASHA`'s), whose configurations a
-    density model proposes.
+    below ``max_epochs``, judged as :class:`ASHA` judges them, keeping the top
+    ``floor(n / reduction_factor)`` of the ``n`` trials at a rung, at least one, as successive
+    halving does), whose configurations a density model proposes.
 
     The model is Optuna's multivariate TPE (Bergstra et al., NeurIPS 2011), a density model of
     the kind BOHB fits, on the configurations at the highest rung (or ``max_epochs``) that at
@@ -104,7 +105,9 @@ class BOHB(Searcher):
         import optuna
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self._seed = seed
-        self._rungs = Rungs(self.grace_period, self.reduction_factor, self.max_epochs, self.mode)
+        # The top floor(n / reduction_factor) go on (at least one), as in successive halving:
+        # measured (BENCHMARKS.md) it reaches lower regret than ASHA's ceil at every share of the budget.
+        self._rungs = Rungs(self.grace_period, self.reduction_factor, self.max_epochs, self.mode, strict=True)
         levels = [*self._rungs.epochs, self.max_epochs]
         self._levels: dict[int, dict[int, float]] = {level: {} for level in levels}   # -> trial -> its metric there
         # Trial i sees a level's results of trials 0 .. i - lag: about as many trials as start

@@ -21,8 +21,13 @@ class Rungs:
     order, whatever the timing.
     """
 
-    def __init__(self, grace_period: int, reduction_factor: float, max_epochs: int, mode: str) -> None:
-        self.reduction_factor, self.mode = reduction_factor, mode
+    def __init__(self, grace_period: int, reduction_factor: float, max_epochs: int, mode: str,
+                 strict: bool = False) -> None:
+        """``strict``: the top ``floor(n / reduction_factor)`` of the ``n`` trials at a rung go
+        on (at least one), as Li et al.'s successive halving and Optuna's pruner keep them;
+        else the top ``ceil(n / reduction_factor)``, ASHA's and TPE's rule since their first
+        release (kept, so their runs resume and reproduce as they were)."""
+        self.reduction_factor, self.mode, self.strict = reduction_factor, mode, strict
         self.epochs: list[int] = []
         epoch = grace_period
         while epoch < max_epochs:
@@ -70,10 +75,12 @@ class Rungs:
             return None
         peers = {older: value for older, value in values.items() if older <= index}
         rank = ranked(peers, self.mode).index(index)
-        if rank < len(peers) / self.reduction_factor:
+        kept = max(1, math.floor(len(peers) / self.reduction_factor)) if self.strict \
+            else math.ceil(len(peers) / self.reduction_factor)
+        if rank < kept:
             return Decision.CONTINUE
         self._reasons[index] = (f"stopped at rung {rung} (epoch {self.epochs[rung]}): ranked {rank + 1} of "
-                                f"{len(peers)}, only the top {math.ceil(len(peers) / self.reduction_factor)} go on")
+                                f"{len(peers)}, only the top {kept} go on")
         return Decision.STOP
 
     def reason(self, index: int) -> str | None:
