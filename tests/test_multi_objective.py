@@ -6,13 +6,13 @@ front is shown: test_pareto_views.py."""
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import numpy as np
 import pytest
 import torch
 from _models import digits
+from _two_objectives import BOTH, SPACE, curve, nothing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,20 +22,6 @@ from cerebro.engine._epoch_rules import mean_metrics
 from cerebro.results._pareto import non_dominated
 from cerebro.store._run_info import RunInfoError
 from cerebro.worker import Sums
-
-SPACE = {"lr": cb.loguniform(1e-4, 1e-1), "width": cb.choice([8, 16, 32, 64, 128])}
-BOTH = {"metric": ["val_accuracy", "params"], "mode": ["max", "min"]}
-
-
-def nothing(config):
-    """The build of a simulated search: never called."""
-    raise AssertionError("cb.simulate built a model")
-
-
-def curve(config, epoch):
-    """Accuracy that grows with the width and peaks at lr=1e-2; params that grow with the width."""
-    gap = abs(math.log10(config["lr"]) + 2) / 3
-    return {"val_accuracy": 1 - gap - 1 / (epoch * config["width"]), "params": float(74 * config["width"])}
 
 
 # --- checked before any work -------------------------------------------------------------

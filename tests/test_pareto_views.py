@@ -5,30 +5,16 @@ objectives, run as written."""
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import pytest
 from _cli import cerebro
 from _docs import run_section
+from _two_objectives import BOTH, SPACE, curve, nothing
 
 import cerebro as cb
 from cerebro.report._dashboard import RunView
 from cerebro.report._html import render
-
-SPACE = {"lr": cb.loguniform(1e-4, 1e-1), "width": cb.choice([8, 16, 32, 64, 128])}
-BOTH = {"metric": ["val_accuracy", "params"], "mode": ["max", "min"]}
-
-
-def nothing(config):
-    """The build of a simulated search: never called."""
-    raise AssertionError("cb.simulate built a model")
-
-
-def curve(config, epoch):
-    """Accuracy that grows with the width and peaks at lr=1e-2; params that grow with the width."""
-    gap = abs(math.log10(config["lr"]) + 2) / 3
-    return {"val_accuracy": 1 - gap - 1 / (epoch * config["width"]), "params": float(74 * config["width"])}
 
 
 def test_the_guides_example_runs_as_written():
