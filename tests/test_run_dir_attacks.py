@@ -287,6 +287,20 @@ def test_a_journal_line_with_its_crc_but_fields_of_other_types_is_named_and_skip
     assert len(damaged) == 1 and damaged[0].number == 2 and f"its {event['event']} field" in str(damaged[0])
 
 
+@pytest.mark.parametrize("body, why", [
+    (b'{"event": ["epoch_end"], "time": 1.0}', "its event name is ['epoch_end'], not a string"),
+    (b'{"event": "run_finished", "time": 1.0} {"event": "run_finished"}', "it fails its CRC-32"),
+    (b'{"event": "run_finished", "time": 1.0}, {}', "it fails its CRC-32")],
+    ids=["event name a list", "two objects", "an object and more"])
+def test_a_line_with_its_crc_that_is_not_one_event_is_named_and_skipped(run, body, why):
+    from cerebro.store._journal_lines import record as line
+    with open(os.path.join(run, "journal.jsonl"), "ab") as f:
+        f.write(line(body))
+    events, damaged = RunStore.open(run).read_journal()
+    assert [e["event"] for e in events] == ["run_started"]
+    assert [str(d).split("(", 1)[1] for d in damaged] == [f"{why}) and was skipped"]
+
+
 def test_json_nested_past_any_readers_depth_is_damage_never_a_recursion_error(run):
     deep = "[" * 5000 + "]" * 5000
     with open(os.path.join(run, "journal.jsonl"), "ab") as f:

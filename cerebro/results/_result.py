@@ -30,6 +30,7 @@ from ..store import (
     parse_event,
 )
 from ..store import _files as files
+from ..store._bulk import collector_paused
 from ._pareto import non_dominated
 from ._run_state import RunLine, RunState
 from ._trial_result import TrialResult, flat_config
@@ -64,21 +65,23 @@ class Result:
         self._ended_at: list[float] = []       # each history row's time, in the order the epochs ended
         self._schedule: list[dict[str, Any]] = []
         self._exploits: list[dict[str, Any]] = []
+        self._sources: dict[tuple[str, int], str] = {}   # (trial, epoch) -> the first trial PBT copied into it then
         self._redone: set[tuple[str, int]] = set()
         self.finished = False
         self.bytes_communicated = 0   # driver <-> workers, both ways, and worker -> worker, once finished
         # index -> pid, host, launched_by, device, partitions of the latest launch
         self.workers: dict[int, dict[str, Any]] = {}
-        events, self.damage = store.readable_events()
-        for message in self.damage:
-            warnings.warn(message, stacklevel=3)
         self._ledger = Ledger(self.metric, self.mode)
         self._run = RunLine()
-        for event in events:
-            self._apply(event)
-        self._run.settle(store.file(".lock"))
-        self._trials: dict[str, TrialResult] = {trial_id: self._trial_result(facts)
-                                                for trial_id, facts in self._ledger.trials.items()}
+        with collector_paused():     # a dict, an event and a row or two per line, none in a cycle: see store._bulk
+            events, self.damage = store.readable_events()
+            for message in self.damage:
+                warnings.warn(message, stacklevel=3)
+            for event in events:
+                self._apply(event)
+            self._run.settle(store.file(".lock"))
+            self._trials: dict[str, TrialResult] = {trial_id: self._trial_result(facts)
+                                                    for trial_id, facts in self._ledger.trials.items()}
         # What happened to the run, by journal event name (workers lost, states lost, ...).
         self.incidents: Counter[str] = Counter(name for event in events if isinstance(name := event.get("event"), str))
 
@@ -92,15 +95,14 @@ class Result:
             return                             # its trial's creation is on a damaged line
         match event:
             case EpochEnd() as event if trial is not None:     # not None: returned above
-                exploited = [e["source"] for e in self._exploits
-                             if e["trial_id"] == trial.trial_id and e["epoch"] == event.epoch - 1]
                 # The config this epoch trained with: PBT may have changed it since the trial began.
                 self._history.append({"trial_id": trial.trial_id, "epoch": event.epoch, **event.metrics,
-                                      "exploited_from": exploited[0] if exploited else None,
+                                      "exploited_from": self._sources.get((trial.trial_id, event.epoch - 1)),
                                       "warm_started_from": trial.warm_started_from, **flat_config(trial.config)})
                 self._ended_at.append(event.time)
             case Exploited() as event:
                 self._exploits.append({k: v for k, v in event.record().items() if k != "time"})
+                self._sources.setdefault((event.trial_id, event.epoch), event.source)
             case SubEpoch() as event:
                 if (event.trial_id, event.epoch) in self._redone:
                     return                     # re-run after a resume to rebuild a damaged checkpoint

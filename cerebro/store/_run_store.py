@@ -39,6 +39,7 @@ from typing import IO, TYPE_CHECKING, Any
 from .._checks import quoted
 from . import _files as files
 from . import _unstarted as unstarted
+from ._bulk import collector_paused
 from ._events import Event
 from ._journal_lines import SEEMS, DamagedLine, malformed, parse_record, record
 from ._legacy_pickle import UntrustedStateError, read_pickled_state
@@ -236,16 +237,17 @@ class RunStore:
         events: list[dict[str, Any]] = []
         damaged: list[DamagedLine] = []
         offset = 0
-        for number, line in enumerate(lines, start=1):
-            event = parse_record(line)
-            why = "it fails its CRC-32" if event is None else malformed(event)
-            if why is not None:
-                seems = SEEMS.match(line)
-                damaged.append(DamagedLine(path, number, offset, len(events), seems and seems[1].decode(),
-                                           torn=number == len(lines) and not line.endswith(b"\n"), why=why))
-            elif event is not None:     # always, where nothing is wrong with the line
-                events.append(event)
-            offset += len(line)
+        with collector_paused():
+            for number, line in enumerate(lines, start=1):
+                event = parse_record(line)
+                why = "it fails its CRC-32" if event is None else malformed(event)
+                if why is not None:
+                    seems = SEEMS.match(line)
+                    damaged.append(DamagedLine(path, number, offset, len(events), seems and seems[1].decode(),
+                                               torn=number == len(lines) and not line.endswith(b"\n"), why=why))
+                elif event is not None:     # always, where nothing is wrong with the line
+                    events.append(event)
+                offset += len(line)
         return events, damaged
 
     def truncate_journal(self, size: int) -> int:
