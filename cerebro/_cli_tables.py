@@ -89,15 +89,14 @@ def _width(columns: list[_Column], reason: _Column | None, whole: int, room: int
 def _summary_columns(result: Result, top: int | None = None) -> tuple[list[_Column], dict[str, Any]]:
     """The summary's columns as text (of the best ``top`` trials; None: every one), and the
     config values every trial shown shares (left out)."""
-    summary, metric = result.summary(), result.metric
-    summary = summary if top is None else summary.head(top)
+    summary, metric = result.summary(top), result.metric
     if "best_epoch" in summary and summary.best_epoch.isna().all():
         summary = summary.drop(columns=["best_epoch", f"best_{metric}"])     # no epoch ended yet
     if "reason" in summary and summary.reason.isna().all():
         summary = summary.drop(columns="reason")     # no trial stopped early or failed
     elif "reason" in summary:                        # a traceback in one line: the exception it ends in
-        causes = {t.trial_id: t.cause for t in result.trials}
-        summary["reason"] = [causes[trial_id] for trial_id in summary.trial_id]
+        trials = {t.trial_id: t for t in result.trials}
+        summary["reason"] = [trials[trial_id].cause for trial_id in summary.trial_id]
     ranked = "best_epoch" in summary
     headers = {"trial_id": "trial", "best_epoch": "at epoch", f"best_{metric}": "best",
                metric: "last" if ranked else metric, "reason": "why it ended"}

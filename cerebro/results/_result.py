@@ -284,14 +284,14 @@ class Result:
         columns = ["trial_id", "epoch", "partition", "worker", "kind", "start", "end", "compute", "host", "pid"]
         return pd.DataFrame(self._schedule, columns=columns)
 
-    def summary(self) -> pd.DataFrame:
+    def summary(self, top: int | None = None) -> pd.DataFrame:
         """One row per trial, in :meth:`ranked` order: status, epochs, ``best_epoch``, the
         metric there (``best_<metric>``) and at the last epoch (``<metric>``), why it ended,
-        and its config."""
+        and its config; ``top``: the first ``top`` rows alone (None: every trial's)."""
         rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs, "best_epoch": t.best_epoch,
                  f"best_{self.metric}": t.best_metrics.get(self.metric, math.nan),
                  self.metric: t.metrics.get(self.metric, math.nan), "reason": t.reason, **flat_config(t.config)}
-                for t in self.ranked()]
+                for t in self.ranked()[:top]]
         table = pd.DataFrame(rows)
         if not table.empty:
             table["best_epoch"] = table["best_epoch"].astype("Int64")     # a trial without one: <NA>

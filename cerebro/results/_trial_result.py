@@ -8,18 +8,20 @@ import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 
-from ..data import FeatureSpec, prediction_rows
 from ..store import BEST, RunStore, TrialStatus, UntrustedCodeError, unpack_tensors
 from ..store import _files as files
-from ..worker import StateMismatchError, Trainable, predict_rows
-from ..worker._frozen_weights import restore_frozen
-from ..worker._state_check import check_tensors, model_part
-from ..worker._trainable import not_a_trainable, positive_batch_size
+
+# The worker package (and torch, the data package) are imported where a trial's weights or
+# model are used: cb.load and cerebro status read the journal alone, and importing them
+# takes a second or more.
+if TYPE_CHECKING:
+    import torch
+
+    from ..worker import Trainable
 
 _RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b.*:")     # "ValueError: ..."
 
@@ -127,6 +129,8 @@ class TrialResult:
         of :meth:`model` (``torch.nn.Sequential(frozen, model)``: ``0.*`` the frozen layers',
         ``1.*`` the trained ones'), so the file alone serves it."""
         from safetensors.torch import save_file
+
+        from ..worker._frozen_weights import restore_frozen
         path = files.check_output(path, "path")
         number = self.epoch_number(epoch)
         weights, source, frozen = self._weights(epoch)
@@ -152,6 +156,7 @@ class TrialResult:
         """What ``build(config)`` returns, with the weights of ``epoch`` loaded; weights that
         are not that model's (a key missing or unknown, another shape or dtype) raise
         :class:`StateMismatchError`, naming the checkpoint file and the first difference."""
+        from ..worker._frozen_weights import restore_frozen
         trainable = self._build()
         weights, source, frozen = self._weights(epoch)
         _check_fit(trainable, weights, source, self.trial_id)
@@ -160,6 +165,8 @@ class TrialResult:
         return trainable
 
     def _build(self) -> Trainable:
+        from ..worker import Trainable
+        from ..worker._trainable import not_a_trainable
         trainable = self._require_result().build(self.config)
         if not isinstance(trainable, Trainable):
             raise not_a_trainable(trainable)
@@ -176,6 +183,9 @@ class TrialResult:
         Example (a fragment: ``result`` is a finished run's):
             >>> outputs = result.best.predict(X_test)          # (rows, outputs), e.g. logits  # doctest: +SKIP
         """
+        from ..data import FeatureSpec, prediction_rows
+        from ..worker import predict_rows
+        from ..worker._trainable import positive_batch_size
         if batch_size is not None:      # before the model is built and the rows read
             positive_batch_size(batch_size)
         spec = FeatureSpec.of_run(self._require_result().store.read_run_info()["data"])
@@ -217,6 +227,8 @@ def _unpacked_weights(trial_id: str, checkpoint: dict[str, Any]) -> tuple[dict[s
     """The weights of a checkpoint read by :meth:`RunStore.checkpoints`, its file, and the
     digest of the frozen layers its state names. Its CRC says its bytes are those written,
     not that they are weights: they are checked to be."""
+    from ..worker import StateMismatchError
+    from ..worker._state_check import check_tensors, model_part
     try:
         weights = unpack_tensors(model_part(checkpoint["state"]))
         check_tensors(weights)
@@ -231,6 +243,7 @@ def _check_fit(trainable: Trainable, weights: dict[str, torch.Tensor], source: s
     """Raise :class:`StateMismatchError` naming ``source`` where ``weights`` are not the
     model ``build(config)`` makes: loaded, they would fail in the framework, or not fail
     (another dtype is cast) and an export would write a tensor that is no model's."""
+    from ..worker import StateMismatchError
     try:
         trainable.check_weights(weights)
     except StateMismatchError as error:

@@ -24,12 +24,16 @@ import math
 import mmap
 import struct
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
-import torch
 
 from .._checks import quoted
+
+# torch is imported where a tensor is packed or made: what reads a run's journal alone
+# (cb.load, cerebro status) imports this module, and importing torch takes a second or more.
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"CBS1"
 _HEADER = struct.Struct("<4sQI")    # magic, JSON length, number of buffers
@@ -57,10 +61,12 @@ class TensorBytes:
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> TensorBytes:
+        import torch
         tensor = tensor.detach().to("cpu").contiguous()
         return cls(tensor.dtype, tuple(tensor.shape), tensor.reshape(-1).view(torch.uint8).numpy())
 
     def tensor(self) -> torch.Tensor:
+        import torch
         if self.data.size == 0:
             return torch.empty(self.shape, dtype=self.dtype)
         return torch.from_numpy(self.data).view(self.dtype).reshape(self.shape)
@@ -68,6 +74,7 @@ class TensorBytes:
 
 def pack_tensors(value: Any) -> Any:
     """``value`` with every tensor replaced by :class:`TensorBytes` (dicts, lists, tuples)."""
+    import torch
     if isinstance(value, torch.Tensor):
         return TensorBytes.of(value)
     if isinstance(value, dict):
@@ -264,6 +271,7 @@ class _Reader:
         return self.buffers[index]
 
     def _tensor(self, buffer: Chunk, name: str, shape: list) -> TensorBytes:
+        import torch
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype):
             raise StateFormatError(f"{quoted(name)} is not a torch dtype")
