@@ -9,11 +9,13 @@ import math
 from collections.abc import Collection
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from ..results import Result, flat_config
-from ..results._importance import importances
+from ..results import Result, TrialResult, flat_config
+from ..results._importance import SAMPLED, importances
 from ..results._trial_result import rounded
+from ._aggregate import BEST_CURVES, DRAWN, GANTT_BARS, add_band, binned_gantt
 
 STATUS_COLORS = {"completed": "#2a9d8f", "stopped": "#e9c46a", "failed": "#e76f51", "diverged": "#9b2226",
                  "timeout": "#6d597a", "running": "#457b9d"}
@@ -43,8 +45,8 @@ def _best_trial(result: Result) -> str | None:
 def learning_curves(result: Result) -> Any:
     """Train and validation loss (log scale), the objective and, where a schedule changed it,
     the learning rate per epoch; the best trial highlighted; buttons show the trials of one
-    status only."""
-    import plotly.graph_objects as go
+    status only. A run of more than :data:`DRAWN` trials: the best :data:`BEST_CURVES`
+    trials over the band of every trial's values at each epoch (see :mod:`._aggregate`)."""
     from plotly.subplots import make_subplots
     history = result.history()
     if history.empty:
@@ -55,11 +57,45 @@ def learning_curves(result: Result) -> Any:
     if "train_lr" in history and history["train_lr"].nunique() > 1:
         panels.append("train_lr")
     figure = make_subplots(rows=1, cols=len(panels), subplot_titles=panels)
-    best, statuses = _best_trial(result), []
-    for trial in result.trials:
-        rows = history[history.trial_id == trial.trial_id]
+    many = len(result.trials) > DRAWN
+    shown = result.ranked()[:BEST_CURVES] if many else result.trials
+    if many:
         for column, panel in enumerate(panels, start=1):
-            highlight = trial.trial_id == best
+            add_band(figure, history, panel, column, first=column == 1)
+    statuses = _add_curves(figure, history, shown, panels, _best_trial(result))
+    for column, panel in enumerate(panels, start=1):
+        values = history[panel].dropna()
+        if ("loss" in panel or panel == "train_lr") and len(values) and (values > 0).all():
+            figure.update_yaxes(type="log", row=1, col=column)
+    figure.update_layout(height=460, margin={"t": 110}, legend={"font": {"size": 9}})
+    if many:
+        figure.update_layout(title=f"the best {len(statuses) // len(panels)} of {len(result.trials):,} trials, "
+                                   f"over every trial's 10-90 % band and median at each epoch")
+    else:
+        buttons = [{"label": "all", "method": "restyle", "args": [{"visible": [True] * len(statuses)}]}]
+        for status in sorted(set(statuses)):
+            buttons.append({"label": status, "method": "restyle",
+                            "args": [{"visible": [s == status for s in statuses]}]})
+        figure.update_layout(updatemenus=[{"buttons": buttons, "direction": "right", "x": 0, "y": 1.32,
+                                           "xanchor": "left", "type": "buttons"}])
+    figure.update_xaxes(title_text="epoch")
+    return figure
+
+
+def _add_curves(figure: Any, history: pd.DataFrame, trials: list[TrialResult], panels: list[str],
+                best: str | None) -> list[str]:
+    """A line per trial (of those with an epoch) in each panel, ``best`` highlighted; the
+    status of each line added, in order."""
+    import plotly.graph_objects as go
+    ids = {t.trial_id for t in trials}
+    rows_of = dict(tuple(history[history.trial_id.isin(ids)].groupby("trial_id", sort=False)))
+    statuses: list[str] = []
+    for trial in trials:
+        rows = rows_of.get(trial.trial_id)
+        if rows is None:
+            continue
+        highlight = trial.trial_id == best
+        for column, panel in enumerate(panels, start=1):
             figure.add_trace(go.Scatter(
                 x=rows.epoch, y=rows[panel], mode="lines+markers", name=f"{trial.trial_id} ({trial.status})",
                 legendgroup=trial.trial_id, showlegend=column == 1,
@@ -67,24 +103,13 @@ def learning_curves(result: Result) -> Any:
                       "color": "#d62828" if highlight else STATUS_COLORS.get(trial.status, "#888")},
                 opacity=1.0 if highlight else 0.6, hovertext=json.dumps(trial.config)), row=1, col=column)
             statuses.append(trial.status)
-    for column, panel in enumerate(panels, start=1):
-        values = history[panel].dropna()
-        if ("loss" in panel or panel == "train_lr") and len(values) and (values > 0).all():
-            figure.update_yaxes(type="log", row=1, col=column)
-    buttons = [{"label": "all", "method": "restyle", "args": [{"visible": [True] * len(statuses)}]}]
-    for status in sorted(set(statuses)):
-        buttons.append({"label": status, "method": "restyle",
-                        "args": [{"visible": [s == status for s in statuses]}]})
-    figure.update_layout(height=460, margin={"t": 110}, legend={"font": {"size": 9}},
-                         updatemenus=[{"buttons": buttons, "direction": "right", "x": 0, "y": 1.32,
-                                       "xanchor": "left", "type": "buttons"}])
-    figure.update_xaxes(title_text="epoch")
-    return figure
+    return statuses
 
 
 def best_so_far(result: Result) -> Any:
     """The objective's best value so far, over the run's time (each epoch counts when its last
-    sub-epoch ended) and over the trials in the order they ended."""
+    sub-epoch ended) and over the trials in the order they ended; each step line drawn through
+    the points where the best changed (and the last), each named by the trial that set it."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     history, schedule = result.history(), result.schedule()
@@ -99,13 +124,15 @@ def best_so_far(result: Result) -> Any:
                                                                           "min" if result.mode == "min" else "max"))
     by_trial = by_trial.sort_values("time")
     trial_best = by_trial.value.cummin() if result.mode == "min" else by_trial.value.cummax()
+    steps, holders = _steps(running.to_numpy(), epochs.trial_id.to_numpy())
     figure = make_subplots(rows=1, cols=2, subplot_titles=["against time", "against trials, in the order they ended"])
-    figure.add_trace(go.Scatter(x=epochs.time, y=running, mode="lines", line_shape="hv", name="best so far",
-                                text=epochs.trial_id), row=1, col=1)
+    figure.add_trace(go.Scatter(x=epochs.time.to_numpy()[steps], y=running.to_numpy()[steps], mode="lines",
+                                line_shape="hv", name="best so far", text=holders), row=1, col=1)
     figure.add_trace(go.Scatter(x=epochs.time, y=epochs[result.metric], mode="markers", name="each epoch",
                                 marker={"size": 4, "color": "#aaa"}, text=epochs.trial_id), row=1, col=1)
-    figure.add_trace(go.Scatter(x=list(range(1, len(by_trial) + 1)), y=trial_best, mode="lines+markers",
-                                line_shape="hv", name="best trial so far", text=list(by_trial.index)), row=1, col=2)
+    steps, holders = _steps(trial_best.to_numpy(), by_trial.index.to_numpy())
+    figure.add_trace(go.Scatter(x=steps + 1, y=trial_best.to_numpy()[steps], mode="lines+markers",
+                                line_shape="hv", name="best trial so far", text=holders), row=1, col=2)
     figure.update_xaxes(title_text="seconds since the run started", row=1, col=1)
     figure.update_xaxes(title_text="trials ended", row=1, col=2)
     figure.update_yaxes(title_text=f"{result.metric} ({result.mode})", row=1, col=1)
@@ -113,6 +140,15 @@ def best_so_far(result: Result) -> Any:
         figure.update_yaxes(type="log")
     figure.update_layout(height=380)
     return figure
+
+
+def _steps(best: np.ndarray, trial_ids: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Where a running best changes (the first point too) and the last point, and at each the
+    trial that holds the best there: a step line through them is the whole line."""
+    changed = np.flatnonzero(np.concatenate([[True], best[1:] != best[:-1]]))
+    steps = changed if changed[-1] == len(best) - 1 else np.append(changed, len(best) - 1)
+    holders = trial_ids[changed[np.searchsorted(changed, steps, side="right") - 1]]
+    return steps, [str(t) for t in holders]
 
 
 def pareto_front(result: Result) -> Any:
@@ -156,8 +192,9 @@ def importance(result: Result, log: Collection[str]) -> Any:
     keys = list(shares)[::-1]      # the largest on top
     figure = go.Figure(go.Bar(x=[shares[k] for k in keys], y=keys, orientation="h",
                               text=[f"{shares[k]:.0%}" for k in keys], textposition="auto"))
+    over = f"a random {SAMPLED} of the trials'" if len(result.trials) > SAMPLED else "the trials'"
     figure.update_layout(height=120 + 40 * len(keys), xaxis_title=f"share of the variance of {result.metric} "
-                                                                  f"(Optuna's fANOVA over the trials' best epochs)")
+                                                                  f"(Optuna's fANOVA over {over} best epochs)")
     return figure
 
 
@@ -170,12 +207,16 @@ def utilization(schedule: pd.DataFrame, workers: int) -> float:
 
 
 def gantt(result: Result) -> Any:
-    """One bar per sub-epoch on its worker's row, coloured by trial; eval sub-epochs paler."""
+    """One bar per sub-epoch on its worker's row, coloured by trial; eval sub-epochs paler.
+    More than :data:`GANTT_BARS` sub-epochs: each worker's busy share over time, binned."""
     import plotly.graph_objects as go
     schedule = result.schedule()
     if schedule.empty:
         return None
     workers = result.store.read_run_info()["workers"]
+    title = f"utilization {utilization(schedule, workers):.3f} (busy / (workers × span)); {len(schedule)} sub-epochs"
+    if len(schedule) > GANTT_BARS:
+        return binned_gantt(schedule, title)
     figure = go.Figure()
     palette = ["#264653", "#2a9d8f", "#e9c46a", "#f4a261", "#e76f51", "#457b9d", "#8338ec", "#ff006e",
                "#3a86ff", "#fb5607", "#06d6a0", "#118ab2"]
@@ -188,8 +229,7 @@ def gantt(result: Result) -> Any:
             hovertemplate="%{fullData.name} %{customdata[0]} epoch %{customdata[1]} partition %{customdata[2]}"
                           "<br>%{base:.2f} s + %{x:.3f} s<extra></extra>"))
     figure.update_layout(barmode="overlay", height=160 + 40 * workers, xaxis_title="seconds since the run started",
-                         title=f"utilization {utilization(schedule, workers):.3f} (busy / (workers × span)); "
-                               f"{len(schedule)} sub-epochs, eval paler", showlegend=len(result.trials) <= 40)
+                         title=f"{title}, eval paler", showlegend=len(result.trials) <= 40)
     return figure
 
 
@@ -212,9 +252,10 @@ def parallel_coordinates(result: Result, log: Collection[str]) -> Any:
             dimensions.append(_numeric_axis(key, numbers, key in log and min(numbers) > 0))
         else:
             labels = sorted({json.dumps(v) for v in values})
-            dimensions.append({"label": key, "values": [labels.index(json.dumps(v)) for v in values],
+            place = {label: index for index, label in enumerate(labels)}
+            dimensions.append({"label": key, "values": np.array([place[json.dumps(v)] for v in values]),
                                "tickvals": list(range(len(labels))), "ticktext": labels})
-    objective = [t.metrics[result.metric] for t in scored]
+    objective = np.array([t.metrics[result.metric] for t in scored], dtype=float)    # sent as binary, not text
     dimensions.append({"label": result.metric, "values": objective})
     figure = go.Figure(go.Parcoords(line={"color": objective, "colorscale": "Viridis", "showscale": True},
                                     dimensions=dimensions))
@@ -226,10 +267,10 @@ def _numeric_axis(key: str, values: list[float], log: bool) -> dict[str, Any]:
     """A parallel-coordinates axis; a log one holds log10 of the values, ticked at decades in
     the values themselves (plotly's parcoords has no log axis)."""
     if not log:
-        return {"label": key, "values": values}
+        return {"label": key, "values": np.array(values, dtype=float)}
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     ticks = list(range(low, high + 1))
-    return {"label": f"{key} (log)", "values": [math.log10(v) for v in values], "range": [low, high],
+    return {"label": f"{key} (log)", "values": np.log10(np.array(values, dtype=float)), "range": [low, high],
             "tickvals": ticks, "ticktext": [f"{10.0 ** t:g}" for t in ticks]}
 
 
@@ -243,7 +284,8 @@ def rungs(result: Result) -> Any:
     for status in STATUS_COLORS:
         trials = [t for t in result.trials if t.status == status and result.metric in t.metrics]
         if trials:
-            figure.add_trace(go.Scatter(x=[t.epochs for t in trials], y=[t.metrics[result.metric] for t in trials],
+            figure.add_trace(go.Scatter(x=np.array([t.epochs for t in trials]),
+                                        y=np.array([t.metrics[result.metric] for t in trials], dtype=float),
                                         mode="markers", name=status, text=[t.trial_id for t in trials],
                                         marker={"color": STATUS_COLORS[status], "size": 9}))
     if not figure.data:

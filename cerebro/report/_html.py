@@ -18,6 +18,8 @@ from ..results._trial_result import rounded
 from ..store import _files as files
 from . import _figures
 
+TABLE_ROWS = 1000     # the report's table of trials: the best ones of a larger run (a row is ~230 bytes)
+
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None) -> str:
     """Write the report of the run in ``run_dir`` to ``out`` (default ``RUN_DIR/report.html``)
@@ -59,7 +61,7 @@ def render(result: Result) -> str:
             f"<style>{_CSS}</style><script type='text/javascript'>{plotly.offline.get_plotlyjs()}</script>"
             f"</head><body>{headline(result)}"
             + (f'<section id="front">{front}</section>' if front else "")
-            + f'<section id="trials"><h2>Trials</h2>{trial_table(result)}</section>'
+            + f'<section id="trials"><h2>Trials</h2>{trial_table(result, TABLE_ROWS)}</section>'
             f"{''.join(sections)}</body></html>")
 
 
@@ -127,16 +129,18 @@ def _when(info: dict[str, Any], result: Result) -> str:
     return f"started {started:%Y-%m-%d %H:%M}; {span}"
 
 
-def trial_table(result: Result) -> str:
+def trial_table(result: Result, top: int | None = None) -> str:
     """Trials ranked by the objective at their best epoch: status, best and final metric, one
-    rounded column per hyperparameter that varies (those every trial shares listed above)."""
+    rounded column per hyperparameter that varies (those every trial shares listed above);
+    ``top``: the best ``top`` alone, saying so (None: every one)."""
     configs = {t.trial_id: flat_config(t.config) for t in result.trials}
     keys = list(dict.fromkeys(k for config in configs.values() for k in config))
     shared = {k: next(iter(configs.values()))[k] for k in keys
               if all(k in c for c in configs.values()) and len({repr(c[k]) for c in configs.values()}) == 1}
     varying = [k for k in keys if k not in shared]
     rows = []
-    for trial in result.ranked():
+    ranked = result.ranked()
+    for trial in ranked[:top]:
         best = trial.best_metrics.get(result.metric, math.nan)
         cells = "".join(f"<td>{html.escape(_value(configs[trial.trial_id].get(k)))}</td>" for k in varying)
         why = (trial.reason or "").strip().splitlines()[-1] if trial.reason else ""
@@ -147,10 +151,14 @@ def trial_table(result: Result) -> str:
                     f"{cells}<td>{html.escape(why)}</td></tr>")
     head = "".join(f"<th>{html.escape(k)}</th>" for k in varying)
     same = f"<p id='shared'>Every trial: <code>{html.escape(rounded(shared))}</code></p>" if shared else ""
+    if top is not None and len(ranked) > top:
+        same += (f"<p id='shown'>The best {top:,} of {len(ranked):,} trials; <code>cerebro status "
+                 f"{html.escape(shlex.quote(result.run_dir))} --all</code> lists every one.</p>")
     metric = html.escape(result.metric)
-    return (f"{same}<table><thead><tr><th>trial</th><th>status</th><th>epochs</th><th>best epoch</th>"
-            f"<th>best {metric}</th><th>final {metric}</th>{head}<th>why it ended</th></tr></thead>"
-            f"<tbody>{''.join(rows)}</tbody></table>")
+    # In a box of its own height at most: a long table scrolls there, the charts stay near the top.
+    return (f"{same}<div class='rows'><table><thead><tr><th>trial</th><th>status</th><th>epochs</th>"
+            f"<th>best epoch</th><th>best {metric}</th><th>final {metric}</th>{head}<th>why it ended</th></tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
 def _text(value: Any) -> str:
@@ -177,4 +185,4 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width
 table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #ddd;padding:4px 8px;text-align:left}
 code{font-size:12px}tr.status-failed,tr.status-diverged,tr.status-timeout{color:#9b2226}section{margin-top:28px}
 .card{border:1px solid #ccc;border-radius:8px;padding:4px 20px 12px;background:#f8f9fa}.card h1{font-size:22px}
-.best{font-size:17px}"""
+.best{font-size:17px}.rows{max-height:600px;overflow-y:auto}.rows th{position:sticky;top:0;background:#fff}"""

@@ -9,17 +9,23 @@ categorical), so the report needs neither the searcher nor its pickled code.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Collection
 from typing import Any
 
 from ._result import Result
 from ._trial_result import flat_config
 
+SAMPLED = 200        # the trials fANOVA sees at most
+
 
 def importances(result: Result, log_keys: Collection[str] = ()) -> dict[str, float] | None:
     """Each varying hyperparameter's share of the objective's variance, largest first; None
     where fewer than 4 trials have an objective, fewer than 2 keys vary (one key explains all
-    there is to explain) or the objective does not vary.
+    there is to explain) or the objective does not vary. Of more than :data:`SAMPLED` trials
+    with an objective, fANOVA sees :data:`SAMPLED` drawn at random (seeded: the same each
+    time): its trees' marginals cost O(trials²), 30 s at 1,000 trials, and the shares of 200
+    differ from those of 500 by a few points.
 
     >>> importances(cb.load("runs/exp1"))          # doctest: +SKIP
     {'lr': 0.81, 'hidden': 0.12, 'batch_size': 0.07}
@@ -29,6 +35,8 @@ def importances(result: Result, log_keys: Collection[str] = ()) -> dict[str, flo
 
     scored = [(flat_config(t.config), t.best_metrics[result.metric]) for t in result.trials
               if _finite(t.best_metrics.get(result.metric))]
+    if len(scored) > SAMPLED:       # in creation order still
+        scored = [scored[i] for i in sorted(random.Random(0).sample(range(len(scored)), SAMPLED))]
     keys = [k for k in dict.fromkeys(k for config, _ in scored for k in config)
             if all(k in config for config, _ in scored) and len({repr(c[k]) for c, _ in scored}) > 1]
     if len(scored) < 4 or len(keys) < 2 or len({value for _, value in scored}) < 2:
