@@ -26,6 +26,7 @@ from . import _figures
 from ._html import _CSS, front_table, headline, trial_table
 from ._prometheus import Reread
 
+TABLE_ROWS = 100      # the trials listed: sent again at each change, to every page, each second
 FIGURES = (("Learning curves", "curves"), ("Workers over time", "gantt"), ("Best so far", "best-so-far"),
            ("Configurations against the objective", "parallel"), ("Epochs each trial trained", "rungs"),
            ("The Pareto front on the first two objectives", "pareto"))
@@ -83,8 +84,8 @@ def _done_sections(result: Result) -> dict[str, str]:
     shown = {k: info.get(k) for k in ("searcher", "backend", "workers", "seed", "limits", "time_budget",
                                        "visit_order", "reproducible")}
     front = front_table(result)      # several objectives only: one has no front
-    return {"headline": headline(result), **({"front": front} if front else {}), "trials": trial_table(result),
-            "failures": failures,
+    return {"headline": headline(result), **({"front": front} if front else {}),
+            "trials": trial_table(result, TABLE_ROWS), "failures": failures,
             "settings": f"<pre>{html.escape(json.dumps(shown, indent=1, default=str))}</pre>"}
 
 

@@ -86,6 +86,8 @@ class RunServer(ThreadingHTTPServer):
         self._accepting = 0.0           # the accepting thread's CPU time as it began taking the connection
         self.view = RunView(run_dir) if dashboard else None
         self.metrics = MetricsText(run_dir)
+        if dashboard:       # the journal folded now, as the view was made: the first scrape answers at once
+            self.metrics.get()
         self._page: bytes | None = None
         self.address_family = family(host)
         try:
