@@ -9,6 +9,7 @@ import secrets
 import sys
 import time
 import warnings
+from typing import NoReturn
 
 import click
 from rich.console import Console
@@ -69,10 +70,7 @@ def main() -> None:
 
 def entry() -> None:
     """The ``cerebro`` command: ``main`` with the exit codes of its help."""
-    from ._extras import MissingExtraError, missing_extra
-    from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
-    from .results import NoBestTrialError
-    from .store import StoreInUseError, TrustKeyError, UntrustedCodeError, UntrustedStateError
+    from ._extras import missing_extra
     warnings.showwarning = show_warning
     try:
         try:
@@ -89,16 +87,29 @@ def entry() -> None:
         sys.exit(2)
     except KeyboardInterrupt as error:
         _interrupted(error)
-    except (WorkerLostError, TooManyFailuresError, ResumeError, StoreWriteError, StoreInUseError) as error:
+    except Exception as error:      # noqa: BLE001 (those of no kind below are raised again)
+        _exit_for(error)
+
+
+def _exit_for(error: Exception) -> NoReturn:
+    """Exit saying why: 1 for a run that failed, 2 for bad input; raise again an error of
+    neither kind. The engine's errors are imported once one got here: importing the engine
+    (and torch with it) first would cost every command a second, ``cerebro status`` too."""
+    from ._extras import MissingExtraError
+    from .engine import ResumeError, StoreWriteError, TooManyFailuresError, WorkerLostError
+    from .results import NoBestTrialError
+    from .store import StoreInUseError, TrustKeyError, UntrustedCodeError, UntrustedStateError
+    if isinstance(error, (WorkerLostError, TooManyFailuresError, ResumeError, StoreWriteError, StoreInUseError)):
         click.echo(f"the run failed: {error}", err=True)
         sys.exit(1)
-    except (TimeoutError, NoBestTrialError) as error:    # a live run's driver did not take a command; no winner
+    if isinstance(error, (TimeoutError, NoBestTrialError)):    # a live run's driver did not take a command; no winner
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
-            UntrustedCodeError, TrustKeyError, MissingExtraError) as error:
+    if isinstance(error, (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
+                          UntrustedCodeError, TrustKeyError, MissingExtraError)):
         click.echo(f"error: {error}", err=True)
         sys.exit(2)
+    raise error
 
 
 @main.command()
