@@ -6,10 +6,12 @@ promotions and failures in a real run directory in a second. Nothing here is tim
 (benchmarks/views_at_scale.py times them)."""
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
 import subprocess
+import weakref
 from collections import Counter
 
 import pytest
@@ -128,6 +130,20 @@ def test_the_dashboard_lists_the_best_100_and_leads_as_the_report(run, report):
     assert trials.count("<tr class='status-") == 100 and "The best 100 of 1,000 trials" in trials
     assert state["sections"]["headline"] in report
     assert json.loads(state["figures"]["gantt"])["data"][0]["type"] == "heatmap"
+
+
+def test_a_result_is_freed_with_no_pass_of_the_cyclic_collector(run):
+    """A Result and its trials form no reference cycle: the dashboard, reading a growing run
+    again and again, frees each with no collector pass over all it held (the GIL held)."""
+    gc.disable()
+    try:
+        result = cb.load(run.run_dir)
+        best, gone = result.best, weakref.ref(result)
+        del result
+        assert gone() is None                                     # freed by reference counting alone
+        assert (best._require_result().store.path, best._require_result().metric) == (run.run_dir, run.metric)
+    finally:
+        gc.enable()
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeGuard
 
-import cloudpickle
 import pandas as pd
 
 from .._objectives import Objective, objectives
@@ -34,6 +33,7 @@ from ..store._bulk import collector_paused
 from ._pareto import non_dominated
 from ._run_state import RunLine, RunState
 from ._trial_result import TrialResult, flat_config
+from ._trial_run import TrialRun
 
 _ERROR_LINES = 8     # of a failed trial's traceback, in Result.failure
 
@@ -50,7 +50,6 @@ class Result:
 
     def __init__(self, store: RunStore, build: Callable[[dict], Any] | None = None) -> None:
         self.store = store
-        self._build = self._given_build = build
         info = store.read_run_info()
         self.run_dir = store.path
         self.seed: int = info["seed"]
@@ -61,6 +60,8 @@ class Result:
         self.metric: str = self.objectives[0].metric
         self.mode: str = self.objectives[0].mode
         self.keep_checkpoints: int | None = info.get("limits", {}).get("keep_checkpoints")
+        # What its trials refer to (not the Result itself: see _trial_run).
+        self._trial_run = TrialRun(store, self.run_dir, self.metric, self.keep_checkpoints, build)
         self._history: list[dict[str, Any]] = []
         self._ended_at: list[float] = []       # each history row's time, in the order the epochs ended
         self._schedule: list[dict[str, Any]] = []
@@ -82,8 +83,10 @@ class Result:
             self._run.settle(store.file(".lock"))
             self._trials: dict[str, TrialResult] = {trial_id: self._trial_result(facts)
                                                     for trial_id, facts in self._ledger.trials.items()}
-        # What happened to the run, by journal event name (workers lost, states lost, ...).
-        self.incidents: Counter[str] = Counter(name for event in events if isinstance(name := event.get("event"), str))
+            # What happened to the run, by journal event name (workers lost, states lost, ...).
+            self.incidents: Counter[str] = Counter(name for event in events
+                                                   if isinstance(name := event.get("event"), str))
+            del events       # freed now: the collector, once on again, walks only what the Result keeps
 
     def _apply(self, record: dict[str, Any]) -> None:
         """Take one journal line in: the trials' facts through the :class:`Ledger` every reader
@@ -131,7 +134,7 @@ class Result:
         return TrialResult(facts.trial_id, facts.config, status=status, epochs=facts.epoch, metrics=facts.metrics,
                            error=facts.reason if status.is_failure else None, reason=facts.reason,
                            best_epoch=None if facts.best is None else facts.best[0], best_metrics=facts.best_metrics,
-                           warm_started_from=facts.warm_started_from, _result=self)
+                           warm_started_from=facts.warm_started_from, _result=self._trial_run)
 
     @property
     def state(self) -> RunState:
@@ -151,15 +154,13 @@ class Result:
     @property
     def provided_build(self) -> Callable[[dict], Any] | None:
         """The ``build`` given to ``load`` or ``fit``; None where the stored one is used."""
-        return self._given_build
+        return self._trial_run.given_build
 
     @property
     def build(self) -> Callable[[dict], Any]:
         """The run's ``build(config)``: the one given to ``load``, or the stored one (unpickled
         on first use: it is code, so only :meth:`TrialResult.model` and resume need it)."""
-        if self._build is None:
-            self._build = cloudpickle.loads(self.store.read_build())
-        return self._build
+        return self._trial_run.build
 
     @property
     def trials(self) -> list[TrialResult]:

@@ -28,7 +28,8 @@ _RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)\b
 
 class Run(Protocol):
     """What a trial needs of the run it is one of (a :class:`~cerebro.results.Result` is
-    one): its directory and its ``build``. A protocol, as the Result imports this module."""
+    one, and the :class:`~cerebro.results._trial_run.TrialRun` its trials hold): its
+    directory and its ``build``. A protocol, as the Result imports this module."""
 
     store: RunStore
     run_dir: str
