@@ -22,6 +22,7 @@ from typing import Any
 
 from ..results import Result, load
 from ..results._live import LIVE_FILE, is_stale, read_live, well_formed
+from ..store._bulk import collector_paused
 from . import _figures
 from ._html import _CSS, front_table, headline, trial_table
 from ._prometheus import Reread
@@ -55,10 +56,17 @@ class RunView:
                 "figures_version": done["digest"]}
 
     def _render(self) -> dict[str, Any]:
-        result = load(self.run_dir)
-        sections, figures = _done_sections(result), _figures_of(result)
-        digest = hashlib.sha256(json.dumps([sections, figures]).encode()).hexdigest()
-        return {"sections": sections, "figures": figures, "digest": digest}
+        # The cyclic collector paused throughout: a 10,000-trial Result holds hundreds of
+        # thousands of objects, and a pass over them holds the GIL the requests wait for. The
+        # Result (in no cycle) is freed as _view returns, before the collector is on again.
+        with collector_paused():
+            return _view(load(self.run_dir))
+
+
+def _view(result: Result) -> dict[str, Any]:
+    sections, figures = _done_sections(result), _figures_of(result)
+    digest = hashlib.sha256(json.dumps([sections, figures]).encode()).hexdigest()
+    return {"sections": sections, "figures": figures, "digest": digest}
 
 
 def _workers_now(run_dir: str) -> str:
