@@ -41,6 +41,7 @@ from ._control import answer, obey, stop_asked, take_commands
 from ._errors import InterruptedRun, WorkerLostError
 from ._hangs import HangWatch, Running
 from ._interface import SearchPolicy
+from ._interrupts import raise_if_interrupted
 from ._outboxes import DirectHops, Outboxes
 from ._pool import Joined, Lost, Worker, WorkerPool
 from ._scheduler import TRAIN, MOPScheduler, Task
@@ -178,7 +179,9 @@ class Driver(DirectHops):
     def _check_stop(self) -> None:
         """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file in the run
         directory), the run stops at its trials' next epoch boundaries; the commands waiting
-        (``cb.stop(run_dir, trial=...)``, ``cb.add_trial``) are carried out and answered."""
+        (``cb.stop(run_dir, trial=...)``, ``cb.add_trial``) are carried out and answered.
+        A Ctrl-C or SIGTERM whose ``KeyboardInterrupt`` was swallowed is raised here."""
+        raise_if_interrupted()
         for name, command in take_commands(self.store, self._refused):
             reply = obey(self.book, command)
             if reply is not None:       # answered once what it did is journaled: never told of what is lost

@@ -1,19 +1,16 @@
 """``fit``'s HOW: check the run's settings, set up its run directory, drive it to its end."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import platform
 import secrets
-import signal
 import sys
 import sysconfig
-import threading
 import time
 import types
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cloudpickle
@@ -36,6 +33,7 @@ from ..worker import KerasTrainable, driver_keras_backend
 from ._driver import Driver
 from ._how import How
 from ._interface import SearchPolicy
+from ._interrupts import interrupts_stop_the_run
 from ._preflight import check_build, first_trials
 from ._settings import RunSettings, WarmStartFrom, sign_pointers
 from ._visit_order import VisitScheme
@@ -74,7 +72,7 @@ def execute(policy: SearchPolicy, how: How, *, build: Callable[[dict], Any],
     run_store = RunStore.create(store)
     lock = run_store.lock()
     try:
-        with sigterm_interrupts():
+        with interrupts_stop_the_run():
             return _run(policy, run_store, (build, build_blob, searcher_blob), settings, data, how.backend,
                         run_settings, options.verbose)
     except BaseException:
@@ -91,23 +89,6 @@ def _undo_create(run_store: RunStore) -> None:
     except OSError as error:      # the fit's own error is the one to show
         logging.getLogger("cerebro").warning("could not remove what the failed fit wrote in %s: %s",
                                              run_store.path, error)
-
-
-@contextlib.contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM stops a run as Ctrl-C does: workers stopped, journal closed, run resumable."""
-    # A handler set outside Python (None: PostgreSQL's, under PL/Python) could not be put back.
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is None:
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _run(policy: SearchPolicy, run_store: RunStore, code: tuple[Callable[[dict], Any], bytes, bytes],

@@ -40,10 +40,11 @@ from ..store import (
 )
 from ..store import _files as files
 from ._driver import Driver
-from ._execute import finished, observers, pickle_build, reproducibility_caveat, sigterm_interrupts
+from ._execute import finished, observers, pickle_build, reproducibility_caveat
 from ._extend import extension
 from ._how import check_metrics_port, check_time_budget, resolve_backend
 from ._interface import Decision, SearchPolicy
+from ._interrupts import interrupts_stop_the_run
 from ._preflight import build_cheaply, check_metric
 from ._replay import Recovered, RecoveredTrial, ResumeError, replay, replayable, typed_events
 from ._settings import RunSettings
@@ -119,7 +120,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         driver = Driver(plan.policy, store, backend, settings, build_blob=plan.build_blob, progress=progress,
                         take_up=lambda book: take_up(book, store, plan.recovered, plan.retry),
                         time_offset=plan.recovered.last_time)
-        with sigterm_interrupts():
+        with interrupts_stop_the_run():
             driver.run()
     finally:
         lock.close()
