@@ -1,6 +1,7 @@
 """Which weights a run keeps on disk: by default every finished trial's best and last epoch
 (no ``prev`` copies once it ended); with ``keep_checkpoints=k`` only the k best finished
-trials', the others' deleted as trials end, with the same weights as a run that kept all."""
+trials', the others' deleted as trials end (their directories too: no file a trial), with the
+same weights as a run that kept all."""
 from __future__ import annotations
 
 import os
@@ -15,8 +16,12 @@ pytestmark = pytest.mark.slow
 SPACE = {"lr": cb.choice([3e-2, 1e-2, 3e-3, 1e-3])}
 
 
-def states(run_dir: str, trial_id: str) -> set[str]:
-    return {name for name in os.listdir(os.path.join(run_dir, "trials", trial_id)) if name.endswith(".state")}
+KEPT = {"config.json", "checkpoint.state", "checkpoint.best.state"}
+
+
+def files_of(run_dir: str, trial_id: str) -> set[str]:
+    directory = os.path.join(run_dir, "trials", trial_id)
+    return set(os.listdir(directory)) if os.path.isdir(directory) else set()
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +35,7 @@ def runs(tmp_path_factory):
 def test_by_default_a_finished_trial_keeps_its_best_and_last_epoch_only(runs):
     every, _ = runs
     for trial in every.trials:
-        assert states(every.run_dir, trial.trial_id) == {"checkpoint.state", "checkpoint.best.state"}
+        assert files_of(every.run_dir, trial.trial_id) == KEPT
         trial.state_dict("best"), trial.state_dict("last")
 
 
@@ -39,11 +44,12 @@ def test_keep_checkpoints_keeps_the_weights_of_the_best_k_trials_only(runs):
     ranked = [t.trial_id for t in kept.ranked()]
     for trial in kept.trials:
         if trial.trial_id in ranked[:2]:
-            assert states(kept.run_dir, trial.trial_id) == {"checkpoint.state", "checkpoint.best.state"}
+            assert files_of(kept.run_dir, trial.trial_id) == KEPT
             same = next(t for t in every.trials if t.trial_id == trial.trial_id)
             assert all(torch.equal(a, b) for a, b in zip(trial.state_dict().values(), same.state_dict().values()))
         else:
-            assert states(kept.run_dir, trial.trial_id) == set()
+            assert files_of(kept.run_dir, trial.trial_id) == set()      # nor its config.json, nor its directory
+            assert not os.path.exists(os.path.join(kept.run_dir, "trials", trial.trial_id))
             with pytest.raises(FileNotFoundError, match=rf"^{trial.trial_id} kept no weights: the run kept only the "
                                                         rf"best 2 finished trials' \(keep_checkpoints=2\)$"):
                 trial.state_dict()

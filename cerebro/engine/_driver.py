@@ -53,6 +53,7 @@ from ._trials import TrialBook
 from ._writer import StoreRecorder
 
 RESIDENT_STATES_PER_WORKER = 1     # the driver's states in memory: the rest wait on local disk
+COMMANDS_EVERY = 0.05              # seconds between looks at the run directory for commands and stop
 QUEUED_CHECKPOINTS_PER_WORKER = 2  # then the driver waits for a slow store (back-pressure)
 
 
@@ -84,6 +85,7 @@ class Driver(DirectHops):
         self.hangs = HangWatch(settings.limits.hang_after)
         self.outboxes = Outboxes()
         self._refused: set[str] = set()    # entries of commands/ (and stop) not Cerebro's, warned of once
+        self._commands_due = 0.0           # when _check_stop looks at the run directory next
         self.direct = backend.hops is Hops.DIRECT      # until the workers turn out not to reach each other
         self._stop_cause: StopCause | None = None     # what drained the run, journaled as it stops
 
@@ -106,7 +108,7 @@ class Driver(DirectHops):
             while (self.book.live or self._busy()) and not (self.book.drained() and not self._busy()):
                 self._step()
                 if not self.book.live and not self._busy():
-                    self._check_stop()           # a trial added at the very end still runs
+                    self._check_stop(now=True)           # a trial added at the very end still runs
             stopped = bool(self.book.live)      # drained: at epoch boundaries, resumable
             self.recorder.emit(RunInterrupted(self._now(), self._stop_cause) if stopped
                                else RunFinished(self._now(), *self.pool.traffic()))
@@ -176,25 +178,36 @@ class Driver(DirectHops):
         self.book.add_trials()
         self._forget_unneeded()
 
-    def _check_stop(self) -> None:
+    def _check_stop(self, now: bool = False) -> None:
         """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file in the run
         directory), the run stops at its trials' next epoch boundaries; the commands waiting
         (``cb.stop(run_dir, trial=...)``, ``cb.add_trial``) are carried out and answered.
-        A Ctrl-C or SIGTERM whose ``KeyboardInterrupt`` was swallowed is raised here."""
+        A Ctrl-C or SIGTERM whose ``KeyboardInterrupt`` was swallowed is raised here.
+
+        The run directory is looked at every :data:`COMMANDS_EVERY` seconds (``now``: at
+        once, as the run is about to end): on every turn, its ``listdir`` and checks of links
+        cost a run of thousands of short trials ~2 ms a trial."""
         raise_if_interrupted()
+        if not now and time.monotonic() < self._commands_due:
+            self._check_budget()
+            return
+        self._commands_due = time.monotonic() + COMMANDS_EVERY
         for name, command in take_commands(self.store, self._refused):
             reply = obey(self.book, command)
             if reply is not None:       # answered once what it did is journaled: never told of what is lost
                 self.recorder.then(answer, self.store, name, reply)
-        if self.book.draining:
-            return
+        if not self._check_budget() and stop_asked(self.store, self._refused):
+            self._drain("cerebro stop asked it to", StopCause.STOP)
+
+    def _check_budget(self) -> bool:
+        """Past ``time_budget`` (this driver's time: a resume's own), drain; whether draining."""
         budget = self.settings.time_budget
-        if budget is not None and self._now() - self._time_offset >= budget:     # this driver's time: a resume's own
-            why, self._stop_cause = f"its time_budget of {budget:g} s has passed", StopCause.BUDGET
-        elif stop_asked(self.store, self._refused):
-            why, self._stop_cause = "cerebro stop asked it to", StopCause.STOP
-        else:
-            return
+        if not self.book.draining and budget is not None and self._now() - self._time_offset >= budget:
+            self._drain(f"its time_budget of {budget:g} s has passed", StopCause.BUDGET)
+        return self.book.draining
+
+    def _drain(self, why: str, cause: StopCause) -> None:
+        self._stop_cause = cause
         self.book.draining = True
         logging.getLogger("cerebro").warning("the run stops at its trials' next epoch boundaries (%s); "
                                              "cerebro resume %s goes on", why, self.store.path)

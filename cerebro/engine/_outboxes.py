@@ -12,14 +12,14 @@ Example:
     >>> boxes.put(worker=1, trial_id="t0000", version=3)
     >>> boxes.where("t0000", 3), boxes.where("t0000", 2)
     (1, None)
-    >>> boxes.unneeded({"t0000": {4}})
+    >>> boxes.unneeded(lambda trial_id: {4})
     [(1, 't0000', 3)]
 """
 from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 from ..store import SubEpochAborted
@@ -39,8 +39,15 @@ if TYPE_CHECKING:     # the driver's parts, which this mixin's methods use throu
 class Outboxes:
     """What each worker's outbox holds, as the driver knows it."""
 
+    # A run of thousands of live trials holds a state of each: looking at all of them on every
+    # turn of the driver made its cost grow with the trials. So :meth:`due` says to look once
+    # this many states were put in per state held: each look is paid for by 1/64th of the
+    # states, and at most that share more than are needed wait in the outboxes meanwhile.
+    LOOK_EVERY = 64
+
     def __init__(self) -> None:
         self._held: dict[tuple[str, int], set[int]] = {}     # (trial, version) -> workers
+        self._put_since_look = 0
 
     def __len__(self) -> int:
         """States held in any outbox, as the driver knows."""
@@ -49,6 +56,11 @@ class Outboxes:
     def put(self, worker: int, trial_id: str, version: int) -> None:
         """``worker`` trained ``trial_id`` to ``version``: its outbox holds it now."""
         self._held.setdefault((trial_id, version), set()).add(worker)
+        self._put_since_look += 1
+
+    def due(self) -> bool:
+        """Whether enough states were put in since the last :meth:`unneeded` to look again."""
+        return self._put_since_look * self.LOOK_EVERY >= len(self._held)
 
     def drop(self, worker: int, trial_id: str, version: int) -> None:
         """``worker``'s outbox no longer holds that state (handed back, or found missing)."""
@@ -69,11 +81,18 @@ class Outboxes:
         """A worker whose outbox holds ``trial_id``'s state ``version``, if any."""
         return min(self._held.get((trial_id, version), ()), default=None)
 
-    def unneeded(self, needed: Mapping[str, set[int]]) -> list[tuple[int, str, int]]:
-        """The states held that no live trial needs (``needed``: trial -> the versions it may
+    def unneeded(self, needed: Callable[[str], Collection[int]]) -> list[tuple[int, str, int]]:
+        """The states held that no live trial needs (``needed(trial)``: the versions it may
         still use), as (worker, trial, version); forgotten here, for the driver to tell them."""
-        gone = sorted((worker, trial_id, version) for (trial_id, version), workers in self._held.items()
-                      if version not in needed.get(trial_id, ()) for worker in workers)
+        self._put_since_look = 0
+        versions: dict[str, Collection[int]] = {}       # asked once a trial
+        gone: list[tuple[int, str, int]] = []
+        for (trial_id, version), workers in self._held.items():
+            if trial_id not in versions:
+                versions[trial_id] = needed(trial_id)
+            if version not in versions[trial_id]:
+                gone.extend((worker, trial_id, version) for worker in workers)
+        gone.sort()
         for worker, trial_id, version in gone:
             self.drop(worker, trial_id, version)
         return gone
@@ -146,7 +165,12 @@ class DirectHops:
         """Tell each worker which states in its outbox no live trial needs any more."""
         if not self.outboxes:       # hops through the driver: nothing to look at on each turn
             return
-        needed = {t.trial_id: {h.version for h in t.holdings()} for t in self.book.live.values()}
+        if not self.outboxes.due():
+            return
+
+        def needed(trial_id: str) -> set[int]:
+            trial = self.book.live.get(trial_id)
+            return set() if trial is None else {holding.version for holding in trial.holdings()}
         for index, trial_id, version in self.outboxes.unneeded(needed):
             if index in self.pool.workers:
                 self.pool.send(self.pool.workers[index], Forget(trial_id, version))

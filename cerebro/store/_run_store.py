@@ -9,7 +9,7 @@
                              cloudpickled; the one file that runs code when read (by resume
                              and TrialResult.model only)
     data/                    the partitions (see cerebro.data)
-    trials/t0000/config.json
+    trials/t0000/config.json     the trial's config, while its weights are kept
     trials/t0000/checkpoint.state  the latest epoch's model and optimizer state, data only
                              (see _state_codec), after a header line with its epoch, size and
                              CRC-32
@@ -28,6 +28,7 @@ read only when the store is opened with ``trust=True`` (see :mod:`._legacy_pickl
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
@@ -356,6 +357,11 @@ class RunStore:
         for which, name in names.items():
             if which not in keep:
                 files.remove(self.trial_file(trial_id, name))
+        if not keep:     # no weights: the journal has its config, so a run of many trials keeps no file a trial
+            files.remove(self.trial_file(trial_id, "config.json"))
+            if "://" not in self.path:
+                with contextlib.suppress(OSError):     # not empty (its error.txt, a user's file): it stays
+                    os.rmdir(self.file("trials", trial_id))
 
     def read_checkpoint(self, trial_id: str) -> Any:
         """A trial's latest packed state that passes its check; :func:`unpack_tensors` turns

@@ -109,6 +109,7 @@ class _Trainables:
         self.train_rows = train_rows      # every partition's, for a schedule that needs an epoch's steps
         self.authkey = authkey            # proves the run's token to the peers it fetches from
         self._cache: OrderedDict[str, tuple[Trainable, int, int, dict]] = OrderedDict()
+        self._bytes = 0                      # the cached trainables' nbytes, summed
         self.outbox: Outbox | None = None    # direct hops: the states it trained, for its peers
         self.fetched = 0                     # bytes the last take fetched from a peer
         self._unfilled: tuple[str, int, list] | None = None    # reserved in the outbox, to copy there
@@ -119,7 +120,7 @@ class _Trainables:
     def take(self, task: RunSubEpoch) -> Trainable | StateMissing:
         """``task``'s trainable at the task's state version, or why that state is not here."""
         # Out of the cache until keep puts it back: a sub-epoch that fails ends its trial.
-        cached, self.fetched = self._cache.pop(task.trial_id, None), 0
+        cached, self.fetched = self._drop(task.trial_id), 0
         if cached is not None and cached[3] != task.config:    # PBT changed the config
             cached = None
         if task.version == 0:
@@ -177,13 +178,22 @@ class _Trainables:
                 self.outbox.forget(trial_id, version)
             self._unfilled = None
 
+    def _drop(self, trial_id: str) -> tuple[Trainable, int, int, dict] | None:
+        cached = self._cache.pop(trial_id, None)
+        if cached is not None:
+            self._bytes -= cached[2]
+        return cached
+
     def keep(self, task: RunSubEpoch, trainable: Trainable, version: int) -> tuple[str, ...]:
         """Hold ``task``'s trainable at ``version``; returns the other trials evicted to stay
         within the budget: their next task here must carry the state again."""
+        self._drop(task.trial_id)         # take did, unless the sub-epoch built it anew
         self._cache[task.trial_id] = (trainable, version, trainable.nbytes(), task.config)
+        self._bytes += self._cache[task.trial_id][2]
         evicted = []
-        while sum(entry[2] for entry in self._cache.values()) > self.budget and len(self._cache) > 1:
-            evicted.append(self._cache.popitem(last=False)[0])
+        while self._bytes > self.budget and len(self._cache) > 1:
+            evicted.append(next(iter(self._cache)))
+            self._drop(evicted[-1])
         return tuple(evicted)
 
 

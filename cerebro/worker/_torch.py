@@ -21,7 +21,15 @@ from ._frozen import FrozenPart
 from ._protocol import Sums
 from ._state_check import Spec, check_torch_optimizer, dtype_name
 from ._torch_checks import broadcast_refused, check_loss
-from ._trainable import Trainable, Transform, callable_transforms, check_deadline, describe, positive_batch_size
+from ._trainable import (
+    Trainable,
+    Transform,
+    callable_transforms,
+    check_deadline,
+    describe,
+    positive_batch_size,
+    seed_torch,
+)
 
 BatchMetric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = BatchMetric | ModelMetric
@@ -301,7 +309,7 @@ class TorchTrainable(Trainable):
     def train_batches(self, batches: Batches, seed: int, epoch: int, deadline: float | None = None,
                       metrics: Mapping[str, float] | None = None) -> Sums:
         """Plain mini-batch SGD over ``batches``; see :meth:`Trainable.train_batches`."""
-        torch.manual_seed(seed)
+        seed_torch(seed)
         self._schedule_epoch(epoch, metrics)
         sums = Sums.empty(self._means)
         self._reset_exact()
