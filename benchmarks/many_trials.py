@@ -4,12 +4,13 @@ Each trial trains one epoch whose work is ``--work-ms`` of wall (a sleep inside 
 forward pass: the same fixed work for both systems, whatever the machine), random search, 2
 workers (Cerebro: 2 local worker processes over 2 partitions, each sub-epoch half the work;
 Ray Tune 2.60: ``ray.init(num_cpus=2)``, one CPU per trial, its default storage and
-checkpointing). Each run is a process of its own, which reports its wall time and its peak
-RSS above an idle Python with the system imported. Then Cerebro's run directory is read by
-every view: ``cb.load``, ``ranked()``, ``history()``, ``cerebro status`` and ``cerebro
-report``.
+checkpointing; with ``reuse_actors=True``, its setting for many short trials, and with its
+default, a fresh actor a trial, up to ``--ray-default-up-to`` trials: ~1 s a trial here).
+Each run is a process of its own, which reports its wall time and its peak RSS above an idle
+Python with the system imported. Then Cerebro's run directory is read by every view:
+``cb.load``, ``ranked()``, ``history()``, ``cerebro status`` and ``cerebro report``.
 
-    .venv/bin/python benchmarks/many_trials.py                          # 100, 1,000 and 10,000 trials (~25 min)
+    .venv/bin/python benchmarks/many_trials.py                          # 100, 1,000 and 10,000 trials (~50 min)
     .venv/bin/python benchmarks/many_trials.py --trials 100 1000 --no-ray
 """
 from __future__ import annotations
@@ -60,8 +61,9 @@ def run_cerebro(trials: int, work: float, store: str) -> dict:
     return {"wall": time.perf_counter() - started, "rss_mb": peak_rss_mb() - idle}
 
 
-def run_ray(trials: int, work: float, store: str) -> dict:
-    """In this process: the same trials under Ray Tune."""
+def run_ray(trials: int, work: float, store: str, reuse_actors: bool = False) -> dict:
+    """In this process: the same trials under Ray Tune (``reuse_actors``: its setting for
+    many short trials, off by default, which starts a fresh actor a trial)."""
     import ray
     from ray import tune
     idle = peak_rss_mb()
@@ -73,7 +75,8 @@ def run_ray(trials: int, work: float, store: str) -> dict:
     ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
     started = time.perf_counter()
     tune.Tuner(trainable, param_space={"lr": tune.loguniform(1e-4, 1e-1)},
-               tune_config=tune.TuneConfig(num_samples=trials, metric="loss", mode="min"),
+               tune_config=tune.TuneConfig(num_samples=trials, metric="loss", mode="min",
+                                           reuse_actors=reuse_actors),
                run_config=tune.RunConfig(storage_path=store, verbose=0)).fit()
     wall = time.perf_counter() - started
     ray.shutdown()
@@ -119,8 +122,8 @@ def child(system: str, trials: int, work: float) -> dict:
 def measured(system: str, trials: int, work: float) -> dict:
     with tempfile.TemporaryDirectory() as directory:
         store = os.path.join(directory, "run")
-        if system == "ray":
-            return run_ray(trials, work, directory)
+        if system.startswith("ray"):
+            return run_ray(trials, work, directory, reuse_actors=system == "ray reusing actors")
         outcome = run_cerebro(trials, work, store)
         outcome["views"] = views(store)
         return outcome
@@ -131,17 +134,24 @@ def main() -> None:
     parser.add_argument("--trials", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--work-ms", type=float, default=100.0)
     parser.add_argument("--no-ray", action="store_true", help="Cerebro alone")
+    parser.add_argument("--ray-default-up-to", type=int, default=100,
+                        help="run Ray Tune with its defaults (a fresh actor a trial, ~1 s each here) up to this "
+                             "many trials; with reuse_actors=True at every size")
     arguments = parser.parse_args()
     work, rows = arguments.work_ms / 1000, []
-    print("| trials | system | wall s | minimum s | overhead ms / trial | driver peak RSS MB | vs Ray Tune |")
+    print("| trials | system | wall s | minimum s | overhead ms / trial | driver peak RSS MB | vs Ray Tune reusing "
+          "actors |")
     print("|---|---|---|---|---|---|---|")
     for trials in arguments.trials:
         minimum = trials * work / WORKERS
-        outcomes = {system: child(system, trials, work) for system in ("cerebro", *(() if arguments.no_ray
-                                                                                    else ("ray",)))}
+        systems = ["cerebro"]
+        if not arguments.no_ray:
+            systems += ["ray reusing actors", *(["ray"] if trials <= arguments.ray_default_up_to else [])]
+        outcomes = {system: child(system, trials, work) for system in systems}
         for system, outcome in outcomes.items():
             overhead = (outcome["wall"] - minimum) / trials * 1000
-            ratio = outcome["wall"] / outcomes["ray"]["wall"] if "ray" in outcomes else None
+            ratio = (outcome["wall"] / outcomes["ray reusing actors"]["wall"] if "ray reusing actors" in outcomes
+                     else None)
             print(f"| {trials:,} | {system} | {outcome['wall']:.1f} | {minimum:.1f} | {overhead:.1f} | "
                   f"{outcome['rss_mb']:.0f} | {'' if ratio is None else f'{ratio:.2f}x'} |")
             rows.append({"trials": trials, "system": system, "minimum": minimum, **outcome})
