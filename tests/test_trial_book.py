@@ -55,6 +55,7 @@ def run_book(searcher, partitions: int = 2, max_failures: int | None = None) -> 
             book.sub_epoch_done(task, 0, Sums(rows=10, loss=10 * loss, metrics={}), state=task.epoch)
         book.apply_decisions()
         book.add_trials()
+    book.write_search_state(now=True)       # as the driver does at the run's end
     return recorder
 
 
@@ -96,8 +97,9 @@ class RecordingASHA(cb.ASHA):
         return state
 
 
-def search_state_bytes(trials: int) -> tuple[int, int]:
-    """(bytes of the searcher's state in the journal, bytes of the whole journal)."""
+def search_state_bytes(trials: int) -> tuple[int, int, int]:
+    """(bytes of the searcher's state in the journal, bytes of the whole journal, how many
+    times the book asked for the state)."""
     searcher = RecordingASHA(build, SPACE, num_trials=trials, max_epochs=4, grace_period=1, reduction_factor=2,
                              metric="train_loss")
     recorder = run_book(searcher, partitions=1)
@@ -106,14 +108,23 @@ def search_state_bytes(trials: int) -> tuple[int, int]:
         state = entry["state"] if "state" in entry else apply_delta(state, entry["delta"])
         rebuilt.append(state)
     assert rebuilt == [s for i, s in enumerate(searcher.given) if i == 0 or s != searcher.given[i - 1]]
-    return sum(len(line) for line in recorder.lines if '"search_state"' in line[:30]), sum(map(len, recorder.lines))
+    assert rebuilt[-1] == json.loads(json.dumps(searcher.state()))      # the run's end journals the last one
+    return (sum(len(line) for line in recorder.lines if '"search_state"' in line[:30]), sum(map(len, recorder.lines)),
+            len(searcher.given))
 
 
 def test_the_searchers_state_keeps_the_journal_linear_in_the_trials():
-    small_state, small = search_state_bytes(250)
-    large_state, large = search_state_bytes(2000)
+    small_state, small, _ = search_state_bytes(250)
+    large_state, large, _ = search_state_bytes(2000)
     assert large_state / small_state < 8 * 1.25      # 8x the trials: about 8x the bytes (whole states: ~64x)
     assert large / small < 8 * 1.25
+
+
+def test_the_state_is_asked_for_once_every_trials_over_64_decisions_so_a_decision_costs_the_same_at_any_size():
+    asked = {trials: search_state_bytes(trials)[2] for trials in (250, 2000)}
+    # Each ask costs O(trials) and comes once every trials/64 decisions: 8x the trials add
+    # ~64 * ln 8 asks where asking at every decision asked ~8x as often (119 and 245 here).
+    assert asked[2000] < 3 * asked[250]
 
 
 def test_trial_statuses_know_whether_they_are_finished_and_failures():

@@ -23,6 +23,7 @@ class Decisions:
     policy: SearchPolicy
     recorder: Recorder
     decide_due: bool
+    created: int
     _search_state: SearchStateLog
 
     if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class Decisions:
         decisions = self.policy.decide()
         if not decisions:
             return
-        self._write_search_state()
+        self.write_search_state()
         self.recorder.emit(DecidedPaused({t: describe(d) for t, d in decisions.items()}, self.recorder.now()))
         self.carry_out(decisions)
 
@@ -112,7 +113,10 @@ class Decisions:
             raise RuntimeError(f"{type(self.policy).__name__} paused trials {sorted(self.live)} "
                                f"and decided none of them; the run cannot go on")
 
-    def _write_search_state(self) -> None:
+    def write_search_state(self, now: bool = False) -> None:
+        """Journal the searcher's state if it is due (``now``: at the run's end) and changed."""
+        if not now and not self._search_state.due(self.created):
+            return
         entry = self._search_state.entry(self.policy.state())
         if entry:
             self.recorder.emit(SearchState(self.recorder.now(), **entry))

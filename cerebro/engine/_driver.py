@@ -110,6 +110,7 @@ class Driver(DirectHops):
                 if not self.book.live and not self._busy():
                     self._check_stop(now=True)           # a trial added at the very end still runs
             stopped = bool(self.book.live)      # drained: at epoch boundaries, resumable
+            self.book.write_search_state(now=True)
             self.recorder.emit(RunInterrupted(self._now(), self._stop_cause) if stopped
                                else RunFinished(self._now(), *self.pool.traffic()))
         except BaseException as error:

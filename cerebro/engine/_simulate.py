@@ -156,6 +156,7 @@ def run_simulation(policy: SearchPolicy, simulation: Simulation, store: RunStore
     recorder.emit(RunStarted({w: {"host": "simulated", "pid": None, "partitions": [w]}
                               for w in range(simulation.workers)}, 0.0, 0.0))
     _drive(book, scheduler, simulation, recorder)
+    book.write_search_state(now=True)
     recorder.emit(RunFinished(recorder.clock, 0, 0, 0))
     recorder.flush()
     return Result(store)

@@ -73,7 +73,7 @@ class TrialBook(Decisions):
         self.suggest_due = False
         requests = self.policy.suggest()
         if requests:
-            self._write_search_state()
+            self.write_search_state()
         for request in requests:
             self.create(request)
 

@@ -2,12 +2,12 @@
 TPE's optional pruning."""
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
 from ..engine._interface import Decision
 from ..engine._seeds import trial_name
-from ._ranking import ranked
 
 
 class Rungs:
@@ -34,6 +34,11 @@ class Rungs:
             self.epochs.append(epoch)
             epoch = math.ceil(epoch * reduction_factor)
         self._values: list[dict[int, float]] = [{} for _ in self.epochs]   # rung -> trial -> value
+        # Each rung's trials sorted two ways, so a judgement costs O(log n) comparisons, not a
+        # sort of the rung (a run of 10,000 trials judges each): best first, as ranked() orders
+        # them (value, then the older trial), and by index.
+        self._by_rank: list[list[tuple[float, int]]] = [[] for _ in self.epochs]
+        self._by_index: list[list[int]] = [[] for _ in self.epochs]
         self.live: set[int] = set()              # started, not ended
         self._waiting: dict[int, int] = {}          # paused trial -> its rung
         self._reasons: dict[int, str] = {}
@@ -51,7 +56,7 @@ class Rungs:
         if epoch not in self.epochs:
             return Decision.CONTINUE
         rung = self.epochs.index(epoch)
-        self._values[rung][index] = value
+        self._record(rung, index, value)
         decision = self._judge(index, rung)
         if decision is None:
             self._waiting[index] = rung
@@ -68,19 +73,36 @@ class Rungs:
                 decisions[trial_name(index)] = decision
         return decisions
 
+    def _key(self, rung: int, index: int) -> tuple[float, int]:
+        """Where trial ``index`` ranks at ``rung``, as ``_ranking.ranked`` orders them."""
+        return (1.0 if self.mode == "min" else -1.0) * self._values[rung][index], index
+
+    def _record(self, rung: int, index: int, value: float) -> None:
+        if index in self._values[rung]:       # told again (an epoch recomputed): the new value holds
+            by_rank = self._by_rank[rung]
+            del by_rank[next(i for i, (_, told) in enumerate(by_rank) if told == index)]
+            self._by_index[rung].remove(index)
+        self._values[rung][index] = value
+        bisect.insort(self._by_rank[rung], self._key(rung, index))
+        bisect.insort(self._by_index[rung], index)
+
     def _judge(self, index: int, rung: int) -> Decision | None:
         """Go on or stop at ``rung``; None while an older trial may still reach it."""
         values = self._values[rung]
         if any(older < index and older not in values for older in self.live):      # live: max_concurrent at most
             return None
-        peers = {older: value for older, value in values.items() if older <= index}
-        rank = ranked(peers, self.mode).index(index)
-        kept = max(1, math.floor(len(peers) / self.reduction_factor)) if self.strict \
-            else math.ceil(len(peers) / self.reduction_factor)
+        # Its rank among the trials as old as it or older: its place among all the rung's,
+        # less the younger ones ahead of it (those that got there first: a few at most).
+        key, by_index = self._key(rung, index), self._by_index[rung]
+        younger = by_index[bisect.bisect_right(by_index, index):]
+        rank = bisect.bisect_left(self._by_rank[rung], key) - sum(self._key(rung, y) < key for y in younger)
+        peers = len(by_index) - len(younger)
+        kept = max(1, math.floor(peers / self.reduction_factor)) if self.strict \
+            else math.ceil(peers / self.reduction_factor)
         if rank < kept:
             return Decision.CONTINUE
         self._reasons[index] = (f"stopped at rung {rung} (epoch {self.epochs[rung]}): ranked {rank + 1} of "
-                                f"{len(peers)}, only the top {kept} go on")
+                                f"{peers}, only the top {kept} go on")
         return Decision.STOP
 
     def reason(self, index: int) -> str | None:
