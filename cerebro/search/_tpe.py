@@ -225,7 +225,8 @@ class TPESearch(Searcher):
     def state(self) -> dict[str, Any]:
         """How many trials were asked, every told trial's state and value (``values``, one per
         objective, with several), and the rungs."""
-        told = [t for t in self._study.trials if t.state.is_finished()]
+        # Not study.trials, which deep-copies every trial: 70 ms an ask at 1,000 trials.
+        told = [t for t in self._study.get_trials(deepcopy=False) if t.state.is_finished()]
         key = "value" if len(self._study.directions) == 1 else "values"
         return {"asked": self._asked,
                 "told": [{"trial_id": trial_name(t.number), "state": t.state.name,
