@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 from _browser import CHROMIUM_FLAGS, chromium_path
 from _cli import cerebro
+from _docs import run_section
 
 import cerebro as cb
 from cerebro.report import _aggregate, _figures
@@ -162,3 +163,13 @@ def test_the_report_renders_in_headless_chromium(report, tmp_path):
     assert curves.count('class="trace scatter ') == 2 * (20 + 3)     # the best 20, the band's 3, in two panels
     gantt = dom[dom.index('id="figure-gantt"'):dom.index('id="figure-parallel"')]
     assert "heatmaplayer" in gantt and 'class="point"' not in gantt
+
+
+def test_the_guides_section_on_thousands_of_trials_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace, printed = run_section("docs/guide.md", "Runs of thousands of trials", 1)
+    result = namespace["result"]
+    journaled = Counter(e["status"] for e in result.store.events() if e["event"] == "trial_ended")
+    assert namespace["counts"] == dict(journaled) and sum(journaled.values()) == len(result.trials) == 2000
+    best = min(result.trials, key=lambda t: (t.best_metrics["val_loss"], t.trial_id))
+    assert printed.startswith(f"2000 trials: {namespace['counts']}; best {best.trial_id} ")
