@@ -1,5 +1,5 @@
 """A run of 10,000 trials killed at its 6,000th and resumed with ``cerebro resume`` (issue 60,
-part 3): how long until the resumed run starts its next trial, how long it takes to the end,
+part 3): how long until the resumed run has trained its first sub-epoch, how long it takes to the end,
 and whether it ends bitwise equal to the same run uninterrupted (every epoch's metrics and the
 weights of every trial).
 
@@ -50,12 +50,14 @@ def count(store: str, event: str) -> int:
         return 0
 
 
-def started_after_resume(store: str) -> bool:
-    """Whether the journal has a sub-epoch started after its run_resumed line."""
+def trained_after_resume(store: str) -> bool:
+    """Whether the journal has a sub-epoch after its run_resumed line (the journal records
+    sub-epochs as they end: this is the resumed run's first one done, an upper bound on
+    when it started)."""
     with open(os.path.join(store, "journal.jsonl"), "rb") as f:
         journal = f.read()
     resumed = journal.rfind(b'"event": "run_resumed"')
-    return resumed >= 0 and journal.find(b'"event": "sub_epoch_started"', resumed) >= 0
+    return resumed >= 0 and journal.find(b'"event": "sub_epoch"', resumed) >= 0
 
 
 def killed_and_resumed(store: str, trials: int, kill_at: int) -> dict:
@@ -70,9 +72,9 @@ def killed_and_resumed(store: str, trials: int, kill_at: int) -> dict:
     started = time.perf_counter()
     resumed = subprocess.Popen([sys.executable, "-m", "cerebro", "resume", store, "--quiet"],
                                stdout=subprocess.DEVNULL)
-    while not started_after_resume(store):
+    while not trained_after_resume(store):
         if resumed.poll() is not None:
-            raise RuntimeError(f"cerebro resume ended (code {resumed.returncode}) before starting a trial")
+            raise RuntimeError(f"cerebro resume ended (code {resumed.returncode}) before training")
         time.sleep(0.01)
     first = time.perf_counter() - started
     if resumed.wait() != 0:
@@ -109,7 +111,7 @@ def main() -> None:
         row = {"trials": arguments.trials, "uninterrupted_s": time.perf_counter() - started,
                **killed_and_resumed(crashed, arguments.trials, arguments.kill_at)}
         row["bitwise_equal"] = same_results(whole, crashed)
-    print("| trials | killed after (trials ended) | uninterrupted run s | resume: next trial started s | "
+    print("| trials | killed after (trials ended) | uninterrupted run s | resume: first sub-epoch done s | "
           "resume to the end s | bitwise equal |\n|---|---|---|---|---|---|")
     print(f"| {row['trials']:,} | {row['ended_when_killed']:,} | {row['uninterrupted_s']:.1f} | "
           f"{row['next_trial_s']:.1f} | {row['resume_total_s']:.1f} | {row['bitwise_equal']} |")
