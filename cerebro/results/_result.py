@@ -7,9 +7,7 @@ import re
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, TypeGuard
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from .._objectives import Objective, objectives
 from ..store import (
@@ -34,6 +32,9 @@ from ._pareto import non_dominated
 from ._run_state import RunLine, RunState
 from ._trial_result import TrialResult, flat_config
 from ._trial_run import TrialRun
+
+if TYPE_CHECKING:      # imported where a table is made: cerebro status reads a run without pandas
+    import pandas as pd
 
 _ERROR_LINES = 8     # of a failed trial's traceback, in Result.failure
 
@@ -254,6 +255,7 @@ class Result:
         """One row per (trial_id, epoch), in that order: losses, metrics, ``exploited_from``
         (the trial whose state this epoch started from, after a PBT exploit, else None) and
         the config the epoch trained with."""
+        import pandas as pd
         rows = sorted(self._history, key=lambda row: (row["trial_id"], row["epoch"]))
         return pd.DataFrame(rows, columns=None if rows else ["trial_id", "epoch"])
 
@@ -263,6 +265,7 @@ class Result:
         trained by all trials so far: the compute spent), the ``trial_id`` and ``epoch`` that
         ended, its ``value`` of ``metric``, and ``best``: the best finite value of any epoch so
         far under ``mode`` (NaN before the first)."""
+        import pandas as pd
         better = min if self.mode == "min" else max
         rows, best = [], math.nan
         for count, (row, time) in enumerate(zip(self._history, self._ended_at), start=1):
@@ -276,24 +279,30 @@ class Result:
     def lineage(self) -> pd.DataFrame:
         """PBT's exploits, in the order they happened: after ``epoch``, ``trial_id`` took the
         state of ``source`` and went on with ``config`` instead of ``previous_config``."""
+        import pandas as pd
         return pd.DataFrame(self._exploits, columns=["trial_id", "epoch", "source", "previous_config", "config"])
 
     def schedule(self) -> pd.DataFrame:
         """One row per sub-epoch: trial_id, epoch, partition, worker, kind, start, end
         (seconds since the run started), compute (seconds in the training loop), and the
         worker's host and pid."""
+        import pandas as pd
         columns = ["trial_id", "epoch", "partition", "worker", "kind", "start", "end", "compute", "host", "pid"]
         return pd.DataFrame(self._schedule, columns=columns)
+
+    def summary_rows(self, top: int | None = None) -> list[dict[str, Any]]:
+        """:meth:`summary`'s rows as dicts (a trial without a best epoch: ``best_epoch`` None)."""
+        return [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs, "best_epoch": t.best_epoch,
+                 f"best_{self.metric}": t.best_metrics.get(self.metric, math.nan),
+                 self.metric: t.metrics.get(self.metric, math.nan), "reason": t.reason, **flat_config(t.config)}
+                for t in self.ranked()[:top]]
 
     def summary(self, top: int | None = None) -> pd.DataFrame:
         """One row per trial, in :meth:`ranked` order: status, epochs, ``best_epoch``, the
         metric there (``best_<metric>``) and at the last epoch (``<metric>``), why it ended,
         and its config; ``top``: the first ``top`` rows alone (None: every trial's)."""
-        rows = [{"trial_id": t.trial_id, "status": t.status, "epochs": t.epochs, "best_epoch": t.best_epoch,
-                 f"best_{self.metric}": t.best_metrics.get(self.metric, math.nan),
-                 self.metric: t.metrics.get(self.metric, math.nan), "reason": t.reason, **flat_config(t.config)}
-                for t in self.ranked()[:top]]
-        table = pd.DataFrame(rows)
+        import pandas as pd
+        table = pd.DataFrame(self.summary_rows(top))
         if not table.empty:
             table["best_epoch"] = table["best_epoch"].astype("Int64")     # a trial without one: <NA>
         return table
