@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 
 import psutil
 import pytest
@@ -186,3 +187,23 @@ def test_the_server_signals_only_its_own_unreaped_workers_and_ends_with_its_stdi
         os.close(read_fd)
         bystander.kill()
         bystander.wait()
+
+
+
+def test_a_pid_the_kernel_reuses_is_a_new_worker_not_the_one_that_exited_with_it():
+    """The server's replies in the order it writes them: a worker forked as pid 4242 exits
+    with code 3, and a later worker gets pid 4242 again (32,768 pids, a long-lived server).
+    The new one is live and the old one exited 3; keyed by pid alone, the new one was taken
+    for exited ("worker 0 exited with code 3 while starting")."""
+    server = _forks.ForkServer.__new__(_forks.ForkServer)      # its bookkeeping, with no process
+    server._changed = threading.Condition()
+    server._pids, server._spawned, server._codes, server._live = [], {}, {}, set()
+    server._take({"pid": 4242})
+    old = _forks.ForkedWorker(server, *server._pids.pop(0))
+    server._take({"exited": 4242, "code": 3})
+    server._take({"pid": 4242})
+    new = _forks.ForkedWorker(server, *server._pids.pop(0))
+    assert (old.pid, old.serial, old.poll()) == (4242, 1, 3)
+    assert (new.pid, new.serial, new.poll()) == (4242, 2, None) and server._live == {4242}
+    server._take({"exited": 4242, "code": 0})
+    assert (old.wait(0), new.wait(0)) == (3, 0)

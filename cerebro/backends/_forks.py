@@ -43,25 +43,36 @@ class ForkServer:
         self._replies: IO[bytes] = os.fdopen(read_fd, "rb")
         self._lock = threading.Lock()          # one request and its answer at a time
         self._changed = threading.Condition()
-        self._pids: list[int] = []             # answers to spawn requests, in order
-        self._codes: dict[int, int] = {}       # reaped workers' exit codes
+        # A worker is its pid and the how-manieth worker with that pid it is: the kernel
+        # reuses pids (32,768 of them), and a long-lived server outlives many workers. Keyed
+        # by pid alone, a new worker was taken for an old one that had exited ("worker 0
+        # exited with code 3 while starting").
+        self._pids: list[tuple[int, int]] = []          # answers to spawn requests, in order
+        self._spawned: dict[int, int] = {}              # pid -> workers forked with it so far
+        self._codes: dict[tuple[int, int], int] = {}    # reaped workers' exit codes
         self._live: set[int] = set()
         self.gone = False
         threading.Thread(target=self._read, daemon=True, name="cerebro-forkserver-replies").start()
 
     def _read(self) -> None:
         for line in self._replies:
-            event = json.loads(line)
-            with self._changed:
-                if "pid" in event:
-                    self._pids.append(event["pid"])
-                    self._live.add(event["pid"])
-                else:
-                    self._codes[event["exited"]] = event["code"]
-                    self._live.discard(event["exited"])
-                self._changed.notify_all()
+            self._take(json.loads(line))
         self._process.wait()        # its pipe closed as it exited: reaped, no zombie left
         self._lost()
+
+    def _take(self, event: dict) -> None:
+        """One reply of the server's: a spawned worker's pid, or a worker's exit code."""
+        with self._changed:
+            if "pid" in event:      # its exit, if the pid had one before, came first
+                pid = event["pid"]
+                self._spawned[pid] = self._spawned.get(pid, 0) + 1
+                self._pids.append((pid, self._spawned[pid]))
+                self._live.add(pid)
+            else:
+                pid = event["exited"]
+                self._codes[pid, self._spawned.get(pid, 0)] = event["code"]
+                self._live.discard(pid)
+            self._changed.notify_all()
 
     def _lost(self) -> None:
         """The server ended: its workers, whose exits it can no longer tell, are killed (not
@@ -73,7 +84,7 @@ class ForkServer:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                self._codes[pid] = -signal.SIGKILL
+                self._codes[pid, self._spawned.get(pid, 0)] = -signal.SIGKILL
             self._live.clear()
             self._changed.notify_all()
 
@@ -99,33 +110,35 @@ class ForkServer:
                     raise ForkServerGone(f"the local backend's fork server (python -m cerebro.worker._forkserver) "
                                          f"exited with code {self._process.wait()} before it forked worker {worker}; "
                                          f"what it printed is above")
-                return ForkedWorker(self, self._pids.pop(0))
+                return ForkedWorker(self, *self._pids.pop(0))
 
     def signal_worker(self, pid: int, number: int) -> None:
         with self._lock:
             self._send({"signal": number, "pid": pid})
 
-    def code(self, pid: int, timeout: float | None) -> int | None:
+    def code(self, pid: int, serial: int, timeout: float | None) -> int | None:
+        """The exit code of the ``serial``-th worker forked with ``pid`` (None: not exited
+        within ``timeout`` seconds)."""
         with self._changed:
-            self._changed.wait_for(lambda: pid in self._codes, timeout)
-            return self._codes.get(pid)
+            self._changed.wait_for(lambda: (pid, serial) in self._codes, timeout)
+            return self._codes.get((pid, serial))
 
 
 class ForkedWorker:
     """A worker the fork server forked, seen as :class:`subprocess.Popen` shows a process."""
 
-    def __init__(self, server: ForkServer, pid: int) -> None:
-        self.server, self.pid = server, pid
+    def __init__(self, server: ForkServer, pid: int, serial: int) -> None:
+        self.server, self.pid, self.serial = server, pid, serial
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            self.returncode = self.server.code(self.pid, timeout=0)
+            self.returncode = self.server.code(self.pid, self.serial, timeout=0)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.returncode = self.server.code(self.pid, timeout)
+            self.returncode = self.server.code(self.pid, self.serial, timeout)
             if self.returncode is None:
                 raise subprocess.TimeoutExpired(f"cerebro worker {self.pid}", timeout or 0)
         return self.returncode
