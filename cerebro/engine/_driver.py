@@ -180,14 +180,11 @@ class Driver(DirectHops):
         self._forget_unneeded()
 
     def _check_stop(self, now: bool = False) -> None:
-        """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file in the run
-        directory), the run stops at its trials' next epoch boundaries; the commands waiting
-        (``cb.stop(run_dir, trial=...)``, ``cb.add_trial``) are carried out and answered.
-        A Ctrl-C or SIGTERM whose ``KeyboardInterrupt`` was swallowed is raised here.
-
-        The run directory is looked at every :data:`COMMANDS_EVERY` seconds (``now``: at
-        once, as the run is about to end): on every turn, its ``listdir`` and checks of links
-        cost a run of thousands of short trials ~2 ms a trial."""
+        """Past ``time_budget``, or asked by ``cb.stop`` (a ``stop`` file), the run stops at its
+        trials' next epoch boundaries; waiting commands (``cb.stop(run_dir, trial=...)``,
+        ``cb.add_trial``) are carried out; a swallowed Ctrl-C or SIGTERM is raised. The run
+        directory is read every :data:`COMMANDS_EVERY` s (``now``: at once, as the run ends):
+        read on every turn, it cost a run of thousands of short trials ~2 ms a trial."""
         raise_if_interrupted()
         if not now and time.monotonic() < self._commands_due:
             self._check_budget()
@@ -208,8 +205,7 @@ class Driver(DirectHops):
         return self.book.draining
 
     def _drain(self, why: str, cause: StopCause) -> None:
-        self._stop_cause = cause
-        self.book.draining = True
+        self._stop_cause, self.book.draining = cause, True
         logging.getLogger("cerebro").warning("the run stops at its trials' next epoch boundaries (%s); "
                                              "cerebro resume %s goes on", why, self.store.path)
 
