@@ -23,5 +23,10 @@ def python_module(module: str, *arguments: str) -> list[str]:
 
 def drivers_path() -> str:
     """This process's ``sys.path`` as a ``PYTHONPATH``: what a child needs to import what the
-    driver imports (a cloudpickled build's modules), and nothing the child's start adds."""
-    return os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+    driver imports (a cloudpickled build's modules), and nothing the child's start adds.
+
+    A directory whose name holds ``os.pathsep`` is left out: ``PYTHONPATH`` would split it,
+    and read the pieces as an empty entry (the working directory) or relative ones (from it),
+    which is how a script in ``exp 10:30`` would have put a shared working directory back on
+    the path. The build's own modules travel by value, so such a directory is not needed."""
+    return os.pathsep.join(p for p in sys.path if p and os.pathsep not in p and os.path.isdir(p))

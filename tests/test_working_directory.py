@@ -27,6 +27,26 @@ def test_every_interpreter_cerebro_starts_leaves_the_working_directory_off_its_p
                                                 text=True).stderr      # what -P keeps from happening
 
 
+def test_a_path_entry_holding_the_path_separator_puts_no_directory_of_the_working_one_on_a_childs_path(
+        tmp_path, monkeypatch):
+    # PYTHONPATH splits at ':' and reads an empty entry as the working directory, a relative one
+    # from it: a script in 'exp:' or 'exp 10:30' would have put the scratch place or its '30'
+    # first on the fork server's path, and a planted json.py there would run as the user.
+    scratch = tmp_path / "scratch"
+    (scratch / "30").mkdir(parents=True)
+    for where in (scratch, scratch / "30"):
+        (where / "json.py").write_text("raise SystemExit('planted json ran')\n")
+    for name in ("exp:", "exp 10:30"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "exp:"), str(tmp_path / "exp 10:30"), "", *sys.path])
+    monkeypatch.chdir(scratch)
+    path = python.drivers_path()
+    assert path.split(os.pathsep) == [p for p in sys.path[3:] if os.path.isdir(p)]
+    ran = subprocess.run(python.python_module("json.tool", "--help"), capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path})
+    assert ran.returncode == 0 and "planted" not in ran.stderr
+
+
 @pytest.mark.slow
 def test_modules_planted_in_a_shared_working_directory_never_run_and_the_users_own_still_load(tmp_path):
     scratch, home = tmp_path / "scratch", tmp_path / "home"
