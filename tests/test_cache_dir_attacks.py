@@ -81,3 +81,30 @@ def test_a_copy_never_writes_through_a_link_placed_where_it_goes(tmp_path):
     assert victim.read_bytes() == b"the victim's own bytes" and not target.exists()
     os.remove(str(target) + ".part")
     assert _copy(str(source), str(target)) == len(b"partition bytes") and target.read_bytes() == b"partition bytes"
+
+
+def test_a_link_above_the_cache_dir_swapped_after_the_check_does_not_move_the_copies(tmp_path, monkeypatch):
+    # /scratch (sticky) holds another user's link 'a' to a directory of this user's: the check
+    # passes, then they point 'a' at their own directory, where they could rename the copies'
+    # directory away and put a link to this user's files in its place.
+    import cerebro.data._cache as cache_module
+    mine, theirs, scratch = tmp_path / "mine" / "b", tmp_path / "theirs" / "b", tmp_path / "scratch"
+    for made in (mine, theirs, scratch):
+        made.mkdir(parents=True)
+    os.chmod(scratch, 0o1777)
+    os.chmod(theirs, 0o777)
+    link = scratch / "a"
+    link.symlink_to(mine.parent)
+    checked = cache_module.check_cache_dir
+
+    def check_then_swap(path: str) -> str:
+        real = checked(path)
+        link.unlink()
+        link.symlink_to(theirs.parent)      # the other user wins the race
+        return real
+    monkeypatch.setattr(cache_module, "check_cache_dir", check_then_swap)
+    cache = LocalCache(_data(tmp_path), str(link / "b"), worker=0)
+    root = cache.local_dir([0])
+    assert os.path.dirname(root) == str(mine) and os.listdir(theirs) == []
+    assert sorted(os.listdir(os.path.join(root, "train"))) == ["part-00000.parquet"]
+    cache.close()

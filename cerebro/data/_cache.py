@@ -39,10 +39,13 @@ class LocalCache:
         if not self.active:
             return self.data_dir
         if self._root is None:
+            under = None
             if self._cache_dir is not None:
                 os.makedirs(self._cache_dir, exist_ok=True)
-                check_cache_dir(self._cache_dir)
-            self._root = scratch_directory("cerebro-worker", self._cache_dir, tag=f"{self._worker}-")
+                # The path checked, never the name again: a link above it that another user
+                # owns could point elsewhere by the time the copies' directory is made.
+                under = check_cache_dir(self._cache_dir)
+            self._root = scratch_directory("cerebro-worker", under, tag=f"{self._worker}-")
         for name in ["meta.json"] + [os.path.relpath(partition_file("", split, p), "")
                                      for split in SPLITS for p in partitions]:
             target = os.path.join(self._root, name)
@@ -61,24 +64,24 @@ class LocalCache:
             self._root = None
 
 
-def check_cache_dir(path: str) -> None:
-    """Raise unless ``path`` is a directory no other user can swap entries in, nor swap it or
-    a directory above it: not a link, and it and every directory above it owned by this user
-    or root, writable by others only with the sticky bit."""
+def check_cache_dir(path: str) -> str:
+    """``path``'s real path, checked: raise unless it is a directory no other user can swap
+    entries in, nor swap it or a directory above it: not a link, and it and every directory
+    above it owned by this user or root, writable by others only with the sticky bit."""
     info = os.lstat(path)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
         what = "a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a directory"
         raise NotADirectoryError(f"cache_dir {path!r} is {what}; give a directory of yours (its real path)")
-    directory = os.path.realpath(path)
+    real = directory = os.path.realpath(path)
     while True:
         problem = _swappable(os.lstat(directory))
         if problem is not None:
-            which = "" if directory == os.path.realpath(path) else f"under {directory!r}, which is "
+            which = "" if directory == real else f"under {directory!r}, which is "
             raise PermissionError(f"cache_dir {path!r} is {which}{problem}: they could swap what Cerebro writes "
                                   f"there; give a directory only you can write, or set its sticky bit (chmod +t), as "
                                   f"/tmp has")
         if directory == os.path.dirname(directory):
-            return
+            return real
         directory = os.path.dirname(directory)
 
 
