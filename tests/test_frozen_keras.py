@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -269,3 +270,82 @@ def test_on_jax_the_head_trains_within_1e_6_of_the_whole_model():
     assert run.returncode == 0, run.stderr[-3000:]
     measured = json.loads(run.stdout.splitlines()[-1])
     assert measured["backend"] == "jax" and measured["metrics"] <= 1e-6 and measured["weights"] <= 1e-6, measured
+
+
+# --- told apart by everything that computes them ----------------------------------------------
+class Scaled(keras.layers.Layer):
+    """A user's layer whose function is a private attribute, absent from its configuration."""
+
+    factor = 1.0          # a class default each layer's own value hides
+
+    def call(self, x):
+        return x * self._factor * self.factor * self.table["gain"] * self.gains[0] * self.box.gain
+
+
+class Box:
+    def __init__(self, gain: float) -> None:
+        self.gain = gain
+
+
+def scaled(attribute: str = "", value: object = None, nested: bool = False, lr: float = 3e-3) -> cb.KerasTrainable:
+    """Frozen Dense then ``Scaled`` (``attribute`` set to ``value``), or the two as one frozen
+    base model (``nested``), then a trained head."""
+    keras.utils.set_random_seed(11)
+    dense, layer = keras.layers.Dense(48, activation="relu"), Scaled()
+    layer._factor, layer.table, layer.gains, layer.box = 1.0, {"gain": 1.0}, [1.0], Box(1.0)
+    if attribute:
+        setattr(layer, attribute, value)
+    inputs = keras.Input((64,))
+    if nested:
+        base = keras.Sequential([keras.Input((64,)), dense, layer])
+        base.trainable = False
+        hidden = base(inputs, training=False)
+    else:
+        for frozen in (dense, layer):
+            frozen.trainable = False
+        hidden = layer(dense(inputs))
+    keras.utils.set_random_seed(5)
+    return compiled(keras.Model(inputs, keras.layers.Dense(10)(hidden)), lr)
+
+
+@pytest.mark.parametrize("attribute, one, other", [
+    ("_factor", 0.01, 10.0), ("factor", 0.01, 10.0), ("table", {"gain": 0.01}, {"gain": 10.0}),
+    ("gains", [0.01], [10.0]), ("_factor", np.float32(0.01), np.float32(10.0)), ("box", Box(0.01), Box(10.0)),
+], ids=["private", "hiding a class default", "dict", "list", "numpy scalar", "plain object"])
+@pytest.mark.parametrize("nested", [False, True], ids=["in the model", "in a base model"])
+def test_frozen_keras_layers_differing_in_an_attribute_their_config_leaves_out_have_other_digests(attribute, one,
+                                                                                                   other, nested):
+    first, second, again = (scaled(attribute, v, nested).frozen_part() for v in (one, other, one))
+    assert first.digests() != second.digests() and first.digests() == again.digests()
+    assert first.unfaithful is None and second.unfaithful is None
+    features = np.random.default_rng(0).random((4, 64), dtype=np.float32)
+    assert not np.array_equal(first.run_from(0, features, CPU), second.run_from(0, features, CPU))
+
+
+def test_a_frozen_keras_layer_holding_what_cannot_be_compared_is_neither_shared_nor_materialized(partition):
+    import threading
+    made = [scaled("lock", threading.Lock()) for _ in range(2)]
+    said = made[0].frozen_part().unfaithful
+    assert said is not None and re.match(r"^frozen layer scaled(_\d+)?\.lock is a _thread\.lock, whose state is held "
+                                         r"by compiled code", said)
+    assert made[0].frozen_part().digests() != made[1].frozen_part().digests()
+    kept = Materialized(budget=1 << 30)
+    assert all(kept.for_trial(trainable, 0, "train", partition, CPU) is None for trainable in made)
+    assert kept.computed == 0
+
+
+@pytest.mark.slow
+def test_keras_trials_whose_frozen_layers_differ_in_a_private_attribute_give_the_plain_runs_results(tmp_path):
+    def build(config: dict) -> cb.KerasTrainable:
+        return scaled("_factor", config["scale"], lr=1e-2)
+    searcher = cb.GridSearch(build, {"scale": cb.choice([0.01, 10.0])}, epochs=2, metric="val_accuracy", mode="max")
+    data = digits(partitions=2, rows=300)
+    frozen = searcher.fit(data, workers=1, store=tmp_path / "frozen", seed=0, verbose=0)
+    os.environ["CEREBRO_MATERIALIZE"] = "0"
+    try:
+        plain = searcher.fit(data, workers=1, store=tmp_path / "plain", seed=0, verbose=0)
+    finally:
+        del os.environ["CEREBRO_MATERIALIZE"]
+    assert frozen.history().equals(plain.history())
+    accuracies = frozen.history().groupby("scale")["val_accuracy"].last()
+    assert accuracies[0.01] != accuracies[10.0]

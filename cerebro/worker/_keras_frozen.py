@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import json
 import sys
 import types
+import weakref
 from typing import Any
 
 import numpy as np
@@ -47,19 +49,35 @@ class KerasFrozenPart:
     uses one: :meth:`digests`, ``layers`` and :meth:`run_from`."""
 
     module = None        # Materialized.share shares torch modules only: Keras layers stay the trial's
-    unfaithful = None    # a layer that cannot be told apart by its configuration is digested by itself alone
 
     def __init__(self, layers: list[Any], head: Any) -> None:
         self.layers = layers
         self.head = head                  # the compiled rest of the model, on the prefix's outputs
         self._digests: list[str] | None = None
+        self._unfaithful: str | None = None
 
     def digests(self) -> list[str]:
         """One digest per prefix (``layers[:k + 1]``), each chained on the one before: equal
-        where the prefixes' classes, configurations (layer names aside) and weights are."""
+        where the prefixes' classes, configurations (layer names aside), attributes and weights
+        are. A layer holding what cannot be digested faithfully is digested as itself alone,
+        and :attr:`unfaithful` says why."""
         if self._digests is None:
-            self._digests = chained_digests(b"cerebro-frozen-keras/2", map(_layer_digest, self.layers))
+            digested = []
+            for layer in self.layers:
+                try:
+                    digested.append(_layer_digest(layer))
+                except Unfaithful as why:
+                    self._unfaithful = self._unfaithful or str(why)
+                    digested.append(_itself(layer))
+            self._digests = chained_digests(b"cerebro-frozen-keras/3", digested)
         return self._digests
+
+    @property
+    def unfaithful(self) -> str | None:
+        """Why these frozen layers are shared with no other trial and not materialized (what in
+        them cannot be digested faithfully), or None."""
+        self.digests()
+        return self._unfaithful
 
     def nbytes(self) -> int:
         return sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for layer in self.layers for w in layer.weights)
@@ -143,20 +161,21 @@ def _head(model: Any, tensor: Any) -> Any:
 
 
 def _layer_digest(layer: Any) -> bytes:
-    """The layer's class and code, configuration (names aside), plain attributes and weights."""
+    """The layer's class and code, configuration (names aside), attributes and weights; raises
+    :class:`Unfaithful` where an attribute (or its class) cannot be digested faithfully."""
     described = hashlib.sha256()
-    try:
-        described.update(fingerprint(type(layer), where=f"layer {layer.name}'s class"))
-        for sub in layer._flatten_layers(include_self=True):
-            described.update(fingerprint(_plain_attributes(sub), where=f"layer {sub.name}"))
-    except Unfaithful:        # a closure over an object, a class made per build: this layer is told apart by itself
-        described.update(f"object {id(layer)}".encode())
+    described.update(fingerprint(type(layer), where=f"frozen layer {layer.name}'s class"))
+    places = _places(layer)
+    for sub in layer._flatten_layers(include_self=True):
+        described.update(b"layer\0")
+        for name, value in _attributes(sub, places).items():
+            described.update(name.encode() + b"\0" + fingerprint(value, where=f"frozen layer {sub.name}.{name}"))
     try:
         config = json.dumps(_unnamed(layer.get_config(), _names(layer)), sort_keys=True, default=repr)
     except NotImplementedError:
         # A custom layer without get_config: nothing tells two of them apart but the object,
         # so its outputs are shared by no other trial (still computed once per partition).
-        config = f"object {id(layer)}"
+        return _itself(layer)
     described.update(config.encode() + b"\n")
     for weight in layer.weights:
         value = np.ascontiguousarray(weight.numpy())
@@ -165,17 +184,82 @@ def _layer_digest(layer: Any) -> bytes:
     return described.digest()
 
 
-def _plain_attributes(layer: Any) -> dict[str, Any]:
-    """A Keras layer's own attributes that are numbers, strings, enums or functions (its
-    ``factor``, its ``activation``), which its configuration may not say (set after it was
-    made); its weights, sublayers and Keras's bookkeeping are digested otherwise, or are not
-    what it computes, its name is Keras's count of the layers made in the process, and a
-    method Keras wraps per object (``build``) is its class's code, digested with the class."""
-    plain = (type(None), bool, int, float, str, tuple, enum.Enum, types.FunctionType)
-    return {name: value for name, value in sorted(vars(layer).items())
-            if not name.startswith("_") and name != "name" and not hasattr(type(layer), name)
-            and isinstance(value, plain)
-            and not (isinstance(value, tuple) and not all(isinstance(v, (bool, int, float, str)) for v in value))}
+# Each layer digested as itself alone gets a number of its own: an id() could be a freed
+# layer's, whose outputs a worker may still keep.
+_OBJECTS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_COUNTER = itertools.count()
+
+
+def _itself(layer: Any) -> bytes:
+    """A digest no other layer object in this process has (the same one for ``layer`` again)."""
+    if layer not in _OBJECTS:
+        _OBJECTS[layer] = next(_COUNTER)
+    return f"object {_OBJECTS[layer]}".encode()
+
+
+def _attributes(layer: Any, places: dict[int, str]) -> dict[str, Any]:
+    """What ``layer`` computes with beyond its configuration and weights. A layer of a user's
+    class: each of its attributes but Keras's bookkeeping (those every Keras layer has, its
+    name, tracking), its weights and sublayers by their place (their values are digested
+    with the layer's weights, the sublayers themselves), initializers left out (they act
+    only when it is built). A layer of Keras's own class, whose configuration says what it
+    computes: its public plain attributes, which may have been set after it was made (an
+    ``activation``)."""
+    own = not type(layer).__module__.startswith("keras.")
+    found = {}
+    for name, value in sorted(vars(layer).items()):
+        if name in _bookkeeping() or name.startswith("_self_"):
+            continue
+        if own:
+            found[name] = _placed(value, places)
+        elif not name.startswith("_") and _is_plain(value):
+            found[name] = _placed(value, places)
+    return found
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(item) for item in value)
+    return value is None or isinstance(value, (bool, int, float, str, enum.Enum, types.FunctionType))
+
+
+def _placed(value: Any, places: dict[int, str]) -> Any:
+    """``value`` with Keras's tracked containers as plain ones, and each weight and sublayer
+    by its place in the frozen layer."""
+    keras = sys.modules["keras"]
+    if id(value) in places:
+        return places[id(value)]
+    if isinstance(value, keras.initializers.Initializer):
+        return "initializer"
+    if isinstance(value, (list, tuple)) and type(value).__module__.startswith("keras."):
+        value = list(value)
+    if isinstance(value, dict) and type(value).__module__.startswith("keras."):
+        value = dict(value)
+    if isinstance(value, set) and type(value).__module__.startswith("keras."):
+        value = set(value)
+    if type(value) in (list, tuple):
+        return type(value)(_placed(item, places) for item in value)
+    if type(value) is dict:
+        return {key: _placed(item, places) for key, item in value.items()}
+    return value
+
+
+def _places(layer: Any) -> dict[int, str]:
+    """The weights and sublayers of ``layer`` by id, each named by its place in it."""
+    places = {id(sub): f"layer #{index}" for index, sub in enumerate(layer._flatten_layers(include_self=True))}
+    places.update({id(weight): f"weight #{index}" for index, weight in enumerate(layer.weights)})
+    return places
+
+
+_BOOKKEEPING: set[str] = set()
+
+
+def _bookkeeping() -> set[str]:
+    """The attributes every Keras layer has (a bare ``Layer``'s), and its name: Keras's, not
+    what the user's layer computes with (its weights, nodes, call signature)."""
+    if not _BOOKKEEPING:
+        _BOOKKEEPING.update(vars(sys.modules["keras"].layers.Layer()), {"name"})
+    return _BOOKKEEPING
 
 
 def _names(layer: Any) -> dict[str, int]:
