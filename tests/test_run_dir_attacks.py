@@ -446,6 +446,27 @@ def test_a_run_json_that_asks_for_a_million_workers_or_other_partitions_is_refus
         _check_partitions(store, info)
 
 
+def test_planted_partition_files_do_not_let_an_edited_run_json_start_more_workers_than_cores(run, monkeypatch):
+    # run.json, meta.json and as many partition files as the count needs, all edited or planted
+    # by whoever can write the run directory: the count checks pass, and resume would start
+    # that many processes (30 on a 2-core machine, tried) without the cap.
+    from cerebro.engine._resume import _recorded_workers
+    from cerebro.store import RunInfoError
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    store, info = RunStore.open(run), {"workers": 30, "data": {"partitions": 30}}
+    expected = (f"{store.file('run.json')}'s workers=30 is more than this machine's 2 cores, the most a resume starts "
+                f"from what a run directory says (anyone who can write it may have edited it); pass workers= to resume "
+                f"(--workers) to choose, or trust=True (--trust) if you made this run")
+    with pytest.raises(RunInfoError, match=f"^{re.escape(expected)}$"):
+        _recorded_workers(store, info)
+    assert _recorded_workers(store, info, trusted=True) == 30
+    assert _recorded_workers(store, {**info, "workers": 2}) == 2
+    for odd in ("30", 2.0, True, None, "x" * 100_000):
+        with pytest.raises(RunInfoError, match=r"is damaged: its workers=('30'|2\.0|True|None|'x{199}\.\.\. "
+                                               r"\(100002 characters\)) must be between 1 and the run's 30 partitions"):
+            _recorded_workers(store, {**info, "workers": odd})
+
+
 def test_messages_about_what_a_run_directory_holds_quote_at_most_a_few_hundred_characters_of_it(run):
     from cerebro.engine._control import obey
     from cerebro.engine._settings import RunSettings

@@ -16,6 +16,7 @@ from typing import Any
 
 import cloudpickle
 
+from .._checks import quoted
 from ..backends import Backend
 from ..data import read_layout
 from ..results import Result
@@ -108,7 +109,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         if plan is None:
             return Result(store, build)
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
-                                  else _recorded_workers(store, plan.info))
+                                  else _recorded_workers(store, plan.info, trust))
         reproducibility_caveat(backend)
         backend.expect_keras(plan.settings.keras_backend)
         _record(store, plan)
@@ -208,13 +209,21 @@ def _partition_files(store: RunStore) -> int:
     return count
 
 
-def _recorded_workers(store: RunStore, info: dict[str, Any]) -> int:
+def _recorded_workers(store: RunStore, info: dict[str, Any], trusted: bool = False) -> int:
     """The workers the run had, as run.json says, where that is a number a run can have: one
-    per partition at most (an edited run.json must not start a million processes)."""
+    per partition at most (an edited run.json must not start a million processes), and, unless
+    the run directory is ``trusted``, one per core at most, as a fit starts by default: whoever
+    can edit run.json can also plant as many partition files as the count needs."""
     workers, partitions = info["workers"], info["data"]["partitions"]
-    if not 1 <= workers <= partitions:
-        raise RunInfoError(f"{store.file('run.json')} is damaged: its workers={workers} must be between 1 and the "
-                           f"run's {partitions} partitions; pass workers= to resume to choose")
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= partitions:
+        raise RunInfoError(f"{store.file('run.json')} is damaged: its workers={quoted(workers)} must be between 1 and "
+                           f"the run's {partitions} partitions; pass workers= to resume to choose")
+    cores = os.cpu_count() or 1
+    if workers > cores and not trusted:
+        raise RunInfoError(f"{store.file('run.json')}'s workers={workers} is more than this machine's {cores} cores, "
+                           f"the most a resume starts from what a run directory says (anyone who can write it may "
+                           f"have edited it); pass workers= to resume (--workers) to choose, or trust=True (--trust) "
+                           f"if you made this run")
     return workers
 
 
