@@ -479,6 +479,16 @@ def test_messages_about_what_a_run_directory_holds_quote_at_most_a_few_hundred_c
     with pytest.warns(UserWarning) as said:
         RunSettings.from_run_info(info)
     assert len(str(said[0].message)) < 500 and "(100002 characters)" in str(said[0].message)
+    del info["mlflow"]
+    from cerebro.store import RunInfoError
+    for name, value in (("visit_order", huge), ("data.val_rows", huge), ("data.val_rows", [1, "x"])):
+        edited = json.loads(json.dumps(info))
+        *parents, key = name.split(".")
+        (edited[parents[0]] if parents else edited)[key] = value
+        with pytest.raises(RunInfoError) as refused:        # Python's enum quoted all 100 KB (cerebro resume)
+            RunSettings.from_run_info(edited)
+        assert str(refused.value).startswith(f"run.json's {name} is {cb._checks.quoted(value)}; a run's is ")
+        assert len(str(refused.value)) < 500
 
 
 @pytest.mark.parametrize("line", [

@@ -179,8 +179,8 @@ class RunSettings:
             mlflow, cache_dir = _untrusted(mlflow, cache_dir)
             _refuse_untrusted_warm_start(warm_start)
         first = primary(searcher["metric"], searcher["mode"])
-        return cls(info["seed"], data["partitions"], sum(data["val_rows"]) > 0, Limits(**info.get("limits", {})),
-                   VisitScheme(info.get("visit_order", LEGACY_SCHEME.value)),
+        return cls(info["seed"], data["partitions"], _evaluates(data.get("val_rows")),
+                   Limits(**info.get("limits", {})), _visit_scheme(info.get("visit_order", LEGACY_SCHEME.value)),
                    Storage(data.get("in_memory", True), cache_dir),
                    keras_backend=keras_backend, metric=first.metric, mode=first.mode,
                    patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
@@ -201,6 +201,23 @@ def sign_pointers(info: dict[str, Any]) -> dict[str, Any]:
     is a key): a resume of this user's own run uses them as they are, an edited one not."""
     signed = signature(pointers(info), info["run_id"])
     return info if signed is None else {**info, "pointers_signed": signed.decode()}
+
+
+def _visit_scheme(value: Any) -> VisitScheme:
+    """run.json's visit order, named where it is none (Python's own error quotes all of it)."""
+    schemes = [scheme.value for scheme in VisitScheme]
+    if value not in schemes:
+        raise RunInfoError(f"run.json's visit_order is {quoted(value)}; a run's is one of {', '.join(schemes)}: the "
+                           f"run directory was edited")
+    return VisitScheme(value)
+
+
+def _evaluates(val_rows: Any) -> bool:
+    """Whether the run has validation rows, from run.json's count of each partition's."""
+    if not isinstance(val_rows, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in val_rows):
+        raise RunInfoError(f"run.json's data.val_rows is {quoted(val_rows)}; a run's is a list of whole numbers, "
+                           f"one per partition: the run directory was edited")
+    return sum(val_rows) > 0
 
 
 def _check_keras_backend(keras_backend: Any) -> None:
