@@ -501,3 +501,31 @@ def test_a_journal_line_naming_a_trial_by_a_path_is_damage_not_a_file_to_read(li
     said = malformed(line)
     assert said is not None and ("not a trial id such as 't0003'" in said or "not only trial ids" in said)
     assert malformed({**line, "trial_id": "t0001", "source": "t0000", "decisions": {"t0001": "stop"}}) is None
+
+
+@pytest.mark.parametrize("crafted", ["other names", "other shapes", "a 100 KB name"])
+def test_a_stored_frozen_file_of_the_right_size_with_other_tensors_is_refused_naming_it_briefly(crafted, tmp_path):
+    import torch
+    from safetensors.torch import save
+
+    from cerebro.worker._frozen_weights import restore_frozen
+
+    class Store:
+        def file(self, *parts: str) -> str:
+            return str(tmp_path.joinpath(*parts))
+    frozen = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+    weights = {k: v.contiguous() for k, v in frozen.state_dict().items()}
+    weights = {"other names": {f"{k}x": v for k, v in weights.items()},
+               "other shapes": {k: v.reshape(-1) for k, v in weights.items()},
+               "a 100 KB name": {"k" * 100_000: torch.zeros(1)}}[crafted]
+    trained_on = "ab" * 32
+    path = tmp_path / "frozen" / f"{trained_on}.safetensors"
+    path.parent.mkdir()
+    path.write_bytes(save(weights))
+    head = torch.nn.Linear(16, 2)
+    trainable = cb.TorchTrainable(head, torch.optim.SGD(head.parameters(), lr=0.1),
+                                  torch.nn.functional.cross_entropy, batch_size=8, frozen=frozen)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))} does not hold the frozen layers t0003 trained on: "
+                                         r"Error\(s\) in loading state_dict") as refused:
+        restore_frozen(trainable, trained_on, Store(), "t0003")      # torch's RuntimeError named neither
+    assert len(str(refused.value)) < len(str(path)) + 500

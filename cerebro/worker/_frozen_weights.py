@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .._checks import shortened
 from ..store import _files as files
 
 FROZEN_DIR = "frozen"
@@ -78,7 +79,11 @@ def restore_frozen(trainable: Any, trained_on: str | None, store: Any, trial_id:
         raise ValueError(f"{trial_id} trained on frozen layers {trained_on[:12]}, but build(config) makes others now "
                          f"({frozen.digests()[-1][:12]}: were the pretrained weights it loads replaced?), and the run "
                          f"holds no copy of those it trained on ({path})")
-    frozen.module.load_state_dict(_read_weights(path, frozen.nbytes()))
+    try:
+        frozen.module.load_state_dict(_read_weights(path, frozen.nbytes()))
+    except RuntimeError as error:      # other names or shapes: torch's message names neither file nor bound
+        raise ValueError(f"{path} does not hold the frozen layers {trial_id} trained on: "
+                         f"{shortened(str(error))}") from None
     frozen.forget_digests()
     if frozen.digests()[-1] != trained_on:
         raise ValueError(f"{path} does not hold the frozen layers {trial_id} trained on (their digest differs)")
