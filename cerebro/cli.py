@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import runpy
 import secrets
 import sys
@@ -14,7 +15,7 @@ from typing import NoReturn
 import click
 from rich.console import Console
 
-from ._checks import quoted
+from ._checks import quoted, shortened
 from ._cli_dashboard import dashboard, metrics_options
 from ._cli_serve import export, predict_command
 from ._cli_sql import sql
@@ -83,12 +84,27 @@ def entry() -> None:
     except click.exceptions.Abort as error:      # click's form of a KeyboardInterrupt
         _interrupted(error.__cause__)
     except click.ClickException as error:
+        setattr(error, "message", capped(error.message))      # noqa: B010 (click types it Final; it is the message shown)
         error.show()
         sys.exit(2)
     except KeyboardInterrupt as error:
         _interrupted(error)
     except Exception as error:      # noqa: BLE001 (those of no kind below are raised again)
         _exit_for(error)
+
+
+_LONG_RUN = re.compile(r"\S{1001,}")     # longer than any path a message names
+
+
+def capped(message: str) -> str:
+    """``message`` with every run of over 1,000 characters without a space cut short: an
+    argument of 100 KB is named by its start and length, not echoed whole (click's own
+    messages quote what they refuse, as do many of Cerebro's).
+
+    >>> capped("'" + "x" * 2000 + "' is not one of 'torch', 'keras'.")[-60:]
+    "xxxxxxx... (2002 characters) is not one of 'torch', 'keras'."
+    """
+    return _LONG_RUN.sub(lambda run: shortened(run.group(0)), message)
 
 
 def _exit_for(error: Exception) -> NoReturn:
@@ -100,14 +116,14 @@ def _exit_for(error: Exception) -> NoReturn:
     from .results import NoBestTrialError
     from .store import StoreInUseError, TrustKeyError, UntrustedCodeError, UntrustedStateError
     if isinstance(error, (WorkerLostError, TooManyFailuresError, ResumeError, StoreWriteError, StoreInUseError)):
-        click.echo(f"the run failed: {error}", err=True)
+        click.echo(f"the run failed: {capped(str(error))}", err=True)
         sys.exit(1)
     if isinstance(error, (TimeoutError, NoBestTrialError)):    # a live run's driver did not take a command; no winner
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"error: {capped(str(error))}", err=True)
         sys.exit(1)
     if isinstance(error, (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
                           UntrustedCodeError, TrustKeyError, MissingExtraError)):
-        click.echo(f"error: {error}", err=True)
+        click.echo(f"error: {capped(str(error))}", err=True)
         sys.exit(2)
     raise error
 

@@ -529,3 +529,21 @@ def test_a_stored_frozen_file_of_the_right_size_with_other_tensors_is_refused_na
                                          r"Error\(s\) in loading state_dict") as refused:
         restore_frozen(trainable, trained_on, Store(), "t0003")      # torch's RuntimeError named neither
     assert len(str(refused.value)) < len(str(path)) + 500
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "{huge}"], ["status", "{run}", "--trial", "{huge}"], ["resume", "{run}", "--epochs", "{huge}"],
+    ["demo", "--framework", "{huge}"], ["export", "{run}", "--epoch", "{huge}", "-o", "{run}/m.safetensors"],
+    ["predict", "{run}", "/{huge}", "-o", "{run}/p.parquet"]])
+def test_the_command_line_quotes_at_most_a_few_hundred_characters_of_a_100_kb_argument(run, args, monkeypatch,
+                                                                                        capsys):
+    # click's own messages (a path that does not exist, a choice, an integer) and Cerebro's
+    # ("is not a trial of ...") quoted the whole argument back, 100 KB on the terminal.
+    huge = "x" * 100_000
+    if "--trial" in args or "--epoch" in args:         # a run with trials to name
+        from _search_sim import no_build
+        run = cb.simulate(cb.GridSearch(no_build, {"lr": cb.choice([0.1, 0.01])}, epochs=1, metric="loss", mode="min"),
+                          lambda config, epoch: {"loss": config["lr"]}, store=Path(run).parent / "simulated").run_dir
+    done = cerebro(monkeypatch, capsys, *(a.format(huge=huge, run=run) for a in args))
+    assert done.returncode == 2 and "characters)" in done.stderr
+    assert len(done.stderr) < 2_000, done.stderr[:300]
