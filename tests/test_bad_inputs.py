@@ -468,3 +468,19 @@ def test_the_drivers_builds_are_in_preflight_and_the_workers_are_not(tmp_path):
     workers = [flag for pid, flag in calls if int(pid) != os.getpid()]
     assert driver and set(driver) == {"True"}          # a build with side effects can skip them there
     assert len(workers) == 2 and set(workers) == {"False"}
+
+
+HUGE = "x" * 100_000
+
+
+@pytest.mark.parametrize("make", [
+    lambda: cb.choice(HUGE), lambda: cb.uniform(HUGE, 1.0), lambda: cb.loguniform(0.1, HUGE),
+    lambda: cb.randint(0, HUGE), lambda: cb.quniform(0.0, 1.0, HUGE),
+    lambda: cb.GridSearch(build, {HUGE: cb.choice([1]), "nested": {HUGE: object()}}, epochs=1),
+    lambda: cb.GridSearch(build, {"lr": cb.choice([{HUGE: {2: 3}}])}, epochs=1),
+    lambda: cb.GridSearch(build, {"lr": cb.choice([{HUGE: object()}])}, epochs=1)],
+    ids=["choice", "uniform", "loguniform", "randint", "quniform", "space key", "dict key", "dict value"])
+def test_a_100_kb_value_in_a_search_space_is_quoted_by_its_start_and_length(make):
+    with pytest.raises((TypeError, ValueError)) as refused:       # it was quoted whole: 100 KB in one message
+        make()
+    assert "(100002 characters)" in str(refused.value) and len(str(refused.value)) < 1_000, str(refused.value)[:300]

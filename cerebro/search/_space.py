@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import Constraint
+from .._checks import Constraint, quoted
 
 
 class Distribution(ABC):
@@ -32,12 +32,12 @@ class Distribution(ABC):
 def _check_finite(name: str, **bounds: float) -> None:
     for key, value in bounds.items():
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise ValueError(f"{name}: {key}={value!r} must be a finite number")
+            raise ValueError(f"{name}: {key}={quoted(value)} must be a finite number")
 
 
 def _check_order(name: str, low: float, high: float) -> None:
     if not low < high:
-        raise ValueError(f"{name}: low={low!r} must be smaller than high={high!r}")
+        raise ValueError(f"{name}: low={quoted(low)} must be smaller than high={quoted(high)}")
 
 
 class choice(Distribution):
@@ -50,9 +50,9 @@ class choice(Distribution):
 
     def __init__(self, values: Sequence[Any]) -> None:
         if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
-            raise ValueError(f"choice: values={values!r} must be a list of options")
+            raise ValueError(f"choice: values={quoted(values)} must be a list of options")
         if len(values) == 0:
-            raise ValueError(f"choice: values={values!r} must hold at least one option")
+            raise ValueError(f"choice: values={quoted(values)} must hold at least one option")
         # A dict option is a branch of the space: it may hold primitives, drawn once it is chosen.
         self.values = [check_node(v, f"choice option {i}") if isinstance(v, Mapping) else plain_value(v, "choice")
                        for i, v in enumerate(values)]
@@ -92,7 +92,7 @@ class loguniform(Distribution):
     def __init__(self, low: float, high: float) -> None:
         _check_finite("loguniform", low=low, high=high)
         if low <= 0:
-            raise ValueError(f"loguniform: low={low!r} must be greater than 0")
+            raise ValueError(f"loguniform: low={quoted(low)} must be greater than 0")
         _check_order("loguniform", low, high)
         self.low, self.high = low, high
 
@@ -110,7 +110,7 @@ class randint(Distribution):
     def __init__(self, low: int, high: int) -> None:
         for key, value in (("low", low), ("high", high)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
-                raise ValueError(f"randint: {key}={value!r} must be an integer")
+                raise ValueError(f"randint: {key}={quoted(value)} must be an integer")
         _check_order("randint", low, high)
         self.low, self.high = int(low), int(high)
 
@@ -128,10 +128,10 @@ class quniform(Distribution):
     def __init__(self, low: float, high: float, q: float) -> None:
         _check_finite("quniform", low=low, high=high, q=q)
         if q <= 0:
-            raise ValueError(f"quniform: q={q!r} must be greater than 0")
+            raise ValueError(f"quniform: q={quoted(q)} must be greater than 0")
         _check_order("quniform", low, high)
         if math.floor(high / q) < math.ceil(low / q):
-            raise ValueError(f"quniform: no multiple of q={q!r} lies in [{low!r}, {high!r}]")
+            raise ValueError(f"quniform: no multiple of q={quoted(q)} lies in [{quoted(low)}, {quoted(high)}]")
         self.low, self.high, self.q = low, high, q
 
     def sample(self, rng: np.random.Generator) -> float:
@@ -160,11 +160,11 @@ def plain_value(value: Any, where: str, depth: int = 0) -> Any:
             return [plain_value(v, where, depth + 1) for v in value]
         bad = next((k for k in value if not isinstance(k, str)), None)
         if bad is not None:
-            raise ValueError(f"{where}: key {bad!r} of a dict value must be a string")
-        return {k: plain_value(v, f"{where}[{k!r}]", depth + 1) for k, v in value.items()}
+            raise ValueError(f"{where}: key {quoted(bad)} of a dict value must be a string")
+        return {k: plain_value(v, f"{where}[{quoted(k)}]", depth + 1) for k, v in value.items()}
     if value is None or isinstance(value, (bool, int, str)) or (isinstance(value, float) and math.isfinite(value)):
         return value
-    raise ValueError(f"{where}: {value!r} cannot be stored as a configuration value; use numbers, "
+    raise ValueError(f"{where}: {quoted(value)} cannot be stored as a configuration value; use numbers, "
                      f"strings, booleans, None or lists or dicts of them (map names to objects inside build)")
 
 
@@ -172,7 +172,7 @@ def check_space(space: Any) -> Mapping[str, Any]:
     """Validate that ``space`` is a dict with string keys and storable constants, nested
     dicts of the same, and primitives."""
     if not isinstance(space, Mapping):
-        raise TypeError(f"space={space!r} must be a dict from parameter name to a value or primitive")
+        raise TypeError(f"space={quoted(space)} must be a dict from parameter name to a value or primitive")
     if not space:
         raise ValueError("space={} must name at least one parameter")
     return check_node(space, "space")
@@ -190,8 +190,8 @@ def check_node(node: Any, where: str, depth: int = 0) -> Any:
         raise ValueError(f"{where}: a space nested deeper than {_MAX_DEPTH} dicts")
     for key, value in node.items():
         if not isinstance(key, str):
-            raise TypeError(f"{'space key' if where == 'space' else f'{where}: key'} {key!r} must be a string")
-        check_node(value, f"{where}[{key!r}]", depth + 1)
+            raise TypeError(f"{'space key' if where == 'space' else f'{where}: key'} {quoted(key)} must be a string")
+        check_node(value, f"{where}[{quoted(key)}]", depth + 1)
     return node
 
 
