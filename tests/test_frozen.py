@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from _frozen_models import Scale, backbone, builds, scaled_builds
+from _frozen_models import Scale, backbone, both_builds, builds, scaled_builds
 from _models import digits
 from safetensors.torch import load_file
 
@@ -432,3 +432,56 @@ def test_a_crafted_stored_frozen_file_is_refused_naming_it_without_reading_it_wh
             if crafted == "sparse" else rf"^{named} is damaged: ")
     with pytest.raises(ValueError, match=said):
         restore_frozen(trainable, trained_on, Store(), "t0003")
+
+
+class _KeptTraining(torch.nn.Module):
+    """A Dropout its module keeps in training mode, whatever eval() says: it draws on every call."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.drop = torch.nn.Dropout(p)
+
+    def train(self, mode: bool = True) -> _KeptTraining:
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x)
+
+
+class _Noise(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.from_numpy(np.random.normal(size=tuple(x.shape)).astype(np.float32))
+
+
+@pytest.mark.parametrize("drawing", [lambda: _KeptTraining(0.5), _Noise],
+                         ids=["dropout kept in training", "numpy noise"])
+def test_frozen_layers_that_draw_random_numbers_are_not_materialized_and_leave_the_generators_as_they_were(drawing,
+                                                                                                          partition):
+    kept, cpu = Materialized(budget=1 << 30), torch.device("cpu")
+    trainables = []
+    for frozen, width in ((torch.nn.Sequential(*backbone()[:2], drawing()), 48), (backbone(), 32)):
+        head = torch.nn.Linear(width, 10)
+        trainables.append(cb.TorchTrainable(head, torch.optim.SGD(head.parameters(), lr=0.1),
+                                            torch.nn.functional.cross_entropy, batch_size=8, frozen=frozen))
+    states = torch.get_rng_state(), np.random.get_state()[1].copy()
+    assert kept.for_trial(trainables[0], 0, "train", partition, cpu) is None and kept.computed == 0
+    assert torch.equal(torch.get_rng_state(), states[0]) and np.array_equal(np.random.get_state()[1], states[1])
+    assert kept.for_trial(trainables[1], 0, "train", partition, cpu) is not None and kept.computed == 1
+
+
+@pytest.mark.slow
+def test_trials_whose_frozen_layers_draw_random_numbers_give_the_plain_runs_results_said_once(tmp_path, caplog):
+    def parts(config: dict) -> tuple[torch.nn.Module, torch.nn.Module]:
+        frozen = torch.nn.Sequential(*backbone()[:2], _KeptTraining(config["p"]))
+        torch.manual_seed(5)
+        return frozen, torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(48, 10))
+    frozen_build, plain_build = both_builds(parts)
+    search = {"space": {"p": cb.choice([0.5, 0.3])}, "epochs": 2, "metric": "val_accuracy", "mode": "max"}
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        frozen = cb.GridSearch(frozen_build, **search).fit(digits(partitions=2), workers=1, store=tmp_path / "frozen",
+                                                           seed=0, verbose=0)
+    plain = cb.GridSearch(plain_build, **search).fit(digits(partitions=2), workers=1, store=tmp_path / "plain",
+                                                     seed=0, verbose=0)
+    assert frozen.history().equals(plain.history())
+    said = [r.getMessage() for r in caplog.records if "draw random numbers" in r.getMessage()]
+    assert len(said) == 1 and "they run on every batch, as the plain model does" in said[0]

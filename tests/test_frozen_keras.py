@@ -31,7 +31,8 @@ from _models import digits  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from cerebro.data import open_partition, read_layout  # noqa: E402
-from cerebro.worker._frozen import Materialized  # noqa: E402
+from cerebro.engine._preflight import PREFLIGHT_ROWS  # noqa: E402
+from cerebro.worker._frozen import DRAWS_ROWS, Materialized  # noqa: E402
 from cerebro.worker._keras_frozen import KerasFrozenPart, StoredBatch  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -175,12 +176,13 @@ def test_outputs_are_computed_once_shared_by_equal_prefixes_and_a_deeper_from_a_
                                                                                           monkeypatch):
     count = str(tmp_path / "count")
     kept = Materialized(budget=1 << 30)
+    checked = 2 * DRAWS_ROWS        # whether a prefix draws: its first rows run twice, once per prefix
     shallow = kept.for_trial(make("seq", count=count, depth=1), 0, "train", partition, CPU)
-    assert rows_seen(count) == partition.rows and kept.computed == 1
+    assert rows_seen(count) == partition.rows + checked and kept.computed == 1
     again = kept.for_trial(make("seq", 1e-2, count=count, depth=1), 0, "train", partition, CPU)
     assert again.features is shallow.features and kept.computed == 1
     deep = kept.for_trial(make("seq", count=count), 0, "train", partition, CPU)
-    assert kept.computed == 2 and rows_seen(count) == partition.rows       # from the kept prefix
+    assert kept.computed == 2 and rows_seen(count) == partition.rows + 2 * checked     # from the kept prefix
     whole = make("seq").frozen_part().run_from(0, partition.features.astype(np.float32), CPU)
     assert np.array_equal(deep.features, whole) and np.array_equal(deep.label, partition.label)
     monkeypatch.setenv("CEREBRO_MATERIALIZE", "0")
@@ -226,9 +228,11 @@ def test_a_keras_run_with_frozen_layers_equals_it_without_materialization_bitwis
 def test_the_frozen_layers_run_once_per_row_of_each_partition_for_all_trials_that_share_them(runs):
     _, _, materialized, switched_off = runs
     # 300 rows (train and validation of both partitions), each through the counter once for
-    # the two Sequential trials (the nested and branch ones have none); switched off, the
-    # frozen layers run only inside the compiled steps, on every batch, and never eagerly.
-    assert materialized == 300 and switched_off == 0
+    # the two Sequential trials (the nested and branch ones have none), and the first rows
+    # twice where each worker, and the driver on its preflight rows, tell whether the frozen
+    # layers draw; switched off, the frozen layers run only inside the compiled steps, on
+    # every batch, and never eagerly.
+    assert materialized == 300 + 2 * 2 * DRAWS_ROWS + 2 * min(DRAWS_ROWS, PREFLIGHT_ROWS) and switched_off == 0
 
 
 # JAX's CPU matmuls give a row other bits in a batch of another size, and jitted than not:
@@ -335,12 +339,24 @@ def test_a_frozen_keras_layer_holding_what_cannot_be_compared_is_neither_shared_
 
 
 @pytest.mark.slow
-def test_keras_trials_whose_frozen_layers_differ_in_a_private_attribute_give_the_plain_runs_results(tmp_path):
+@pytest.mark.parametrize("opaque", [False, True], ids=["digested", "unfaithful"])
+def test_keras_trials_whose_frozen_layers_differ_in_a_private_attribute_give_the_plain_runs_results(opaque, tmp_path,
+                                                                                                    caplog):
+    import logging
+    import threading
+
     def build(config: dict) -> cb.KerasTrainable:
-        return scaled("_factor", config["scale"], lr=1e-2)
+        trainable = scaled("_factor", config["scale"], lr=1e-2)
+        if opaque:
+            trainable.model.layers[2].lock = threading.Lock()
+        return trainable
     searcher = cb.GridSearch(build, {"scale": cb.choice([0.01, 10.0])}, epochs=2, metric="val_accuracy", mode="max")
     data = digits(partitions=2, rows=300)
-    frozen = searcher.fit(data, workers=1, store=tmp_path / "frozen", seed=0, verbose=0)
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        frozen = searcher.fit(data, workers=1, store=tmp_path / "frozen", seed=0, verbose=0)
+    said = [r.getMessage() for r in caplog.records if "cannot be told apart" in r.getMessage()]
+    assert said == ([] if not opaque else [said[0]])
+    assert not opaque or re.search(r"\(frozen layer scaled(_\d+)?\.lock is a _thread\.lock", said[0])
     os.environ["CEREBRO_MATERIALIZE"] = "0"
     try:
         plain = searcher.fit(data, workers=1, store=tmp_path / "plain", seed=0, verbose=0)

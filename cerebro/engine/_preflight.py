@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +32,7 @@ import torch
 from ..data import Dataset
 from ..results import flat_config
 from ..worker import Trainable, preflight
-from ..worker._frozen import draws
+from ..worker._frozen import DRAWS_ROWS, draws, frozen_draws
 from ..worker._label_checks import CLASS_INDEX_FIX, check_class_range
 from ..worker._torch_checks import ignored_class
 from ..worker._trainable import not_a_trainable
@@ -70,6 +71,8 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
             check_a_step(build, [config, *configs], sample, data)
         else:
             check_rows(build, trainable, config, configs, sample, data.label_range())
+            with preflight():
+                _say_frozen(trainable, config, sample[0])
     return trainable
 
 
@@ -171,16 +174,28 @@ def _one_step(build: Callable[[dict], Any], config: dict[str, Any], sample: tupl
     trainable.train_batches([trainable.batch(features, label, rng, train=True, device=cpu)], 0, 1)
     if data.has_validation:
         trainable.evaluate_batches(evaluated)
-    if trainable.frozen_part() is not None and draws(trainable.transform, features):
-        logging.getLogger("cerebro").warning(
-            "the training transform of build(%s) draws from its rng (augmentation), so its frozen layers' outputs "
+    _say_frozen(trainable, config, features)
+
+
+def _say_frozen(trainable: Any, config: dict[str, Any], features: np.ndarray) -> None:
+    """Say, once a run (for the configuration checked on the driver), where ``trainable``'s
+    frozen layers are not computed once per partition, or are shared with no other trial."""
+    frozen, say = trainable.frozen_part(), logging.getLogger("cerebro").warning
+    if frozen is None:
+        return
+    if draws(trainable.transform, features):
+        say("the training transform of build(%s) draws from its rng (augmentation), so its frozen layers' outputs "
             "differ every epoch: they run on every training batch; evaluation uses their outputs computed once per "
             "partition", config)
-    unfaithful = getattr(trainable.frozen_part(), "unfaithful", None)
+    unfaithful = getattr(frozen, "unfaithful", None)
     if unfaithful is not None:
-        logging.getLogger("cerebro").warning(
-            "the frozen layers of build(%s) cannot be told apart from another trial's (%s): each trial keeps its "
+        say("the frozen layers of build(%s) cannot be told apart from another trial's (%s): each trial keeps its "
             "own and runs them on every batch, as the plain model does", config, unfaithful)
+    elif os.environ.get("CEREBRO_MATERIALIZE") != "0" and \
+            frozen_draws(frozen, features[:DRAWS_ROWS], trainable.eval_transform, torch.device("cpu")):
+        say("the frozen layers of build(%s) draw random numbers (two runs on the same rows differ: noise, or a "
+            "Dropout kept in training mode), so their outputs cannot be computed once: they run on every batch, as "
+            "the plain model does", config)
 
 
 def _check_classes(outputs: np.ndarray, label_range: tuple[int, int] | None, loss: Any) -> None:

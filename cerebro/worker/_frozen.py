@@ -28,7 +28,10 @@ slower).
 *When not*: a training ``transform`` that draws from its ``rng`` (augmentation) makes the
 frozen outputs differ every epoch, so training then runs the frozen module on every batch
 (evaluation, with a deterministic ``eval_transform``, stays materialized). Whether a
-transform draws is tested on the partition's first rows with two generators.
+transform draws is tested on the partition's first rows with two generators. Frozen layers
+that draw random numbers themselves (noise, a ``Dropout`` a module keeps in training mode)
+run on every batch, training and evaluation: run twice on those rows after other seeds,
+their outputs differ (:func:`frozen_draws`).
 
 *Switched off*: ``CEREBRO_MATERIALIZE=0`` in a worker's environment makes every trial run its
 frozen layers on every batch, as the plain model would (to compare the two, or to rule this
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import time
 import weakref
 from collections import OrderedDict
@@ -56,6 +60,7 @@ from ._fingerprint import Unfaithful, fingerprint, tensor_bytes
 MATERIALIZED_BYTES = 2 << 30     # per worker, in memory; CEREBRO_MATERIALIZED_BYTES sets another
 MATERIALIZED_DISK_BYTES = 32 << 30   # per worker, mapped from local disk; CEREBRO_MATERIALIZED_DISK_BYTES
 _CHUNK_ROWS = 256                # rows the frozen module runs on at once while materializing
+DRAWS_ROWS = 8                   # rows the frozen layers run on, twice, to tell whether they draw
 
 
 class FrozenPart:
@@ -155,6 +160,29 @@ def draws(transform: Callable | None, features: np.ndarray) -> bool:
     return first.shape != second.shape or not np.array_equal(first, second, equal_nan=True)
 
 
+def frozen_draws(frozen: Any, features: np.ndarray, transform: Callable | None, device: torch.device) -> bool:
+    """Whether the frozen layers give ``features`` (made inputs by the deterministic
+    ``transform``) different outputs when run twice, each time
+    after seeding torch's, numpy's and Python's generators with another seed (noise, or a
+    ``Dropout`` a module keeps in training mode): then their outputs cannot be computed once.
+    Those generators are left as they were."""
+    inputs, outputs, states = _inputs(features, transform), [], (random.getstate(), np.random.get_state())
+    try:
+        for seed in (1, 2):
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.default_generator.manual_seed(seed)
+                if device.type == "cuda":
+                    torch.cuda.manual_seed_all(seed)
+                random.seed(seed)
+                np.random.seed(seed)
+                outputs.append(frozen.run_from(0, inputs, device))
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+    first, second = outputs
+    return first.shape != second.shape or not np.array_equal(first, second, equal_nan=True)
+
+
 def transform_key(transform: Callable | None) -> str:
     """Which transform made the inputs: equal functions (by their pickled code) share outputs."""
     return "" if transform is None else hashlib.sha256(cloudpickle.dumps(transform)).hexdigest()
@@ -183,6 +211,7 @@ class Materialized:
         self._kept: OrderedDict[tuple[str, str, int, str], _Kept] = OrderedDict()
         self.computed = 0            # materializations done (for tests and the benchmark)
         self._draws: dict[str, bool] = {}     # transform key -> whether it draws from its rng
+        self._drawing: dict[str, bool] = {}   # frozen layers' digest -> whether they draw random numbers
         self._modules: dict[str, torch.nn.Module] = {}     # digest -> the one copy of those frozen layers
         self._keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()     # transform -> its key
 
@@ -246,6 +275,16 @@ class Materialized:
     def nbytes(self) -> int:
         return sum(k.nbytes for k in self._kept.values())
 
+    def _frozen_draws(self, frozen: Any, transform: Callable | None, stored: PartitionSource,
+                      device: torch.device) -> bool:
+        """:func:`frozen_draws` on the first rows of the first partition that asks, once per
+        frozen layers' digest: layers that draw run on every batch, as in the plain model."""
+        digest = frozen.digests()[-1]
+        if digest not in self._drawing:
+            first = next(iter(stored.eval_batches(DRAWS_ROWS)), None)
+            self._drawing[digest] = first is not None and frozen_draws(frozen, first[0], transform, device)
+        return self._drawing[digest]
+
     def _key_of(self, transform: Callable | None) -> str:
         """:func:`transform_key`, pickled once per transform object (not once per sub-epoch)."""
         if transform is None:
@@ -298,7 +337,7 @@ class Materialized:
         if made_by not in self._draws:      # the first rows of the first partition that asks
             first = next(iter(stored.eval_batches(32)), None)
             self._draws[made_by] = first is not None and draws(transform, first[0])
-        if self._draws[made_by]:
+        if self._draws[made_by] or self._frozen_draws(frozen, transform, stored, device):
             return None
         return self.source(frozen, transform, partition, split, stored, device)
 
