@@ -140,6 +140,18 @@ def test_at_most_max_concurrent_trials_are_live_and_the_state_is_json():
             assert proposal["epoch"] in (1, 3, 9) and proposal["points"] >= len(SPACE) + 1
 
 
+@pytest.mark.parametrize("concurrent", [1, 3])
+def test_each_proposal_sees_every_trial_that_could_have_ended_before_it(concurrent):
+    """Trial i's model is told the trials 0 .. i - 1 - (max_concurrent - 1) * epoch // grace_period
+    at its epoch: with one trial at a time, every trial before it, as sequential BOHB sees them."""
+    searcher = bohb(max_concurrent=concurrent, num_trials=30)
+    simulate(searcher, curve, seed=6, timing_seed=1)
+    models = [(i, p) for i, p in enumerate(searcher.state()["proposals"].values()) if p["by"] == "model"]
+    assert len(models) >= 10
+    for i, proposal in models:      # nothing failed: each told trial reached the epoch or was stopped before it
+        assert proposal["points"] + proposal["stopped"] == i - (concurrent - 1) * proposal["epoch"]
+
+
 # --- (b) a killed driver resumes to the same run, bitwise ------------------------------------------------------------
 @pytest.mark.slow
 def test_a_run_killed_after_its_model_proposed_resumes_to_the_uninterrupted_results(tmp_path):

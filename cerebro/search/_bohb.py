@@ -45,11 +45,12 @@ class BOHB(Searcher):
     ``max_concurrent`` trials are live at once.
 
     Reproducible by construction: trial ``i`` sees the results at epoch ``L`` of the trials
-    ``0 .. i - max_concurrent * L // grace_period`` (about as many trials as start while one
-    trains ``L`` epochs), and is proposed once each of them has reached epoch ``L`` or ended,
-    so that what it sees is final; its random draws come from the run seed and ``i``. So
-    timing and the number of workers never change which configurations are tried or which
-    trials go on; ``max_concurrent`` does.
+    ``0 .. i - 1 - (max_concurrent - 1) * L // grace_period`` (while one trial trains ``L``
+    epochs, the others live beside it can start at most that many), and is proposed once each
+    of them has reached epoch ``L`` or ended, so that what it sees is final; its random draws
+    come from the run seed and ``i``. So timing and the number of workers never change which
+    configurations are tried or which trials go on; ``max_concurrent`` does. With
+    ``max_concurrent=1`` each trial sees every trial before it, as sequential BOHB does.
 
     Example:
         >>> import cerebro as cb
@@ -110,9 +111,10 @@ class BOHB(Searcher):
         self._rungs = Rungs(self.grace_period, self.reduction_factor, self.max_epochs, self.mode, strict=True)
         levels = [*self._rungs.epochs, self.max_epochs]
         self._levels: dict[int, dict[int, float]] = {level: {} for level in levels}   # -> trial -> its metric there
-        # Trial i sees a level's results of trials 0 .. i - lag: about as many trials as start
-        # while one trains that many epochs, so that waiting for them seldom holds up a worker.
-        self._lags = {level: self.max_concurrent * level // self.grace_period for level in levels}
+        # Trial i sees a level's results of trials 0 .. i - lag: while one trial trains `level`
+        # epochs, each of the others live beside it starts at most level // grace_period trials,
+        # so waiting for them seldom holds up a worker (and one trial at a time waits for none).
+        self._lags = {level: (self.max_concurrent - 1) * level // self.grace_period + 1 for level in levels}
         self._settled = dict.fromkeys(levels, 0)     # per level: trials 0 .. settled - 1 reached it or ended
         self._ended: set[int] = set()
         self._configs: list[dict[str, Any]] = []
