@@ -484,3 +484,19 @@ def test_a_100_kb_value_in_a_search_space_is_quoted_by_its_start_and_length(make
     with pytest.raises((TypeError, ValueError)) as refused:       # it was quoted whole: 100 KB in one message
         make()
     assert "(100002 characters)" in str(refused.value) and len(str(refused.value)) < 1_000, str(refused.value)[:300]
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: cb.GridSearch(build, SPACE, epochs=1, metric=HUGE).fit(
+        cb.Dataset.from_numpy(X, Y, partitions=2), workers=1, store=t / "s", verbose=0),
+    lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(cb.Dataset.from_numpy(X, Y), backend=HUGE, store=t / "s"),
+    lambda t: cb.GridSearch(build, SPACE, epochs=1).fit(cb.Dataset.from_numpy(X, Y), metrics_port=0,
+                                                        metrics_host=HUGE, store=t / "s"),
+    lambda t: cb.Dataset.from_numpy(X, Y, validation=HUGE),
+    lambda t: cb.load(t / HUGE[:200] / HUGE[:200] / HUGE[:200] / HUGE[:200] / HUGE[:200] / HUGE[:200])],
+    ids=["metric", "backend", "metrics_host", "validation", "store"])
+def test_a_100_kb_argument_is_quoted_by_its_start_and_length(call, tmp_path):
+    with pytest.raises((TypeError, ValueError, FileNotFoundError)) as refused:
+        call(tmp_path)
+    said = str(refused.value)
+    assert "characters)" in said and len(said) < 1_000, said[:300]

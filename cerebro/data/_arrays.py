@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from .._checks import quoted
 from ._dataset import Dataset, Validation
 from ._partitions import (
     BYTES,
@@ -188,7 +189,7 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
             return rows, rows[:0], None
         if number is not None:
             if not 0 < number < 1:
-                raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), "
+                raise ValueError(f"validation={quoted(validation)} must be a fraction in [0, 1), "
                                  f"a Dataset or a (features, label) pair")
             held_out = int(round(len(rows) * number))
             if held_out >= len(rows):
@@ -197,7 +198,7 @@ class ArrayDataset(Dataset, constructors=("from_numpy", "from_pandas", "from_par
         if isinstance(validation, tuple) and len(validation) == 2:
             validation = ArrayDataset(*validation, validation=None, seed=self.seed)
         if not isinstance(validation, ArrayDataset):
-            raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), "
+            raise ValueError(f"validation={quoted(validation)} must be a fraction in [0, 1), "
                              f"a Dataset or a (features, label) pair")
         if validation.features.shape[1:] != self.features.shape[1:]:
             raise ValueError(f"validation features have shape {validation.features.shape[1:]} per row; "

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import quoted
 from ._arrays import _as_features, _as_label, _check_finite
 from ._dataset import Dataset
 from ._groups import CountedRows, GroupForm, assemble, write_rows
@@ -152,7 +153,7 @@ def _row_spec(columns: list[str], features: Any, label: Any, validation: Any, se
         return RowSpec(tuple(names), label, None, 0.0, seed)
     if isinstance(validation, float) and 0 < validation < 1:
         return RowSpec(tuple(names), label, None, validation, seed)
-    raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), the name of a boolean "
+    raise ValueError(f"validation={quoted(validation)} must be a fraction in [0, 1), the name of a boolean "
                      f"column marking validation rows, or None")
 
 

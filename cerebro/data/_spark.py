@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._checks import quoted
 from ._dataset import Dataset
 from ._groups import RECORD_SCHEMA, CountedRows, GroupForm, assemble, write_rows
 from ._partitions import BYTES, PartitionLayout
@@ -184,7 +185,7 @@ def _validation_split(df: Any, validation: Any) -> tuple[Any, float | None]:
         return F.coalesce(F.col(validation).cast("boolean"), F.lit(False)), None
     if isinstance(validation, float) and 0 < validation < 1:
         return F.lit(False), validation
-    raise ValueError(f"validation={validation!r} must be a fraction in [0, 1), the name of a boolean "
+    raise ValueError(f"validation={quoted(validation)} must be a fraction in [0, 1), the name of a boolean "
                      f"column marking validation rows, or None")
 
 

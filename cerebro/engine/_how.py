@@ -7,7 +7,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from .._checks import Boolean, Integer, Optional, Real
+from .._checks import Boolean, Integer, Optional, Real, quoted
 from ..backends import Backend, LocalBackend
 from ..data import Dataset
 from ..observe._metrics import check_port
@@ -76,6 +76,6 @@ def resolve_backend(backend: str | Backend, workers: int | None) -> Backend:
                              f"give the number of workers to the backend only")
         return backend
     if backend != "local":
-        raise ValueError(f"backend={backend!r} must be 'local' or a Backend instance such as "
+        raise ValueError(f"backend={quoted(backend)} must be 'local' or a Backend instance such as "
                          f"cb.LocalBackend(workers=4)")
     return LocalBackend(workers=workers if workers is not None else (os.cpu_count() or 1))

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._checks import quoted
 from ..data import Dataset
 from ..results import flat_config
 from ..worker import Trainable, preflight
@@ -53,11 +54,11 @@ def check_build(build: Callable[[dict], Any], configs: Sequence[dict[str, Any]],
     logged = check_metric(trainable, metric, data.has_validation)
     stepped_on = trainable.epoch_metric()
     if stepped_on is not None and stepped_on not in logged:
-        raise ValueError(f"lr_scheduler_metric={stepped_on!r}, which the lr_scheduler steps on, is not logged; "
+        raise ValueError(f"lr_scheduler_metric={quoted(stepped_on)}, which the lr_scheduler steps on, is not logged; "
                          f"logged metrics are {logged}")
     clashes = [key for key in flat_config(config) if key in (*HISTORY_COLUMNS, *logged)]
     if clashes:
-        raise ValueError(f"space key {clashes[0]!r} is also a column of result.history() "
+        raise ValueError(f"space key {quoted(clashes[0])} is also a column of result.history() "
                          f"({', '.join((*HISTORY_COLUMNS, *logged))}); rename it")
     if data.feature_dtype == "bytes" and (trainable.transform is None or
                                           data.has_validation and trainable.eval_transform is None):
@@ -228,7 +229,7 @@ def check_metric(trainable: Any, metric: str | Sequence[str], has_validation: bo
         if name not in logged:
             hint = "" if has_validation else " (the data has no validation split)"
             how = "; metrics={'params': cb.metrics.params} logs the parameter count" if name == "params" else ""
-            raise ValueError(f"metric={name!r} is not logged{hint}; logged metrics are {logged}{how}")
+            raise ValueError(f"metric={quoted(name)} is not logged{hint}; logged metrics are {logged}{how}")
     return logged
 
 

@@ -7,6 +7,7 @@ import logging
 import socket
 import sys
 
+from .._checks import quoted
 from ..report._http import LOOPBACK, RunServer, connection_cap, family, shown_host
 from ._progress import Progress
 
@@ -20,11 +21,11 @@ def check_port(port: int | None, host: str = LOOPBACK) -> None:
     """Fail now, before any work, where ``fit(metrics_port=port, metrics_host=host)`` could
     not listen: ``host`` no address of this machine, ``port`` taken, or too few descriptors."""
     if not isinstance(host, str) or not host:
-        raise ValueError(f"metrics_host={host!r} must be an address of this machine: '127.0.0.1' (this machine "
+        raise ValueError(f"metrics_host={quoted(host)} must be an address of this machine: '127.0.0.1' (this machine "
                          f"alone) or '0.0.0.0' (every interface)")
     if port is None:
         return
-    _probe(host, 0, f"metrics_host={host!r}", "give an address of this machine: '127.0.0.1' (this machine alone) "
+    _probe(host, 0, f"metrics_host={quoted(host)}", "give an address of this machine: '127.0.0.1' (this machine alone) "
                                               "or '0.0.0.0' (every interface)")
     connection_cap()
     if port:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from .._checks import quoted
 from ..store import BEST, RunStore, TrialStatus, UntrustedCodeError, unpack_tensors
 from ..store import _files as files
 
@@ -100,7 +101,7 @@ class TrialResult:
             return _unpacked_weights(self.trial_id, sound)
         wanted = self.best_epoch if epoch == "best" else epoch
         if isinstance(wanted, bool) or not isinstance(wanted, int):
-            raise ValueError(f"epoch={epoch!r} must be 'best', 'last' or an epoch number")
+            raise ValueError(f"epoch={quoted(epoch)} must be 'best', 'last' or an epoch number")
         checkpoints = store.checkpoints(self.trial_id, kept)
         # An exploit's checkpoint holds the weights PBT copied in, not those the epoch trained.
         trained = [c for c in checkpoints if "state" in c and not c.get("exploit")]
@@ -215,7 +216,7 @@ class TrialResult:
         if epoch in ("best", "last"):
             return self.epochs
         if isinstance(epoch, bool) or not isinstance(epoch, int):
-            raise ValueError(f"epoch={epoch!r} must be 'best', 'last' or an epoch number")
+            raise ValueError(f"epoch={quoted(epoch)} must be 'best', 'last' or an epoch number")
         return epoch
 
     def _require_result(self) -> Run:

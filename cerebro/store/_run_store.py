@@ -122,7 +122,7 @@ class RunStore:
                 raise FileNotFoundError(f"{store.path!r} holds no run.json, only {', '.join(left)}: a fit stopped "
                                         f"there before its run began, so there is nothing to resume; delete the "
                                         f"directory, or give the next fit this store (it clears them)")
-            raise FileNotFoundError(f"{store.path!r} is not a Cerebro run directory (no run.json)")
+            raise FileNotFoundError(f"{quoted(store.path)} is not a Cerebro run directory (no run.json)")
         return store
 
     def file(self, *parts: str) -> str:
