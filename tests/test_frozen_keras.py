@@ -365,3 +365,23 @@ def test_keras_trials_whose_frozen_layers_differ_in_a_private_attribute_give_the
     assert frozen.history().equals(plain.history())
     accuracies = frozen.history().groupby("scale")["val_accuracy"].last()
     assert accuracies[0.01] != accuracies[10.0]
+
+
+class Noisy(keras.layers.Layer):
+    """Noise drawn from Keras's global generator: no seed generator of its own to tell it by."""
+
+    def call(self, x):
+        return x + keras.random.normal(keras.ops.shape(x))
+
+
+def test_a_frozen_keras_layer_that_draws_without_a_seed_generator_is_not_materialized(partition):
+    keras.utils.set_random_seed(11)
+    layers = [keras.layers.Dense(48, activation="relu"), Noisy()]
+    for layer in layers:
+        layer.trainable = False
+    model = keras.Sequential([keras.Input((64,)), *layers, keras.layers.Dense(10)])
+    trainable = compiled(model, 1e-3)
+    assert len(trainable.frozen_part().layers) == 2 and trainable.frozen_part().unfaithful is None
+    kept = Materialized(budget=1 << 30)
+    assert kept.for_trial(trainable, 0, "train", partition, CPU) is None and kept.computed == 0
+    assert kept.for_trial(make("seq"), 0, "train", partition, CPU) is not None and kept.computed == 1
