@@ -380,7 +380,7 @@ def test_a_run_json_does_not_point_a_resume_elsewhere_unless_the_directory_is_tr
     assert trusted.mlflow == "http://127.0.0.1:1/" and trusted.storage.cache_dir == "/tmp/elsewhere"
 
 
-def test_a_run_json_naming_a_run_to_warm_start_from_or_a_module_to_import_is_refused(run, tmp_path):
+def test_a_run_json_naming_a_run_to_warm_start_from_or_a_module_to_import_is_refused(run, tmp_path, monkeypatch):
     from cerebro.engine._settings import RunSettings
     from cerebro.store import RunInfoError
     info = RunStore.open(run).read_run_info()
@@ -409,7 +409,17 @@ def test_a_run_json_naming_a_run_to_warm_start_from_or_a_module_to_import_is_ref
             with pytest.raises(RunInfoError, match=r"^run\.json's keras_backend is ('os'|'x{199}\.\.\. \(100002 "
                                                    r"characters\)); a run's is one of tensorflow, jax, torch or null"):
                 RunSettings.from_run_info(info, trusted=trusted)
+    # Unsigned (edited), a Keras backend is taken only where the user's KERAS_BACKEND names it:
+    # a torch run edited to say 'jax' had its fork server and workers import JAX.
     info["keras_backend"] = "jax"
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    with pytest.raises(RunInfoError, match=r"^run\.json's keras_backend is 'jax': resuming would import Keras on it "
+                                           r"in every worker.*; set KERAS_BACKEND=jax to resume on it, or if you made "
+                                           r"this run, resume it with trust=True \(--trust\)$"):
+        RunSettings.from_run_info(info)
+    assert RunSettings.from_run_info(info, trusted=True).keras_backend == "jax"
+    assert RunSettings.from_run_info(sign_pointers({**info, "run_id": "a" * 32})).keras_backend == "jax"
+    monkeypatch.setenv("KERAS_BACKEND", "jax")
     assert RunSettings.from_run_info(info).keras_backend == "jax"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -178,6 +179,7 @@ class RunSettings:
         if not trusted:
             mlflow, cache_dir = _untrusted(mlflow, cache_dir)
             _refuse_untrusted_warm_start(warm_start)
+            _refuse_untrusted_keras_backend(keras_backend)
         first = primary(searcher["metric"], searcher["mode"])
         return cls(info["seed"], data["partitions"], _evaluates(data.get("val_rows")),
                    Limits(**info.get("limits", {})), _visit_scheme(info.get("visit_order", LEGACY_SCHEME.value)),
@@ -234,6 +236,17 @@ def _refuse_untrusted_warm_start(warm_start: WarmStartFrom | None) -> None:
         raise RunInfoError(f"run.json's searcher.warm_start is {quoted(warm_start.run_dir)}: resuming would copy that "
                            f"run's weights into this one, and a run directory's settings may have been edited by "
                            f"anyone who can write it; if you made this run, resume it with trust=True (--trust)")
+
+
+def _refuse_untrusted_keras_backend(keras_backend: str | None) -> None:
+    """An untrusted run.json's Keras backend is taken only where the user's ``KERAS_BACKEND``
+    names it too: the fork server and every worker import Keras on it (a torch run edited to
+    say 'jax' imported JAX in each)."""
+    if keras_backend is not None and os.environ.get("KERAS_BACKEND") != keras_backend:
+        raise RunInfoError(f"run.json's keras_backend is {quoted(keras_backend)}: resuming would import Keras on it in "
+                           f"every worker, and a run directory's settings may have been edited by anyone who can "
+                           f"write it; set KERAS_BACKEND={keras_backend} to resume on it, or if you made this run, "
+                           f"resume it with trust=True (--trust)")
 
 
 def _untrusted(mlflow: Any, cache_dir: Any) -> tuple[bool, None]:
