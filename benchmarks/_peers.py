@@ -53,31 +53,71 @@ class Budget:
         return value
 
 
-# --- Optuna 5: TPE (multivariate) with Hyperband or successive-halving pruning; random search ----
-def _optuna(problem: Problem, budget: int, seed: int, sampler: str, pruner: str) -> list[Step]:
-    import optuna
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    samplers = {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True),
-                "random": lambda: optuna.samplers.RandomSampler(seed=seed)}
-    pruners = {"hyperband": lambda: optuna.pruners.HyperbandPruner(1, problem.max_epochs, reduction_factor=3),
-               "sha": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
-               "none": optuna.pruners.NopPruner}
-    study = optuna.create_study(sampler=samplers[sampler](), pruner=pruners[pruner](), direction="minimize")
+# --- Trials in flight: the loop Optuna's and Syne Tune's runs share ---------------------------------
+class Peer:
+    """A peer as an in-flight loop drives it: ``start`` a trial (its config), ``report``
+    each epoch's value (True: stop it there), ``end`` a trial that trained its last epoch."""
+
+    def start(self) -> tuple[Any, dict[str, Any]]:
+        raise NotImplementedError
+
+    def report(self, trial: Any, epoch: int, value: float) -> bool:
+        raise NotImplementedError
+
+    def end(self, trial: Any, value: float) -> None:
+        raise NotImplementedError
+
+
+def in_flight(peer: Peer, problem: Problem, budget: int, slots: int) -> list[Step]:
+    """Run ``peer`` with ``slots`` trials in flight, as on that many workers whose epochs take
+    equal time: each round every slot trains its trial one epoch, in slot order, and a slot
+    whose trial ended starts a new one (which sees what has ended so far). One slot is the
+    peer's own sequential loop."""
     spent = Budget(budget)
+    running: list[list | None] = [None] * slots          # per slot: [trial, config, epochs done]
     while spent.left > 0:
-        trial = study.ask()
-        config = {p.name: _suggest(trial, p) for p in problem.params}
-        for epoch in range(1, problem.max_epochs + 1):
-            value = spent.spend(problem, config, epoch)
-            trial.report(value, epoch)
-            if trial.should_prune():
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                break
+        for slot in range(slots):
             if spent.left == 0:
-                return spent.steps
-        else:
-            study.tell(trial, value)
+                break
+            if running[slot] is None:
+                running[slot] = [*peer.start(), 0]
+            trial, config, done = running[slot]
+            running[slot][2] = epoch = done + 1
+            value = spent.spend(problem, config, epoch)
+            if peer.report(trial, epoch, value):
+                running[slot] = None
+            elif epoch == problem.max_epochs:
+                peer.end(trial, value)
+                running[slot] = None
     return spent.steps
+
+
+# --- Optuna 5: TPE (multivariate) with Hyperband or successive-halving pruning; random search ----
+class _Optuna(Peer):
+    def __init__(self, problem: Problem, seed: int, sampler: str, pruner: str) -> None:
+        import optuna
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        samplers = {"tpe": lambda: optuna.samplers.TPESampler(seed=seed, multivariate=True),
+                    "random": lambda: optuna.samplers.RandomSampler(seed=seed)}
+        pruners = {"hyperband": lambda: optuna.pruners.HyperbandPruner(1, problem.max_epochs, reduction_factor=3),
+                   "sha": lambda: optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3),
+                   "none": optuna.pruners.NopPruner}
+        self.study = optuna.create_study(sampler=samplers[sampler](), pruner=pruners[pruner](), direction="minimize")
+        self.problem, self.pruned = problem, optuna.trial.TrialState.PRUNED
+
+    def start(self) -> tuple[Any, dict[str, Any]]:
+        trial = self.study.ask()
+        return trial, {p.name: _suggest(trial, p) for p in self.problem.params}
+
+    def report(self, trial: Any, epoch: int, value: float) -> bool:
+        trial.report(value, epoch)
+        if trial.should_prune():
+            self.study.tell(trial, state=self.pruned)
+            return True
+        return False
+
+    def end(self, trial: Any, value: float) -> None:
+        self.study.tell(trial, value)
 
 
 def _suggest(trial: Any, p: Param) -> float:
@@ -123,43 +163,56 @@ def _smac(problem: Problem, budget: int, seed: int, facade: str) -> list[Step]:
 
 
 # --- Syne Tune 0.16: ASHA, and BOHB (ASHA with a KDE searcher), as its Tuner drives them ---
-def _syne_tune(problem: Problem, budget: int, seed: int, kind: str) -> list[Step]:
-    import syne_tune.config_space as sp
-    from syne_tune.backend.trial_status import Trial
-    from syne_tune.optimizer.baselines import ASHA, BOHB
-    from syne_tune.optimizer.scheduler import SchedulerDecision
-    space = {p.name: sp.randint(int(p.low), int(p.high)) if p.integer
-             else (sp.loguniform if p.log else sp.uniform)(p.low, p.high) for p in problem.params}
-    np.random.seed(seed)        # its scheduler draws a trial's bracket from numpy's global generator
-    scheduler = {"asha": ASHA, "bohb": BOHB}[kind](space, metric=problem.metric, time_attr="epoch",
-                                                   max_t=problem.max_epochs, do_minimize=True, random_seed=seed,
-                                                   grace_period=1, reduction_factor=3)
-    spent, trial_id = Budget(budget), 0
-    while spent.left > 0:
-        trial = Trial(trial_id, scheduler.suggest().config, datetime.datetime.now())
-        scheduler.on_trial_add(trial)
-        trial_id += 1
-        for epoch in range(1, problem.max_epochs + 1):
-            value = spent.spend(problem, trial.config, epoch)
-            decision = scheduler.on_trial_result(trial, {problem.metric: value, "epoch": epoch})
-            if decision == SchedulerDecision.STOP:       # also at max_t: the Tuner removes the trial
-                scheduler.on_trial_remove(trial)
-                break
-            if spent.left == 0:
-                break
-    return spent.steps
+class _SyneTune(Peer):
+    def __init__(self, problem: Problem, seed: int, kind: str) -> None:
+        import syne_tune.config_space as sp
+        from syne_tune.optimizer.baselines import ASHA, BOHB
+        from syne_tune.optimizer.scheduler import SchedulerDecision
+        space = {p.name: sp.randint(int(p.low), int(p.high)) if p.integer
+                 else (sp.loguniform if p.log else sp.uniform)(p.low, p.high) for p in problem.params}
+        np.random.seed(seed)        # its scheduler draws a trial's bracket from numpy's global generator
+        self.scheduler = {"asha": ASHA, "bohb": BOHB}[kind](
+            space, metric=problem.metric, time_attr="epoch", max_t=problem.max_epochs, do_minimize=True,
+            random_seed=seed, grace_period=1, reduction_factor=3)
+        self.metric, self.max_t, self.stop, self.made = problem.metric, problem.max_epochs, SchedulerDecision.STOP, 0
+
+    def start(self) -> tuple[Any, dict[str, Any]]:
+        from syne_tune.backend.trial_status import Trial
+        trial = Trial(self.made, self.scheduler.suggest().config, datetime.datetime.now())
+        self.scheduler.on_trial_add(trial)
+        self.made += 1
+        return trial, trial.config
+
+    def report(self, trial: Any, epoch: int, value: float) -> bool:
+        if self.scheduler.on_trial_result(trial, {self.metric: value, "epoch": epoch}) == self.stop:
+            self.scheduler.on_trial_remove(trial)      # also at max_t: the Tuner removes the trial
+            return True
+        return False
+
+    def end(self, trial: Any, value: float) -> None:
+        self.scheduler.on_trial_complete(trial, {self.metric: value, "epoch": self.max_t})
 
 
-# name -> (the package it needs, its runner)
+def _looped(make: Callable[[Problem, int], Peer], slots: int) -> Callable[[Problem, int, int], list[Step]]:
+    return lambda problem, budget, seed: in_flight(make(problem, seed), problem, budget, slots)
+
+
+# name -> (the package it needs, its runner). "@4w": four trials in flight, as the peer runs on
+# four workers (Optuna's studies shared by 4 processes, Syne Tune's n_workers=4); SMAC's
+# intensifiers run one configuration at a time here.
 PEERS: dict[str, tuple[str, Callable[[Problem, int, int], list[Step]]]] = {
-    "optuna_tpe_hyperband": ("optuna", lambda pr, b, s: _optuna(pr, b, s, "tpe", "hyperband")),
-    "optuna_tpe_sha": ("optuna", lambda pr, b, s: _optuna(pr, b, s, "tpe", "sha")),
-    "optuna_random": ("optuna", lambda pr, b, s: _optuna(pr, b, s, "random", "none")),
+    f"{name}{suffix}": (package, _looped(make, slots))
+    for name, package, make in [
+        ("optuna_tpe_hyperband", "optuna", lambda pr, s: _Optuna(pr, s, "tpe", "hyperband")),
+        ("optuna_tpe_sha", "optuna", lambda pr, s: _Optuna(pr, s, "tpe", "sha")),
+        ("optuna_random", "optuna", lambda pr, s: _Optuna(pr, s, "random", "none")),
+        ("syne_tune_asha", "syne_tune", lambda pr, s: _SyneTune(pr, s, "asha")),
+        ("syne_tune_bohb", "syne_tune", lambda pr, s: _SyneTune(pr, s, "bohb"))]
+    for suffix, slots in (("", 1), ("@4w", 4))}
+PEERS.update({
     "smac_hyperband": ("smac", lambda pr, b, s: _smac(pr, b, s, "hyperband")),
     "smac_multifidelity": ("smac", lambda pr, b, s: _smac(pr, b, s, "mf")),
-    "syne_tune_asha": ("syne_tune", lambda pr, b, s: _syne_tune(pr, b, s, "asha")),
-    "syne_tune_bohb": ("syne_tune", lambda pr, b, s: _syne_tune(pr, b, s, "bohb")),
-}
+})
 
 # Peers that cannot be installed beside Cerebro, and why (pip's words; BENCHMARKS.md).
 NOT_INSTALLABLE = {

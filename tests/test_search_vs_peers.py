@@ -69,6 +69,42 @@ def test_every_peer_is_charged_exactly_the_budget(peer):
     assert sum(s.cost for s in steps) == 60 and all(s.cost >= 1 for s in steps)
 
 
+class Recording(_peers.Peer):
+    """A peer that stops every trial at epoch 2 but the third, and records what ran when."""
+
+    def __init__(self) -> None:
+        self.made, self.live, self.most, self.events = 0, set(), 0, []
+
+    def start(self):
+        self.made += 1
+        self.live.add(self.made)
+        self.most = max(self.most, len(self.live))
+        self.events.append(("start", self.made))
+        return self.made, {"x0": 0.5, "x1": 0.5, "x2": 0.5}
+
+    def report(self, trial, epoch, value):
+        if epoch == 2 and trial % 3:
+            self.live.discard(trial)
+            self.events.append(("stop", trial))
+            return True
+        return False
+
+    def end(self, trial, value):
+        self.live.discard(trial)
+        self.events.append(("end", trial))
+
+
+@pytest.mark.parametrize("slots", [1, 4])
+def test_a_peer_in_flight_runs_that_many_trials_and_starts_one_as_one_ends(slots):
+    peer, problem = Recording(), mf.mf_hartmann(3)
+    steps = _peers.in_flight(peer, problem, 120, slots)
+    assert sum(s.cost for s in steps) == 120 and peer.most == slots
+    for i, (kind, trial) in enumerate(peer.events):
+        if kind in ("stop", "end") and i + 1 < len(peer.events) and slots == 1:
+            assert peer.events[i + 1] == ("start", trial + 1)       # one at a time: the next starts then
+    assert ("end", 3) in peer.events and ("stop", 1) in peer.events
+
+
 def test_a_missing_peer_is_skipped_with_its_reason(monkeypatch):
     monkeypatch.setattr(_peers.importlib.util, "find_spec", lambda name: None if name == "smac" else object())
     peers, skipped = svp.chosen_peers(["smac_hyperband", "optuna_random"], quick=True)
@@ -98,6 +134,6 @@ def test_the_quick_benchmark_measures_every_searcher_on_the_same_budget(tmp_path
             if c["problem"].startswith("lcbench"):        # no noise: the incumbent only gets better
                 assert entry["curve"] == sorted(entry["curve"], reverse=True)
     assert report["same_decisions"] == dict.fromkeys(kinds, True)
-    assert [(g["problem"], g["fraction"]) for g in report["targets"]] == [
-        (p, f) for p in ("mfh3", "lcbench-167190") for f in (0.25, 0.5, 1.0)]
+    assert [(g["problem"], g["workers"], g["fraction"]) for g in report["targets"]] == [   # no peer with 4 in flight
+        (p, w, f) for p in ("mfh3", "lcbench-167190") for w, fs in ((1, (0.25, 0.5, 1.0)), (4, (0.25,))) for f in fs]
     assert os.path.getsize(png) > 1000
