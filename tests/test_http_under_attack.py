@@ -375,6 +375,19 @@ def test_a_loopback_server_answers_only_a_request_naming_one_loopback_host_exact
         assert body == b"this server answers requests addressed to 127.0.0.1 or localhost only\n"
 
 
+def test_a_server_on_the_ipv6_loopback_names_its_own_address_in_a_refusal(run_dir):
+    server = RunServer(run_dir, host="::1", port=0, deadline=5)
+    server.serve_in_thread()
+    try:
+        url = f"http://[::1]:{server.server_address[1]}/metrics"
+        assert raw_status(url, [("Host", "[::1]")]) == 200
+        assert raw_answer(url, [("Host", "evil.example")]) == (    # it said 127.0.0.1, where it does not listen
+            403, b"this server answers requests addressed to [::1] or localhost only\n")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_server_on_every_interface_answers_addresses_and_its_own_names_not_a_rebound_one(run_dir):
     """0.0.0.0 listens on the loopback too: a page at evil.example resolved to 127.0.0.1 must
     not read the run through it (traffic here stays on 127.0.0.1)."""

@@ -259,8 +259,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _refusal(self) -> bytes:
         """What a request :meth:`_host_allowed` refuses is told: what this server answers."""
-        if is_loopback(self.server.bound[0]):
-            return b"this server answers requests addressed to 127.0.0.1 or localhost only\n"
+        bound = self.server.bound[0]
+        if is_loopback(bound):      # its own address: a server on [::1] is not reached at 127.0.0.1
+            return f"this server answers requests addressed to {shown_host(bound)} or localhost only\n".encode()
         return (b"this server answers requests addressed to one of this machine's IP addresses or names only "
                 b"(one Host header: host[:port])\n")
 
