@@ -120,7 +120,8 @@ class Result:
                 self.finished = False
             case RunStarted() | WorkersRestarted() | WorkerReplaced() as event:
                 self.finished = self.finished and not isinstance(event, RunResumed)
-                self.workers = {int(index): info for index, info in event.workers.items()}
+                # (a line with its CRC may lack them: anyone who can write the run directory can add one)
+                self.workers = {int(index): info for index, info in (event.workers or {}).items()}
                 if isinstance(event, RunResumed):   # sub-epochs of epochs the crash cut short ran again after it
                     self._redone = {(row["trial_id"], row["epoch"]) for row in self._history}
                     self._schedule = [row for row in self._schedule

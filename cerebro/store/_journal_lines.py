@@ -72,6 +72,11 @@ def _loads(body: bytes) -> Any:
 
 TRIAL_ID = re.compile(r"t[0-9]{4,9}")
 _TRIAL_ID_FIELDS = ("trial_id", "source")
+# Fields every version wrote and a reader cannot do without: a line that lacks one (or holds
+# null), CRC and all, is damage; cb.load failed on it with an AttributeError or a TypeError.
+_NEEDED = {"trial_created": ("trial_id", "config"), "sub_epoch": ("trial_id", "kind"), "decide": ("decisions",),
+           "trial_ended": ("trial_id", "status"), "run_extended": ("trials",),
+           "epoch_end": ("trial_id", "epoch", "metrics")}
 
 
 def malformed(record: dict[str, Any]) -> str | None:
@@ -97,7 +102,8 @@ def malformed(record: dict[str, Any]) -> str | None:
     decisions = record.get("decisions")
     if isinstance(decisions, dict) and not all(TRIAL_ID.fullmatch(str(key)) for key in decisions):
         return f"its {event} decisions name {reprlib.repr(list(decisions))}, not only trial ids"
-    return None
+    lacking = [name for name in _NEEDED.get(event, ()) if record.get(name) is None]
+    return f"its {event} lacks {lacking[0]!r}, which every {event} has" if lacking else None
 
 
 @functools.cache
