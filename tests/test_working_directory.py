@@ -86,6 +86,42 @@ def test_modules_planted_in_a_shared_working_directory_never_run_and_the_users_o
     assert not ran.exists(), ran.read_text()
 
 
+@pytest.mark.slow
+def test_prediction_workers_started_as_programs_load_the_users_own_modules_as_training_workers_do(tmp_path):
+    # A module with a global that cannot be pickled sends the build by reference: the training
+    # workers imported it from the script's directory, cb.predict's started workers did not.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "users_locked_layers.py").write_text("import threading\nimport torch\nLOCK = threading.Lock()\n\n"
+                                                 "def head(n):\n    return torch.nn.Linear(64, n)\n")
+    (home / "experiment.py").write_text(textwrap.dedent(f"""
+        import os, sys, warnings
+        sys.path.insert(1, {HERE!r})
+        import numpy as np, torch
+        import cerebro as cb
+        from _models import digits
+        import users_locked_layers
+
+        def build(config):
+            model = users_locked_layers.head(10)
+            return cb.TorchTrainable(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                     torch.nn.functional.cross_entropy, batch_size=32)
+
+        result = cb.GridSearch(build, {{"lr": cb.choice([0.1])}}, epochs=1).fit(
+            digits(partitions=2), workers=2, store="run", seed=0, verbose=0)
+        os.cpu_count = lambda: 4           # two threads a worker: started as programs, not forked
+        with warnings.catch_warnings(record=True) as said:     # "prediction worker 1 failed (...)"
+            warnings.simplefilter("always")
+            out = cb.predict(result, np.zeros((3000, 64), np.float32), workers=2)
+        print("predicted", out.shape, [str(w.message) for w in said if "failed" in str(w.message)])
+    """))
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(home / "experiment.py")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "predicted (3000, 10) []" in done.stdout, done.stdout[-2000:]
+
+
 def test_ray_which_puts_the_working_directory_on_its_workers_path_is_said_to_where_others_can_write_it(
         tmp_path, caplog):
     from cerebro.backends._ray import _warn_if_shared

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._python import python_module
+from .._python import drivers_path, python_module
 from ..results import Result, TrialResult
 from ..worker import Trainable, inference_device, predict_rows
 from ..worker._serve import write_rows
@@ -142,8 +142,11 @@ class _Spawned:
     def __init__(self, job_dir: str, index: int) -> None:
         self.job_dir, self.index = job_dir, index
         with open(self._stderr_path(), "w") as stderr:
+            # The driver's path, as the training workers get it: a build that went by reference
+            # (a module global that cannot be pickled) imports the user's modules beside their script.
             self.process = subprocess.Popen(python_module("cerebro.worker._serve", job_dir, str(index)),
-                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+                                            env={**os.environ, "PYTHONPATH": drivers_path()}, stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=stderr, text=True)
         assert self.process.stdin is not None and self.process.stdout is not None    # both PIPE
         self._stdin, self._stdout = self.process.stdin, self.process.stdout
 
