@@ -493,7 +493,8 @@ def test_messages_about_what_a_run_directory_holds_quote_at_most_a_few_hundred_c
     assert len(str(said[0].message)) < 500 and "(100002 characters)" in str(said[0].message)
     del info["mlflow"]
     from cerebro.store import RunInfoError
-    for name, value in (("visit_order", huge), ("data.val_rows", huge), ("data.val_rows", [1, "x"])):
+    for name, value in (("visit_order", huge), ("data.val_rows", huge), ("data.val_rows", [1, "x"]),
+                        ("limits", {huge: 1}), ("limits", huge)):
         edited = json.loads(json.dumps(info))
         *parents, key = name.split(".")
         (edited[parents[0]] if parents else edited)[key] = value

@@ -182,7 +182,7 @@ class RunSettings:
             _refuse_untrusted_keras_backend(keras_backend)
         first = primary(searcher["metric"], searcher["mode"])
         return cls(info["seed"], data["partitions"], _evaluates(data.get("val_rows")),
-                   Limits(**info.get("limits", {})), _visit_scheme(info.get("visit_order", LEGACY_SCHEME.value)),
+                   _limits(info.get("limits", {})), _visit_scheme(info.get("visit_order", LEGACY_SCHEME.value)),
                    Storage(data.get("in_memory", True), cache_dir),
                    keras_backend=keras_backend, metric=first.metric, mode=first.mode,
                    patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
@@ -203,6 +203,16 @@ def sign_pointers(info: dict[str, Any]) -> dict[str, Any]:
     is a key): a resume of this user's own run uses them as they are, an edited one not."""
     signed = signature(pointers(info), info["run_id"])
     return info if signed is None else {**info, "pointers_signed": signed.decode()}
+
+
+def _limits(value: Any) -> Limits:
+    """run.json's limits, named where they are no object of a run's limits (Python's own
+    error names an unknown key whole, and names no file)."""
+    known = [field.name for field in dataclasses.fields(Limits)]
+    if not isinstance(value, dict) or not set(value) <= set(known):
+        raise RunInfoError(f"run.json's limits is {quoted(value)}; a run's is an object of {', '.join(known)}: the "
+                           f"run directory was edited")
+    return Limits(**value)
 
 
 def _visit_scheme(value: Any) -> VisitScheme:
