@@ -8,8 +8,8 @@ than before (SMAC's Hyperband), it is charged only the epochs beyond the ones al
 as if the user's training function resumed from a checkpoint: the cheapest reading for the peer.
 
 Each library is imported inside its runner, so this module imports without them; ``missing``
-says which are absent. ``NOT_INSTALLABLE`` holds the peers that cannot install beside
-Cerebro's pins, with pip's reason.
+says which are absent. ``NOT_INSTALLABLE`` holds the peers that pip cannot install beside
+Cerebro's pins, with pip's reason and how to install them anyway.
 
     >>> import _mf_problems as mf
     >>> steps = run_peer("optuna_random", mf.mf_hartmann(3), budget=60, seed=0)
@@ -162,6 +162,28 @@ def _smac(problem: Problem, budget: int, seed: int, facade: str) -> list[Step]:
     return spent.steps
 
 
+# --- DEHB 0.1.2: differential evolution over Hyperband's brackets, through ask/tell ----------------
+def _dehb(problem: Problem, budget: int, seed: int) -> list[Step]:
+    from ConfigSpace import ConfigurationSpace, Float, Integer
+    from dehb import DEHB
+    space = ConfigurationSpace(seed=seed)
+    space.add([Integer(p.name, (int(p.low), int(p.high))) if p.integer else Float(p.name, (p.low, p.high), log=p.log)
+               for p in problem.params])
+    with tempfile.TemporaryDirectory() as scratch:
+        optimizer = DEHB(cs=space, min_fidelity=1, max_fidelity=problem.max_epochs, eta=3, seed=seed, n_workers=1,
+                         output_path=scratch, log_level="ERROR")
+        trained: dict[tuple, int] = {}       # config -> epochs it has been trained (its checkpoint)
+        spent = Budget(budget)
+        while spent.left > 0:
+            job = optimizer.ask()
+            config, epoch = dict(job["config"]), int(round(job["fidelity"]))
+            key = tuple(sorted(config.items()))
+            cost = max(epoch - trained.get(key, 0), 1)
+            trained[key] = max(epoch, trained.get(key, 0))
+            optimizer.tell(job, {"fitness": spent.spend(problem, config, epoch, cost), "cost": cost})
+    return spent.steps
+
+
 # --- Syne Tune 0.16: ASHA, and BOHB (ASHA with a KDE searcher), as its Tuner drives them ---
 class _SyneTune(Peer):
     def __init__(self, problem: Problem, seed: int, kind: str) -> None:
@@ -212,19 +234,24 @@ PEERS: dict[str, tuple[str, Callable[[Problem, int, int], list[Step]]]] = {
 PEERS.update({
     "smac_hyperband": ("smac", lambda pr, b, s: _smac(pr, b, s, "hyperband")),
     "smac_multifidelity": ("smac", lambda pr, b, s: _smac(pr, b, s, "mf")),
+    "dehb": ("dehb", _dehb),
 })
 
-# Peers that cannot be installed beside Cerebro, and why (pip's words; BENCHMARKS.md).
+# Peers that pip cannot install beside Cerebro's pins, why (pip's words; BENCHMARKS.md) and how
+# they run anyway: DEHB's metadata asks for numpy<2, yet it runs on numpy 2.
 NOT_INSTALLABLE = {
     "dehb": "dehb 0.1.2 depends on numpy<2.0 and >=1.18.2; jax 0.10.2 (Cerebro's [keras] and [test] extras) "
-            "depends on numpy>=2.0: ResolutionImpossible",
+            "depends on numpy>=2.0: ResolutionImpossible; it runs on numpy 2 installed with "
+            "pip install --no-deps dehb==0.1.2 loguru==0.7.3",
 }
 
 
 def missing(name: str) -> str | None:
     """Why peer ``name`` cannot run here, or None."""
     package = PEERS[name][0]
-    return None if importlib.util.find_spec(package) else f"{package} is not installed (pip install '.[peers]')"
+    if importlib.util.find_spec(package):
+        return None
+    return NOT_INSTALLABLE.get(name, f"{package} is not installed (pip install '.[peers]')")
 
 
 def run_peer(name: str, problem: Problem, budget: int, seed: int) -> list[Step]:

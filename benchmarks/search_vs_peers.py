@@ -283,7 +283,7 @@ def chosen_peers(asked: list[str] | None, quick: bool) -> tuple[tuple[str, ...],
     unknown = sorted(set(names) - set(_peers.PEERS))
     if unknown:
         raise SystemExit(f"--peers {unknown}: not a peer here; the peers are {sorted(_peers.PEERS)}")
-    skipped = dict(_peers.NOT_INSTALLABLE)
+    skipped = {}
     for name in names:
         reason = _peers.missing(name)
         if reason:
