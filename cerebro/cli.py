@@ -1,6 +1,7 @@
 """``cerebro`` on the command line: demo, run, status, resume, report, export."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -107,6 +108,10 @@ def capped(message: str) -> str:
     return _LONG_RUN.sub(lambda run: shortened(run.group(0)), message)
 
 
+# A path given that cannot be one, or cannot be written: bad input, not a traceback.
+_BAD_PATH = {errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EROFS}
+
+
 def _exit_for(error: Exception) -> NoReturn:
     """Exit saying why: 1 for a run that failed, 2 for bad input; raise again an error of
     neither kind. The engine's errors are imported once one got here: importing the engine
@@ -122,7 +127,8 @@ def _exit_for(error: Exception) -> NoReturn:
         click.echo(f"error: {capped(str(error))}", err=True)
         sys.exit(1)
     if isinstance(error, (ValueError, TypeError, FileNotFoundError, FileExistsError, UntrustedStateError,
-                          UntrustedCodeError, TrustKeyError, MissingExtraError)):
+                          UntrustedCodeError, TrustKeyError, MissingExtraError)) or \
+            isinstance(error, OSError) and error.errno in _BAD_PATH:
         click.echo(f"error: {capped(str(error))}", err=True)
         sys.exit(2)
     raise error

@@ -547,7 +547,7 @@ def test_a_stored_frozen_file_of_the_right_size_with_other_tensors_is_refused_na
 @pytest.mark.parametrize("args", [
     ["status", "{huge}"], ["status", "{run}", "--trial", "{huge}"], ["resume", "{run}", "--epochs", "{huge}"],
     ["demo", "--framework", "{huge}"], ["export", "{run}", "--epoch", "{huge}", "-o", "{run}/m.safetensors"],
-    ["predict", "{run}", "/{huge}", "-o", "{run}/p.parquet"]])
+    ["predict", "{run}", "/{huge}", "-o", "{run}/p.parquet"], ["report", "{run}", "-o", "{run}/{huge}.html"]])
 def test_the_command_line_quotes_at_most_a_few_hundred_characters_of_a_100_kb_argument(run, args, monkeypatch,
                                                                                         capsys):
     # click's own messages (a path that does not exist, a choice, an integer) and Cerebro's
