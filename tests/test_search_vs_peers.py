@@ -135,6 +135,12 @@ def test_the_quick_benchmark_measures_every_searcher_on_the_same_budget(tmp_path
             if c["problem"].startswith("lcbench"):        # no noise: the incumbent only gets better
                 assert entry["curve"] == sorted(entry["curve"], reverse=True)
     assert report["same_decisions"] == dict.fromkeys(kinds, True)
-    assert [(g["problem"], g["workers"], g["fraction"]) for g in report["targets"]] == [   # no peer with 4 in flight
-        (p, w, f) for p in ("mfh3", "lcbench-167190") for w, fs in ((1, (0.25, 0.5, 1.0)), (4, (0.25,))) for f in fs]
+    goals = report["targets"]
+    assert sorted((g["problem"], g["workers"], g["cerebro"], g["fraction"]) for g in goals) == sorted(
+        (p, w, f"cerebro_{k}@{w}w", f) for p in ("mfh3", "lcbench-167190") for k in kinds
+        for w, fs in ((1, (0.25, 0.5, 1.0)), (4, (0.25,))) for f in fs)     # no peer with 4 in flight
+    for p in ("mfh3", "lcbench-167190"):
+        for w in svp.WORKERS:
+            assert len({g["cerebro"] for g in goals if g["problem"] == p and g["workers"] == w and g["best"]}) == 1
+    assert all(g["met"] is None for g in goals if g["cerebro"] == g["against"])     # ASHA against itself
     assert os.path.getsize(png) > 1000
