@@ -479,6 +479,36 @@ def test_planted_partition_files_do_not_let_an_edited_run_json_start_more_worker
             _recorded_workers(store, {**info, "workers": odd})
 
 
+def test_a_users_own_run_resumes_with_its_workers_and_limits_and_an_edited_one_with_neither(run, monkeypatch):
+    # Signed with the user's key as the run starts, run.json's workers and limits are taken as
+    # they are (a 4-worker run resumed on a 2-core laptop); edited after, the workers are capped
+    # at the cores and the limits are the defaults (an edit could make every sub-epoch a hang,
+    # retry a worker-killing trial without end, or drop the checkpoints kept), said once.
+    from cerebro.engine._resume import _recorded_workers
+    from cerebro.engine._settings import Limits, RunSettings, counts_trusted, sign_pointers
+    from cerebro.store import RunInfoError
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    store, info = RunStore.open(run), RunStore.open(run).read_run_info()
+    chosen = {"trial_timeout": None, "max_failures": 3, "max_trial_losses": 5, "keep_checkpoints": 2,
+              "hang_after": 900.0}
+    info.update(workers=4, limits=chosen, data={"partitions": 4, "val_rows": [1]})
+    signed = sign_pointers({**info, "run_id": "a" * 32})
+    assert counts_trusted(signed) and _recorded_workers(store, signed, counts_trusted(signed)) == 4
+    assert RunSettings.from_run_info(signed).limits == Limits(**chosen)
+    for edited in ({**signed, "workers": 3}, {**signed, "limits": {**chosen, "hang_after": 1e-9}},
+                   {**signed, "run_id": "b" * 32}, info):
+        assert not counts_trusted(edited) and counts_trusted(edited, trusted=True)
+        if edited["workers"] > 2:
+            with pytest.raises(RunInfoError, match="is more than this machine's 2 cores"):
+                _recorded_workers(store, edited, counts_trusted(edited))
+        with pytest.warns(UserWarning, match=r"^run\.json's limits \{.*\} are not signed by your key for this run "
+                                             r"\(it was edited, or made by another user or an older version\), so "
+                                             r"this resume keeps the default limits: resume with trust=True "
+                                             r"\(--trust\) to use them$"):
+            assert RunSettings.from_run_info(edited).limits == Limits()
+        assert RunSettings.from_run_info(edited, trusted=True).limits == Limits(**edited["limits"])
+
+
 def test_messages_about_what_a_run_directory_holds_quote_at_most_a_few_hundred_characters_of_it(run):
     from cerebro.engine._control import obey
     from cerebro.engine._settings import RunSettings

@@ -48,7 +48,7 @@ from ._interface import Decision, SearchPolicy
 from ._interrupts import interrupts_stop_the_run
 from ._preflight import build_cheaply, check_metric
 from ._replay import Recovered, RecoveredTrial, ResumeError, replay, replayable, typed_events
-from ._settings import RunSettings
+from ._settings import RunSettings, counts_trusted
 from ._trials import Trial, TrialBook
 
 
@@ -109,7 +109,7 @@ def resume(run_dir: str | os.PathLike, build: Callable[[dict], Any] | None = Non
         if plan is None:
             return Result(store, build)
         backend = resolve_backend(backend, workers if workers is not None or isinstance(backend, Backend)
-                                  else _recorded_workers(store, plan.info, trust))
+                                  else _recorded_workers(store, plan.info, counts_trusted(plan.info, trust)))
         reproducibility_caveat(backend)
         backend.expect_keras(plan.settings.keras_backend)
         _record(store, plan)
@@ -212,8 +212,9 @@ def _partition_files(store: RunStore) -> int:
 def _recorded_workers(store: RunStore, info: dict[str, Any], trusted: bool = False) -> int:
     """The workers the run had, as run.json says, where that is a number a run can have: one
     per partition at most (an edited run.json must not start a million processes), and, unless
-    the run directory is ``trusted``, one per core at most, as a fit starts by default: whoever
-    can edit run.json can also plant as many partition files as the count needs."""
+    its count is ``trusted`` (the user's word, or the user's key signed it as the run started),
+    one per core at most, as a fit starts by default: whoever can edit run.json can also plant
+    as many partition files as the count needs."""
     workers, partitions = info["workers"], info["data"]["partitions"]
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= partitions:
         raise RunInfoError(f"{store.file('run.json')} is damaged: its workers={quoted(workers)} must be between 1 and "

@@ -168,9 +168,11 @@ class RunSettings:
         directory is not ``trusted``, nothing in it points the run elsewhere: an MLflow tracking
         URI or a cache directory it names is not used (said once each), a run to warm-start
         from is refused (its weights would be copied here); a Keras backend must be one that
-        trains, whoever wrote it. A run.json whose pointers this user's key signed (as every
-        run this user starts does: :func:`sign_pointers`) is trusted in them."""
+        trains, whoever wrote it; its limits are the defaults (said once). A run.json whose
+        pointers and counts this user's key signed (as every run this user starts does:
+        :func:`sign_pointers`) is trusted in them."""
         searcher, data = info["searcher"], info["data"]
+        sized = counts_trusted(info, trusted)
         trusted = trusted or signed_by_me(pointers(info), str(info.get("pointers_signed", "")).encode(),
                                           info.get("run_id"))
         mlflow, cache_dir = info.get("mlflow", False), data.get("cache_dir")
@@ -181,8 +183,11 @@ class RunSettings:
             _refuse_untrusted_warm_start(warm_start)
             _refuse_untrusted_keras_backend(keras_backend)
         first = primary(searcher["metric"], searcher["mode"])
+        limits = _limits(info.get("limits", {}))
+        if limits != Limits() and not sized:
+            limits = _untrusted_limits(limits)
         return cls(info["seed"], data["partitions"], _evaluates(data.get("val_rows")),
-                   _limits(info.get("limits", {})), _visit_scheme(info.get("visit_order", LEGACY_SCHEME.value)),
+                   limits, _visit_scheme(info.get("visit_order", LEGACY_SCHEME.value)),
                    Storage(data.get("in_memory", True), cache_dir),
                    keras_backend=keras_backend, metric=first.metric, mode=first.mode,
                    patience=searcher.get("patience"), min_delta=searcher.get("min_delta", 0.0),
@@ -198,11 +203,26 @@ def pointers(info: dict[str, Any]) -> bytes:
                        data.get("cache_dir"), info.get("mlflow")], default=str).encode()
 
 
+def counts(info: dict[str, Any]) -> bytes:
+    """What in run.json sizes a resume: the workers it starts, and its limits (how long a
+    sub-epoch may hang, the losses and failures taken, the checkpoints kept)."""
+    return json.dumps([info.get("workers"), info.get("limits")], default=str, sort_keys=True).encode()
+
+
+def counts_trusted(info: dict[str, Any], trusted: bool = False) -> bool:
+    """Whether a resume may take run.json's :func:`counts` as they are: the user said so
+    (``trusted``), or this user's key signed them for this run."""
+    return trusted or signed_by_me(counts(info), str(info.get("counts_signed", "")).encode(), info.get("run_id"))
+
+
 def sign_pointers(info: dict[str, Any]) -> dict[str, Any]:
-    """``info`` with its :func:`pointers` signed by this user's key for its run (where there
-    is a key): a resume of this user's own run uses them as they are, an edited one not."""
-    signed = signature(pointers(info), info["run_id"])
-    return info if signed is None else {**info, "pointers_signed": signed.decode()}
+    """``info`` with its :func:`pointers` and :func:`counts` signed by this user's key for its
+    run (where there is a key): a resume of this user's own run uses them as they are, an
+    edited one not."""
+    pointed, sized = signature(pointers(info), info["run_id"]), signature(counts(info), info["run_id"])
+    if pointed is None or sized is None:
+        return info
+    return {**info, "pointers_signed": pointed.decode(), "counts_signed": sized.decode()}
 
 
 def _limits(value: Any) -> Limits:
@@ -257,6 +277,16 @@ def _refuse_untrusted_keras_backend(keras_backend: str | None) -> None:
                            f"every worker, and a run directory's settings may have been edited by anyone who can "
                            f"write it; set KERAS_BACKEND={keras_backend} to resume on it, or if you made this run, "
                            f"resume it with trust=True (--trust)")
+
+
+def _untrusted_limits(limits: Limits) -> Limits:
+    """The limits a resume takes from an untrusted run.json: the defaults (an edit could make
+    every sub-epoch a hang, a trial that kills its workers retried without end, or drop the
+    checkpoints kept), said once."""
+    warnings.warn(f"run.json's limits {quoted(dataclasses.asdict(limits))} are not signed by your key for this run "
+                  f"(it was edited, or made by another user or an older version), so this resume keeps the default "
+                  f"limits: resume with trust=True (--trust) to use them", stacklevel=4)
+    return Limits()
 
 
 def _untrusted(mlflow: Any, cache_dir: Any) -> tuple[bool, None]:
