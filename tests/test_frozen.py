@@ -385,6 +385,16 @@ def test_a_transforms_key_is_pickled_once_per_transform_not_once_per_sub_epoch(p
     assert pickled == [scale] and kept.computed == 1
 
 
+def frozen_and_plain(frozen_build, plain_build, search: dict, workers: int, tmp_path, caplog) -> tuple:
+    """The grid ``search`` run with the frozen build (its warnings in ``caplog``) and with the plain one."""
+    with caplog.at_level(logging.WARNING, logger="cerebro"):
+        frozen = cb.GridSearch(frozen_build, **search).fit(digits(partitions=2), workers=workers,
+                                                           store=tmp_path / "frozen", seed=0, verbose=0)
+    plain = cb.GridSearch(plain_build, **search).fit(digits(partitions=2), workers=workers, store=tmp_path / "plain",
+                                                     seed=0, verbose=0)
+    return frozen, plain
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("holding", [None, lambda layer: setattr(layer, "lock", threading.Lock())],
                          ids=["digested", "unfaithful"])
@@ -392,11 +402,7 @@ def test_trials_whose_frozen_layers_differ_in_a_plain_attribute_give_the_plain_r
                                                                                              caplog):
     frozen_build, plain_build = scaled_builds(holding)
     search = {"space": {"scale": cb.choice([0.01, 10.0])}, "epochs": 2, "metric": "val_accuracy", "mode": "max"}
-    with caplog.at_level(logging.WARNING, logger="cerebro"):
-        frozen = cb.GridSearch(frozen_build, **search).fit(digits(partitions=2), workers=2, store=tmp_path / "frozen",
-                                                           seed=0, verbose=0)
-    plain = cb.GridSearch(plain_build, **search).fit(digits(partitions=2), workers=2, store=tmp_path / "plain",
-                                                     seed=0, verbose=0)
+    frozen, plain = frozen_and_plain(frozen_build, plain_build, search, 2, tmp_path, caplog)
     assert frozen.history().equals(plain.history())
     accuracies = frozen.history().groupby("scale")["val_accuracy"].last()
     assert accuracies[0.01] != accuracies[10.0]
@@ -477,11 +483,7 @@ def test_trials_whose_frozen_layers_draw_random_numbers_give_the_plain_runs_resu
         return frozen, torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(48, 10))
     frozen_build, plain_build = both_builds(parts)
     search = {"space": {"p": cb.choice([0.5, 0.3])}, "epochs": 2, "metric": "val_accuracy", "mode": "max"}
-    with caplog.at_level(logging.WARNING, logger="cerebro"):
-        frozen = cb.GridSearch(frozen_build, **search).fit(digits(partitions=2), workers=1, store=tmp_path / "frozen",
-                                                           seed=0, verbose=0)
-    plain = cb.GridSearch(plain_build, **search).fit(digits(partitions=2), workers=1, store=tmp_path / "plain",
-                                                     seed=0, verbose=0)
+    frozen, plain = frozen_and_plain(frozen_build, plain_build, search, 1, tmp_path, caplog)
     assert frozen.history().equals(plain.history())
     said = [r.getMessage() for r in caplog.records if "draw random numbers" in r.getMessage()]
     assert len(said) == 1 and "they run on every batch, as the plain model does" in said[0]
