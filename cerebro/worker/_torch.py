@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
-import functools
 import math
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +18,7 @@ from ._frozen import FrozenPart
 from ._protocol import Sums
 from ._state_check import Spec, check_torch_optimizer, dtype_name
 from ._torch_checks import broadcast_refused, check_loss
+from ._torch_schedule import SchedulerFactory, SchedulerStep, check_scheduler, step_epochs
 from ._trainable import (
     Trainable,
     Transform,
@@ -33,15 +31,7 @@ from ._trainable import (
 
 BatchMetric = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = BatchMetric | ModelMetric
-SchedulerFactory = Callable[[torch.optim.Optimizer, int], LRScheduler]
 Batches = Iterable[tuple[torch.Tensor, torch.Tensor]]
-
-
-class SchedulerStep(enum.Enum):
-    """When ``TorchTrainable``'s ``lr_scheduler`` steps."""
-
-    EPOCH = "epoch"     # once per epoch, over all partitions
-    BATCH = "batch"     # after every optimizer step
 
 
 @dataclass
@@ -180,16 +170,7 @@ class TorchTrainable(Trainable):
         self._frozen = None if self.frozen is None else FrozenPart(self.frozen)
 
     def _check_scheduler(self) -> None:
-        if self.lr_scheduler is None:
-            return
-        if not isinstance(self.lr_scheduler, LRScheduler):
-            raise TypeError(f"lr_scheduler(optimizer, steps_per_epoch) must return a torch.optim.lr_scheduler "
-                            f"scheduler; it returned {type(self.lr_scheduler).__name__}")
-        if self.lr_scheduler.optimizer is not self.optimizer:
-            raise ValueError("lr_scheduler schedules another optimizer than this TorchTrainable's optimizer")
-        if isinstance(self.lr_scheduler, ReduceLROnPlateau) and self.lr_scheduler_step is SchedulerStep.BATCH:
-            raise ValueError("lr_scheduler=ReduceLROnPlateau steps on an epoch's metric: use "
-                             "lr_scheduler_step='epoch'")
+        check_scheduler(self.lr_scheduler, self.optimizer, self.lr_scheduler_step)
 
     def steps_per_epoch(self, steps: int) -> None:
         """Make the scheduler given as a function, now that the steps in an epoch are known."""
@@ -367,23 +348,9 @@ class TorchTrainable(Trainable):
     def _schedule_epoch(self, epoch: int, metrics: Mapping[str, float] | None) -> None:
         """Step an epoch-wise schedule to ``epoch``, wherever the trial's last epoch ended; a
         plateau schedule on ``metrics``, the epoch before's."""
-        scheduler = self.lr_scheduler
-        if not isinstance(scheduler, LRScheduler) or self.lr_scheduler_step is not SchedulerStep.EPOCH:
-            return
-        if self._stepped_epochs >= epoch - 1:
-            return
-        step: Callable[[], object] = scheduler.step
-        if isinstance(scheduler, ReduceLROnPlateau):
-            if not metrics or self.lr_scheduler_metric not in metrics:
-                raise ValueError(f"lr_scheduler=ReduceLROnPlateau steps on lr_scheduler_metric="
-                                 f"{self.lr_scheduler_metric!r}, which epoch {epoch - 1} did not log; it logged "
-                                 f"{sorted(metrics or {})}")
-            step = functools.partial(scheduler.step, metrics[self.lr_scheduler_metric])
-        with warnings.catch_warnings():     # a freshly loaded optimizer has not stepped in this process
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step\\(\\)`", UserWarning)
-            while self._stepped_epochs < epoch - 1:
-                step()
-                self._stepped_epochs += 1
+        if self.lr_scheduler_step is SchedulerStep.EPOCH:
+            self._stepped_epochs = step_epochs(self.lr_scheduler, self._stepped_epochs, epoch, metrics,
+                                               self.lr_scheduler_metric)
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The model's outputs and the batch's loss; a failure says what the shapes were."""
